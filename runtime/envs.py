@@ -1,0 +1,28 @@
+"""Every environment variable Conduit reads, in one place."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    """Where converted models live: $CONDUIT_CACHE_DIR, else $XDG_CACHE_HOME/conduit, else ~/.cache/conduit."""
+    if v := os.environ.get("CONDUIT_CACHE_DIR"):
+        return Path(v)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "conduit"
+
+
+def log_format() -> str:
+    """`console` (default on a terminal) or `json` (production): $CONDUIT_LOG_FORMAT."""
+    return os.environ.get("CONDUIT_LOG_FORMAT", "console")
+
+
+def log_level() -> str:
+    return os.environ.get("CONDUIT_LOG_LEVEL", "info")
+
+
+def forced_kernel(op: str) -> str | None:
+    """$CONDUIT_KERNEL_<OP>=name forces one implementation of a kernel op, for comparisons."""
+    return os.environ.get(f"CONDUIT_KERNEL_{op.upper()}")

@@ -1,0 +1,258 @@
+"""The protocol: every message that travels between actors, and nothing else.
+
+Grouped by direction along a request's path (see docs/ARCHITECTURE.md):
+
+    EngineClient --GenerateRequest/AbortRequest--> Tokenizer --TokenizedRequest/AbortRequest--> Scheduler
+    Tokenizer --TrackRequest--> Detokenizer
+    Scheduler --StepPlan--> GpuWorker --StepOutput--> Scheduler
+    Scheduler --TokenBatch--> Detokenizer --TextDeltas--> EngineClient
+    any actor --RequestFailed--> EngineClient          (the final message of a failed request)
+
+Rules: structs are frozen and tagged so one decoder handles the union; per-step messages are
+`array_like` (encoded as msgpack arrays, no field names on the wire) and columnar (one message per
+step for all requests, not one per token); no tensors ever travel here.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+Struct = msgspec.Struct
+
+
+class SamplingParams(Struct, frozen=True, kw_only=True):
+    """What the user asked for; validated by the HTTP layer, read by scheduler, sampler, detokenizer."""
+
+    max_tokens: int | None = None  # None: up to the context length
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = -1  # -1 or 0: off
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0  # >1 discourages tokens seen in prompt or output (HF/vLLM semantics)
+    frequency_penalty: float = 0.0  # OpenAI semantics, over output tokens
+    presence_penalty: float = 0.0
+    seed: int | None = None
+    stop: list[str] = []
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    logprobs: int | None = None  # None: none; k >= 0: the chosen token's logprob plus k top alternatives
+    skip_special_tokens: bool = True
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0 or self.top_k == 1
+
+
+class ChatMessage(Struct, frozen=True):
+    role: str
+    content: str
+
+
+# ---------------------------------------------------------------- client -> tokenizer -> scheduler
+
+
+class GenerateRequest(Struct, frozen=True, tag=True, kw_only=True):
+    """One generation. Exactly one of `prompt`, `messages`, `prompt_ids` is set."""
+
+    rid: str
+    params: SamplingParams
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    prompt_ids: list[int] | None = None
+    add_generation_prompt: bool = True
+    priority: int = 0
+    arrival: float = 0.0  # time.time() at the frontend, for queueing metrics
+
+
+class TokenizedRequest(Struct, frozen=True, tag=True, kw_only=True):
+    rid: str
+    input_ids: list[int]
+    params: SamplingParams
+    stop_ids: list[int]  # EOS ids (unless ignore_eos) plus the user's stop_token_ids
+    max_new_tokens: int  # resolved against the context length
+    priority: int = 0
+    arrival: float = 0.0
+
+
+class AbortRequest(Struct, frozen=True, tag=True):
+    """Stop a request. Sent by the client (disconnect, WS abort) through the tokenizer, so it never
+    overtakes the request it aborts; sent by the detokenizer when a stop string matched."""
+
+    rid: str
+    reason: str = "abort"  # "abort" (client) or "stop" (stop string found by the detokenizer)
+
+
+class TrackRequest(Struct, frozen=True, tag=True, kw_only=True):
+    """Tokenizer -> detokenizer: per-request decoding state, registered before the scheduler sees it."""
+
+    rid: str
+    prompt_tokens: int
+    stop: list[str]
+    skip_special_tokens: bool
+    logprobs: int | None
+
+
+# ---------------------------------------------------------------- scheduler <-> gpu worker
+
+
+class SeqStart(Struct, frozen=True, array_like=True):
+    """A request entering the worker's request table at `row` (on admission or re-admission)."""
+
+    row: int
+    params: SamplingParams
+    prompt_ids: list[int]  # for repetition penalties
+    prefix_slots: list[int]  # KV slots of the cached prefix, written to req_to_token[row, :len]
+    stop_ids: list[int]  # banned until min_tokens is reached
+
+
+class StepPlan(Struct, frozen=True, tag=True, array_like=True):
+    """One forward step. Per-row columns share an order; flattened columns are concatenated in it.
+
+    A row with `use_last` feeds back its own last sampled token, which the worker keeps on the device,
+    so plan N+1 can be sent before step N's tokens reach the host (overlap scheduling)."""
+
+    step: int
+    added: list[SeqStart]
+    released: list[int]  # rows whose requests left; the worker forgets their sampling state
+    rows: list[int]
+    prefix_lens: list[int]  # tokens already in KV for the row before this step
+    extend_lens: list[int]  # tokens this step adds for the row
+    use_last: list[bool]  # True: the row's one input token is its last sampled token (decode)
+    input_ids: list[int]  # tokens of the rows without use_last, concatenated
+    out_loc: list[int]  # KV slots for every new token, concatenated (sum(extend_lens) entries)
+    sample: list[bool]  # False for a prefill chunk that does not end the prompt
+
+
+class StepOutput(Struct, frozen=True, tag=True, array_like=True):
+    step: int
+    rows: list[int]  # the rows that sampled, in plan order
+    tokens: list[int]
+    logprobs: list[float] | None = None  # chosen token's logprob, where any row asked for logprobs
+    top_ids: list[list[int]] | None = None
+    top_logprobs: list[list[float]] | None = None
+    forward_s: float = 0.0  # worker time for the step, for metrics
+
+
+class WorkerFailed(Struct, frozen=True, tag=True):
+    """The worker could not run a step; the scheduler fails the step's requests and marks unhealthy."""
+
+    step: int
+    error: str
+
+
+# ---------------------------------------------------------------- scheduler -> detokenizer -> client
+
+
+class TokenLogprobs(Struct, frozen=True, array_like=True):
+    token_id: int
+    logprob: float
+    top_ids: list[int]
+    top_logprobs: list[float]
+
+
+class TokenBatch(Struct, frozen=True, tag=True, array_like=True):
+    """All new tokens of one step, columnar. `finished[i]` is None while the request runs, else the
+    finish reason ("stop", "length", "abort")."""
+
+    rids: list[str]
+    tokens: list[list[int]]
+    finished: list[str | None]
+    prompt_tokens: list[int]
+    completion_tokens: list[int]
+    cached_tokens: list[int]
+    logprobs: list[list[TokenLogprobs] | None]
+
+
+class TextDelta(Struct, frozen=True, array_like=True):
+    rid: str
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    logprobs: list[TokenLogprobs] | None = None
+    tokens_text: list[str] | None = None  # decoded text of each token, where logprobs were asked for
+
+
+class TextDeltas(Struct, frozen=True, tag=True, array_like=True):
+    items: list[TextDelta]
+
+
+class RequestFailed(Struct, frozen=True, tag=True, kw_only=True):
+    """The final message of a request that could not be served. `status` is the HTTP status to answer."""
+
+    rid: str
+    status: int
+    message: str
+    type: str = "invalid_request_error"
+    param: str | None = None
+    code: str | None = None
+
+
+# ---------------------------------------------------------------- control and stats
+
+
+class EngineStats(Struct, frozen=True, tag=True, kw_only=True):
+    """Scheduler -> client after steps (throttled): what /metrics and /health report."""
+
+    running: int
+    waiting: int
+    kv_pages_used: int
+    kv_pages_total: int
+    healthy: bool = True
+    error: str | None = None
+    steps: int = 0
+    plan_s: float = 0.0  # cumulative scheduler planning time
+    cached_tokens: int = 0  # cumulative prefix-cache hits (tokens)
+    prompt_tokens: int = 0  # cumulative prompt tokens admitted
+    retractions: int = 0
+    evictable_tokens: int = 0
+    protected_tokens: int = 0
+
+
+class FlushCache(Struct, frozen=True, tag=True):
+    pass
+
+
+class NodeReady(Struct, frozen=True, tag=True):
+    """A child process's actors are started (model loaded); sent to the parent's system endpoint."""
+
+    node: str
+    info: dict[str, str] = {}
+
+
+class NodeFailed(Struct, frozen=True, tag=True):
+    node: str
+    error: str
+
+
+class Shutdown(Struct, frozen=True, tag=True):
+    pass
+
+
+Message = (
+    GenerateRequest
+    | TokenizedRequest
+    | AbortRequest
+    | TrackRequest
+    | StepPlan
+    | StepOutput
+    | WorkerFailed
+    | TokenBatch
+    | TextDeltas
+    | RequestFailed
+    | EngineStats
+    | FlushCache
+    | NodeReady
+    | NodeFailed
+    | Shutdown
+)
+
+
+class Envelope(Struct, frozen=True, array_like=True):
+    """What crosses a process boundary: the destination actor's name and the message."""
+
+    to: str
+    msg: Message
