@@ -1,0 +1,154 @@
+"""Prometheus metrics: request counters and latency histograms observed here, engine gauges read
+from `engine.stats` at scrape time. One registry per app, so tests can build many apps."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from runtime.http.engine import Engine
+from runtime.http.generation import Choice
+from runtime.mailbox.messages import TextDelta
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_LATENCY_BUCKETS = (
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+_ITL_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.015,
+    0.02,
+    0.025,
+    0.03,
+    0.04,
+    0.05,
+    0.075,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+)
+
+
+class _EngineCollector(Collector):
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator:
+        s = self.engine.stats
+        yield GaugeMetricFamily(
+            "conduit_healthy", "1 when the engine is healthy", value=int(self.engine.healthy)
+        )
+        if s is None:
+            return
+        for name, doc, value in (
+            ("conduit_num_requests_running", "Requests in the running batch", s.running),
+            ("conduit_num_requests_waiting", "Requests waiting to be scheduled", s.waiting),
+            ("conduit_kv_pages_used", "KV cache pages in use", s.kv_pages_used),
+            ("conduit_kv_pages_total", "KV cache pages in the pool", s.kv_pages_total),
+        ):
+            yield GaugeMetricFamily(name, doc, value=value)
+        yield GaugeMetricFamily(
+            "conduit_kv_cache_usage_ratio",
+            "Used / total KV pages",
+            value=s.kv_pages_used / max(1, s.kv_pages_total),
+        )
+        yield CounterMetricFamily(
+            "conduit_engine_prefix_cache_hit_tokens",
+            "Prompt tokens served from the prefix cache (engine)",
+            value=s.cached_tokens,
+        )
+        yield CounterMetricFamily(
+            "conduit_engine_prompt_tokens", "Prompt tokens admitted (engine)", value=s.prompt_tokens
+        )
+        yield CounterMetricFamily(
+            "conduit_engine_retractions", "Requests retracted for KV space", value=s.retractions
+        )
+
+
+class Metrics:
+    def __init__(self, engine: Engine) -> None:
+        self.registry = r = CollectorRegistry()
+        self.http_requests = Counter(
+            "conduit_http_requests", "HTTP requests by route and status", ["route", "status"], registry=r
+        )
+        self.finished = Counter(
+            "conduit_request_finished",
+            "Engine requests (choices) by finish reason",
+            ["finish_reason"],
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "conduit_prompt_tokens", "Prompt tokens of finished requests", registry=r
+        )
+        self.generation_tokens = Counter("conduit_generation_tokens", "Generated tokens", registry=r)
+        self.cached_tokens = Counter(
+            "conduit_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache", registry=r
+        )
+        self.ttft = Histogram(
+            "conduit_time_to_first_token_seconds", "Time to first token", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.itl = Histogram(
+            "conduit_inter_token_latency_seconds", "Time between tokens", buckets=_ITL_BUCKETS, registry=r
+        )
+        self.e2e = Histogram(
+            "conduit_e2e_request_latency_seconds",
+            "Request latency, arrival to last token",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "conduit_http_requests_in_flight", "Generation requests being served", registry=r
+        )
+        r.register(_EngineCollector(engine))
+
+    def on_delta(self, choice: Choice, delta: TextDelta) -> None:
+        """Record timing for a choice's delta; call before `choice.update(delta)`."""
+        now = time.monotonic()
+        n_tokens = len(delta.token_ids)
+        if n_tokens:
+            if choice.first_token_at is None:
+                choice.first_token_at = now
+                self.ttft.observe(now - choice.start)
+                n_tokens -= 1  # the first token has a TTFT, not an inter-token latency
+            elif choice.last_token_at is not None:
+                gap = (now - choice.last_token_at) / n_tokens
+                for _ in range(n_tokens):
+                    self.itl.observe(gap)
+            choice.last_token_at = now
+        if delta.finish_reason is not None:
+            self.e2e.observe(now - choice.start)
+            self.finished.labels(delta.finish_reason).inc()
+            self.prompt_tokens.inc(delta.prompt_tokens)
+            self.generation_tokens.inc(delta.completion_tokens)
+            self.cached_tokens.inc(delta.cached_tokens)
+
+    def on_error(self, n_choices: int) -> None:
+        self.finished.labels("error").inc(n_choices)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,165 @@
+"""POST /v1/chat/completions, POST /v1/completions, GET /v1/models.
+
+A streaming response is not started until the first delta arrives, so an error the engine raises
+before any token (prompt too long, overload) is still a plain 4xx/5xx JSON answer. After that, an
+error is sent as an SSE `data: {"error": ...}` event, and every stream ends with `data: [DONE]`.
+A client that goes away aborts its engine requests (see `cancel_on_disconnect`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import aclosing, asynccontextmanager
+
+import msgspec
+import structlog
+from aiohttp import web
+
+from runtime.errors import ConduitError
+from runtime.http.engine import Engine
+from runtime.http.formatting import DONE, ChunkWriter, ResponseBuilder, sse
+from runtime.http.generation import run_job
+from runtime.http.metrics import Metrics
+from runtime.http.protocol import Job, parse_chat, parse_completion
+
+log = structlog.get_logger("conduit.http")
+
+DISCONNECT_POLL_S = 0.5
+
+
+@asynccontextmanager
+async def cancel_on_disconnect(request: web.Request) -> AsyncIterator[None]:
+    """Cancel the handler when its client goes away, even if the server was started without
+    `handler_cancellation=True` (aiohttp's default since 3.9 is not to cancel)."""
+    handler = asyncio.current_task()
+    assert handler is not None
+
+    async def watch() -> None:
+        while request.transport is not None and not request.transport.is_closing():
+            await asyncio.sleep(DISCONNECT_POLL_S)
+        log.info("client disconnected; aborting")
+        handler.cancel()
+
+    watcher = asyncio.create_task(watch())
+    try:
+        yield
+    finally:
+        watcher.cancel()
+
+
+class OpenAIRoutes:
+    def __init__(self, engine: Engine, metrics: Metrics, served_model: str) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.served_model = served_model
+
+    def add_to(self, app: web.Application) -> None:
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_get("/v1/models", self.list_models)
+        app.router.add_get("/v1/models/{model}", self.get_model)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        job = parse_chat(await request.read(), served_model=self.served_model, max_model_len=self._max_len())
+        return await self._serve(request, job)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        job = parse_completion(
+            await request.read(), served_model=self.served_model, max_model_len=self._max_len()
+        )
+        return await self._serve(request, job)
+
+    def _max_len(self) -> int:
+        return getattr(self.engine, "max_model_len", 0) or 0
+
+    def _model_card(self) -> dict:
+        return {
+            "id": self.served_model,
+            "object": "model",
+            "created": 0,
+            "owned_by": "conduit",
+            "max_model_len": self._max_len(),
+        }
+
+    async def list_models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [self._model_card()]})
+
+    async def get_model(self, request: web.Request) -> web.Response:
+        if request.match_info["model"] != self.served_model:
+            raise web.HTTPNotFound()
+        return web.json_response(self._model_card())
+
+    async def _serve(self, request: web.Request, job: Job) -> web.StreamResponse:
+        with structlog.contextvars.bound_contextvars(rid=job.id):
+            log.debug("request", endpoint=job.endpoint, choices=len(job.requests), stream=job.stream)
+            self.metrics.in_flight.inc()
+            try:
+                async with cancel_on_disconnect(request):
+                    if job.stream:
+                        return await self._stream(request, job)
+                    return await self._complete(job)
+            finally:
+                self.metrics.in_flight.dec()
+
+    async def _complete(self, job: Job) -> web.Response:
+        builder = ResponseBuilder(job)
+        try:
+            async with aclosing(run_job(self.engine, job)) as events:
+                async for i, delta in events:
+                    self.metrics.on_delta(builder.choices[i], delta)
+                    builder.choices[i].update(delta)
+                    builder.add(i, delta)
+        except ConduitError:
+            self.metrics.on_error(len(job.requests))
+            raise
+        return web.json_response(builder.body(), headers={"X-Request-Id": job.id}, dumps=_dumps)
+
+    async def _stream(self, request: web.Request, job: Job) -> web.StreamResponse:
+        writer = ChunkWriter(job)
+        async with aclosing(run_job(self.engine, job)) as events:
+            try:
+                first = await anext(events, None)  # errors before any token: a plain JSON error response
+            except ConduitError:
+                self.metrics.on_error(len(job.requests))
+                raise
+            resp = web.StreamResponse(
+                headers={
+                    "Content-Type": "text/event-stream",
+                    "Cache-Control": "no-cache",
+                    "X-Request-Id": job.id,
+                }
+            )
+            await resp.prepare(request)
+            try:
+                await resp.write(writer.start())
+                item = first
+                while item is not None:
+                    i, delta = item
+                    self.metrics.on_delta(writer.choices[i], delta)
+                    writer.choices[i].update(delta)
+                    if chunk := writer.delta(i, delta):
+                        await resp.write(chunk)
+                    item = await anext(events, None)
+                tail = writer.finish()
+            except ConnectionResetError:
+                log.info("client disconnected mid-stream; aborting")
+                return resp
+            except ConduitError as err:
+                log.warning("request failed mid-stream", status=err.status, error=err.message)
+                self.metrics.on_error(len(job.requests))
+                tail = sse(err.body())
+            except Exception:
+                log.exception("unhandled error mid-stream")
+                self.metrics.on_error(len(job.requests))
+                tail = sse(ConduitError("Internal server error").body())
+        try:
+            await resp.write(tail + DONE)
+            await resp.write_eof()
+        except ConnectionResetError:
+            log.info("client disconnected before the end of the stream")
+        return resp
+
+
+def _dumps(obj: object) -> str:
+    return msgspec.json.encode(obj).decode()

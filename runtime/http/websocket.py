@@ -1,0 +1,212 @@
+"""GET /v1/ws: many generations multiplexed on one WebSocket, by client-chosen id.
+
+Schema (JSON text frames; docs/websocket.md has examples):
+
+    client -> server  {"type": "generate", "id": str, "endpoint": "chat" | "completions", "request": {...}}
+                      {"type": "abort", "id": str}
+    server -> client  {"type": "delta", "id", "index", "text", "token_ids", ["logprobs"]}
+                      {"type": "done", "id", "finish_reason", "finish_reasons", "usage"}     exactly one of
+                      {"type": "error", "id", "error": {message, type, param, code}}         these per id
+
+`request` is the body of the matching OpenAI endpoint, validated by the same rules (`stream` and
+`stream_options` are ignored: the socket always streams). One task per live id; an abort ends that id
+with `done`/`finish_reason: "abort"`; closing the socket aborts every live request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Literal
+
+import msgspec
+import structlog
+from aiohttp import WSMsgType, web
+
+from runtime.errors import ConduitError, InvalidRequest, Overloaded
+from runtime.http.engine import Engine
+from runtime.http.formatting import chat_logprobs, completion_logprobs
+from runtime.http.generation import Choice, run_job, usage
+from runtime.http.metrics import Metrics
+from runtime.http.protocol import Job, build_job, decode_body
+
+log = structlog.get_logger("conduit.http.ws")
+
+MAX_LIVE_PER_SOCKET = 1024
+MAX_MESSAGE_BYTES = 64 << 20
+
+
+class WsGenerate(msgspec.Struct, tag="generate", tag_field="type", kw_only=True):
+    id: str
+    request: msgspec.Raw
+    endpoint: Literal["chat", "completions"] = "chat"
+
+
+class WsAbort(msgspec.Struct, tag="abort", tag_field="type", kw_only=True):
+    id: str
+
+
+_decode_client = msgspec.json.Decoder(WsGenerate | WsAbort).decode
+_encode = msgspec.json.Encoder().encode
+
+
+class WebSocketRoutes:
+    def __init__(self, engine: Engine, metrics: Metrics, served_model: str) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.served_model = served_model
+
+    def add_to(self, app: web.Application) -> None:
+        app.router.add_get("/v1/ws", self.handle)
+
+    async def handle(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES)
+        await ws.prepare(request)
+        session = _Session(self, ws)
+        log.debug("websocket opened", remote=request.remote)
+        try:
+            async for msg in ws:
+                if msg.type == WSMsgType.TEXT:
+                    await session.on_message(msg.data)
+                elif msg.type == WSMsgType.BINARY:
+                    await session.send_error(None, InvalidRequest("Send JSON text frames, not binary."))
+        finally:
+            await session.close()
+            log.debug("websocket closed")
+        return ws
+
+
+@dataclass
+class _Live:
+    task: asyncio.Task
+    aborted: bool = False  # True: the client asked; the task ends with done/abort instead of vanishing
+
+
+@dataclass
+class _Session:
+    routes: WebSocketRoutes
+    ws: web.WebSocketResponse
+    live: dict[str, _Live] = field(default_factory=dict)
+    send_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def send(self, obj: dict) -> None:
+        async with self.send_lock:
+            if not self.ws.closed:
+                await self.ws.send_str(_encode(obj).decode())
+
+    async def send_error(self, cid: str | None, err: ConduitError) -> None:
+        await self.send({"type": "error", "id": cid, "error": err.body()["error"]})
+
+    async def on_message(self, data: str) -> None:
+        try:
+            msg = _decode_client(data)
+        except msgspec.DecodeError as e:
+            await self.send_error(_loose_id(data), InvalidRequest(f"Invalid message: {e}"))
+            return
+        if isinstance(msg, WsAbort):
+            if (live := self.live.get(msg.id)) is not None and not live.aborted:
+                live.aborted = True
+                live.task.cancel()
+            return  # aborting an unknown or finished id is a no-op: its final message was already sent
+        if msg.id in self.live:
+            await self.send_error(
+                msg.id, InvalidRequest(f"Request id `{msg.id}` is already live.", param="id")
+            )
+            return
+        if len(self.live) >= MAX_LIVE_PER_SOCKET:
+            await self.send_error(
+                msg.id, Overloaded(f"At most {MAX_LIVE_PER_SOCKET} live requests per socket.")
+            )
+            return
+        routes = self.routes
+        try:
+            body = decode_body(msg.endpoint, bytes(msg.request))
+            job = build_job(
+                msg.endpoint,
+                body,
+                served_model=routes.served_model,
+                max_model_len=getattr(routes.engine, "max_model_len", 0) or 0,
+                stream=True,
+            )
+        except ConduitError as err:
+            await self.send_error(msg.id, err)
+            return
+        task = asyncio.create_task(self._run(msg.id, job), name=f"ws-{job.id}")
+        self.live[msg.id] = _Live(task)
+
+    async def _run(self, cid: str, job: Job) -> None:
+        metrics = self.routes.metrics
+        choices = [Choice(i) for i in range(len(job.requests))]
+        with structlog.contextvars.bound_contextvars(rid=job.id, ws_id=cid):
+            try:
+                async with aclosing(run_job(self.routes.engine, job)) as events:
+                    async for i, delta in events:
+                        metrics.on_delta(choices[i], delta)
+                        choices[i].update(delta)
+                        if delta.text or delta.token_ids or delta.logprobs:
+                            await self.send(self._delta(cid, job, choices[i], delta))
+                final = self._done(cid, job, choices)
+            except asyncio.CancelledError:
+                if not self.live[cid].aborted:
+                    raise  # the socket is closing: nobody to tell
+                log.debug("aborted by client")
+                final = self._done(cid, job, choices)
+            except ConduitError as err:
+                metrics.on_error(len(job.requests))
+                final = {"type": "error", "id": cid, "error": err.body()["error"]}
+            except Exception:
+                log.exception("unhandled error in websocket request")
+                metrics.on_error(len(job.requests))
+                final = {
+                    "type": "error",
+                    "id": cid,
+                    "error": ConduitError("Internal server error").body()["error"],
+                }
+            finally:
+                del self.live[cid]
+            await self.send(final)
+
+    @staticmethod
+    def _delta(cid: str, job: Job, choice: Choice, delta) -> dict:
+        out = {
+            "type": "delta",
+            "id": cid,
+            "index": choice.index,
+            "text": delta.text,
+            "token_ids": delta.token_ids,
+        }
+        if job.logprobs is not None:
+            out["logprobs"] = (
+                {"content": chat_logprobs(delta)}
+                if job.endpoint == "chat"
+                else completion_logprobs(delta, choice)
+            )
+        return out
+
+    @staticmethod
+    def _done(cid: str, job: Job, choices: list[Choice]) -> dict:
+        reasons = [c.finish_reason or "abort" for c in choices]
+        return {
+            "type": "done",
+            "id": cid,
+            "finish_reason": reasons[0],
+            "finish_reasons": reasons,
+            "usage": usage(choices, job.n),
+        }
+
+    async def close(self) -> None:
+        """The socket is gone: cancel every live request (closing its stream aborts it in the engine)."""
+        tasks = [live.task for live in self.live.values()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _loose_id(data: str) -> str | None:
+    try:
+        obj = msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        return None
+    cid = obj.get("id") if isinstance(obj, dict) else None
+    return cid if isinstance(cid, str) else None
