@@ -1,0 +1,24 @@
+"""Model registry: `config.architectures[0]` -> model class."""
+
+from __future__ import annotations
+
+import importlib
+
+from torch import nn
+
+_MODELS: dict[str, str] = {
+    "LlamaForCausalLM": "runtime.gpu.models.llama:LlamaForCausalLM",
+}
+
+
+def supported_architectures() -> list[str]:
+    return sorted(_MODELS)
+
+
+def get_model_class(config) -> type[nn.Module]:
+    archs = getattr(config, "architectures", None) or []
+    arch = archs[0] if archs else ("LlamaForCausalLM" if config.model_type == "llama" else None)
+    if arch not in _MODELS:
+        raise ValueError(f"unsupported architecture {arch!r}; supported: {supported_architectures()}")
+    module, cls = _MODELS[arch].split(":")
+    return getattr(importlib.import_module(module), cls)

@@ -1,0 +1,105 @@
+"""Reference attention in plain PyTorch (SDPA) over the paged cache: the truth for every kernel.
+
+Decode rows (one new token each) are attended together in one padded, masked SDPA call per layer;
+prefill rows are attended one by one, each with its causal mask offset by the cached prefix."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from runtime.gpu.attention.base import AttentionBackend
+from runtime.gpu.forward_batch import ForwardBatch
+
+
+@dataclass
+class _Prefill:
+    start: int  # first token of the row in the flattened batch
+    length: int
+    prefix: int
+    slots: torch.Tensor | None  # KV slots of prefix + new tokens; None when there is no prefix
+    mask: torch.Tensor | None  # [length, prefix + length] causal mask shifted by the prefix
+
+
+@dataclass
+class _Meta:
+    decode_tokens: torch.Tensor | None  # [B] token index of each decode row; None if no decode rows
+    decode_all: bool  # every token of the batch is a decode token, in order: skip the gather/scatter
+    decode_slots: torch.Tensor | None  # [B, S] KV slots, padded
+    decode_mask: torch.Tensor | None  # [B, 1, 1, S]
+    prefills: list[_Prefill]
+
+
+class TorchAttentionBackend(AttentionBackend):
+    def prepare(self, batch: ForwardBatch) -> None:
+        device = batch.input_ids.device
+        dec_tok, dec_rows, dec_lens, prefills = [], [], [], []
+        start = 0
+        for row, prefix, length in zip(batch.rows_list, batch.prefix_lens, batch.extend_lens, strict=True):
+            if length == 1:
+                dec_tok.append(start)
+                dec_rows.append(row)
+                dec_lens.append(prefix + 1)
+            elif length > 1:
+                prefills.append(self._prefill(batch, row, start, length, prefix))
+            start += length
+        meta = _Meta(None, False, None, None, prefills)
+        if dec_tok:
+            host = torch.tensor([dec_tok, dec_rows, dec_lens], dtype=torch.int64)
+            tok, rows, lens = host.to(device, non_blocking=True).unbind(0)
+            max_len = max(dec_lens)
+            meta.decode_tokens = tok
+            meta.decode_all = len(dec_tok) == batch.num_tokens
+            meta.decode_slots = batch.req_to_token[rows, :max_len]
+            meta.decode_mask = (torch.arange(max_len, device=device)[None, :] < lens[:, None])[
+                :, None, None, :
+            ]
+        batch.attn_meta = meta
+
+    @staticmethod
+    def _prefill(batch: ForwardBatch, row: int, start: int, length: int, prefix: int) -> _Prefill:
+        if prefix == 0:
+            return _Prefill(start, length, 0, None, None)
+        device = batch.input_ids.device
+        total = prefix + length
+        q_pos = prefix + torch.arange(length, device=device)
+        mask = torch.arange(total, device=device)[None, :] <= q_pos[:, None]
+        return _Prefill(start, length, prefix, batch.req_to_token[row, :total], mask)
+
+    def forward(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
+    ) -> torch.Tensor:
+        cache, meta = batch.kv_cache, batch.attn_meta
+        cache.store(layer, batch.out_loc, k, v)
+        k_pool, v_pool = cache.k[layer], cache.v[layer]
+        out = torch.empty_like(q)
+        if meta.decode_tokens is not None:
+            qd = q if meta.decode_all else q[meta.decode_tokens]
+            kd = k_pool[meta.decode_slots].transpose(1, 2)  # [B, Hkv, S, D]
+            vd = v_pool[meta.decode_slots].transpose(1, 2)
+            o = F.scaled_dot_product_attention(
+                qd.unsqueeze(2), kd, vd, attn_mask=meta.decode_mask, scale=self.scale, enable_gqa=True
+            ).squeeze(2)
+            if meta.decode_all:
+                return o
+            out[meta.decode_tokens] = o
+        for p in meta.prefills:
+            end = p.start + p.length
+            qp = q[p.start : end].transpose(0, 1).unsqueeze(0)  # [1, Hq, L, D]
+            if p.slots is None:  # fresh prompt: its keys are exactly this step's keys
+                kp, vp = k[p.start : end], v[p.start : end]
+            else:
+                kp, vp = k_pool[p.slots], v_pool[p.slots]
+            o = F.scaled_dot_product_attention(
+                qp,
+                kp.transpose(0, 1).unsqueeze(0),
+                vp.transpose(0, 1).unsqueeze(0),
+                attn_mask=p.mask,
+                is_causal=p.mask is None,
+                scale=self.scale,
+                enable_gqa=True,
+            )
+            out[p.start : end] = o[0].transpose(0, 1)
+        return out

@@ -1,0 +1,35 @@
+"""What one forward step needs besides the weights: token inputs, KV destinations, attention metadata."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from runtime.gpu.attention.base import AttentionBackend
+    from runtime.gpu.kv_cache import KVCache
+
+
+@dataclass
+class ForwardBatch:
+    """A flattened step: rows' new tokens concatenated in plan order.
+
+    Host-side lists (`prefix_lens`, `extend_lens`) are kept so backends can plan without device syncs."""
+
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    out_loc: torch.Tensor  # [T] KV slot of each new token
+    rows: torch.Tensor  # [B] req_to_token rows
+    rows_list: list[int]
+    prefix_lens: list[int]
+    extend_lens: list[int]
+    req_to_token: torch.Tensor  # [max_reqs + 1, max_model_len]
+    kv_cache: KVCache
+    attn_backend: AttentionBackend
+    attn_meta: Any = field(default=None)  # filled by attn_backend.prepare(), shared by all layers
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input_ids.shape[0]

@@ -1,0 +1,125 @@
+"""Weights from a Hugging Face directory (config.json + safetensors, sharded or not) into our models.
+
+Never downloads: a missing directory, file or tensor is a clear error."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import structlog
+import torch
+from torch import nn
+
+from runtime.gpu.layers import MergedLinear
+
+log = structlog.get_logger(__name__)
+
+# Derived buffers some checkpoints carry; we recompute them.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def load_config(model_path: str | os.PathLike):
+    from transformers import AutoConfig
+
+    path = Path(model_path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"model directory not found: {path} (Conduit never downloads models)")
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} has no config.json; is it a Hugging Face model directory?")
+    return AutoConfig.from_pretrained(str(path), local_files_only=True)
+
+
+def safetensors_files(model_path: str | os.PathLike) -> list[Path]:
+    path = Path(model_path)
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        missing = [n for n in names if not (path / n).is_file()]
+        if missing:
+            raise FileNotFoundError(f"{path}: shards named in {index.name} are missing: {missing}")
+        return [path / n for n in names]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path} has no *.safetensors weights (GGUF? run `conduit convert` first)")
+    return files
+
+
+def iter_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    for f in files:
+        with safe_open(str(f), framework="pt") as sf:
+            for name in sf.keys():
+                yield name, sf.get_tensor(name)
+
+
+def _target(model: nn.Module, name: str) -> tuple[str, str | None]:
+    """Checkpoint name -> (our parameter name, shard inside a MergedLinear or None)."""
+    module_name, _, leaf = name.rpartition(".")
+    parent, _, child = module_name.rpartition(".")
+    for merged_name, merged in _merged_children(model, parent):
+        if child in merged.shard_names:
+            return f"{parent}.{merged_name}.{leaf}" if parent else f"{merged_name}.{leaf}", child
+    return name, None
+
+
+def _merged_children(model: nn.Module, parent: str) -> list[tuple[str, MergedLinear]]:
+    try:
+        mod = model.get_submodule(parent) if parent else model
+    except AttributeError:
+        return []
+    return [(n, m) for n, m in mod.named_children() if isinstance(m, MergedLinear)]
+
+
+def load_weights(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
+    """Copy checkpoint tensors into `model` by name; raise if any parameter stays unset."""
+    params = dict(model.named_parameters())  # tied parameters appear once, under their first name
+    pending = {(n, s) for n, p in params.items() for s in _shards_of(model, n)}
+    unknown = []
+    for name, tensor in tensors:
+        if name.endswith(_IGNORED_SUFFIXES):
+            continue
+        target, shard = _target(model, name)
+        if target not in params:
+            if name == "lm_head.weight" and getattr(model.config, "tie_word_embeddings", False):
+                continue  # tied: the embedding is the head
+            unknown.append(name)
+            continue
+        dst = params[target].data
+        if shard is not None:
+            merged = model.get_submodule(target.rpartition(".")[0])
+            off, size = merged.shard_offset(shard)
+            dst = dst.narrow(0, off, size)
+        if dst.shape != tensor.shape:
+            raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(dst.shape)}")
+        dst.copy_(tensor)
+        pending.discard((target, shard))
+    if unknown:
+        log.warning("checkpoint tensors not used by the model", names=unknown[:20], count=len(unknown))
+    if pending:
+        missing = sorted(f"{n}[{s}]" if s else n for n, s in pending)
+        raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:10]}")
+
+
+def _shards_of(model: nn.Module, param_name: str) -> list[str | None]:
+    module = model.get_submodule(param_name.rpartition(".")[0])
+    if isinstance(module, MergedLinear) and param_name.endswith(("weight", "bias")):
+        return list(module.shard_names)
+    return [None]
+
+
+def init_dummy_weights(model: nn.Module, seed: int = 0, std: float = 0.02) -> None:
+    """Random weights for performance work: small normals, norms at one."""
+    from runtime.gpu.layers import RMSNorm
+
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            for p in module.parameters(recurse=False):
+                if isinstance(module, RMSNorm):
+                    p.fill_(1.0)
+                else:
+                    p.copy_(torch.randn(p.shape, generator=gen) * std)

@@ -1,0 +1,194 @@
+"""The tensor side of one worker: weights, KV cache, request table, forward and sampling of a step.
+
+`execute(plan)` is the whole contract with the scheduler (see `StepPlan`). Per step the host builds
+all index tensors in one packed int64 tensor and moves it with one copy; rows that feed back their
+last sampled token (`use_last`) read it from the device table `last_token`, so a plan can be sent
+before the previous step's tokens reach the host."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from runtime.gpu import loader
+from runtime.gpu.attention import get_attention_backend
+from runtime.gpu.forward_batch import ForwardBatch
+from runtime.gpu.kv_cache import KVCache
+from runtime.gpu.layers import RotaryEmbedding
+from runtime.gpu.models import get_model_class
+from runtime.gpu.models.llama import head_dim_of
+from runtime.gpu.sampler import Sampler, SampleResult
+from runtime.mailbox.messages import StepOutput, StepPlan
+
+
+@dataclass
+class RunnerConfig:
+    model_path: str
+    device: str = "cpu"
+    dtype: str | None = None  # default float32 on cpu, bfloat16 on cuda
+    load_format: str = "auto"  # "auto" | "dummy"
+    num_kv_slots: int = 16384  # including slot 0 (padding)
+    max_reqs: int = 256  # rows of req_to_token; row 0 is padding, rows 1..max_reqs usable
+    max_model_len: int = 8192
+    page_size: int = 1
+    seed: int = 0
+    attention_backend: str = "torch"
+
+
+def _resolve_dtype(cfg: RunnerConfig) -> torch.dtype:
+    if cfg.dtype is None:
+        return torch.bfloat16 if torch.device(cfg.device).type == "cuda" else torch.float32
+    dt = getattr(torch, cfg.dtype.removeprefix("torch."), None)
+    if not isinstance(dt, torch.dtype):
+        raise ValueError(f"unknown dtype {cfg.dtype!r}")
+    return dt
+
+
+def _eos_ids(model_path: Path, config) -> list[int]:
+    ids = None
+    gen = model_path / "generation_config.json"
+    if gen.is_file():
+        ids = json.loads(gen.read_text()).get("eos_token_id")
+    if ids is None:
+        ids = getattr(config, "eos_token_id", None)
+    if ids is None:
+        return []
+    return [ids] if isinstance(ids, int) else list(ids)
+
+
+class ModelRunner:
+    def __init__(self, cfg: RunnerConfig) -> None:
+        self.cfg = cfg
+        self.device = torch.device(cfg.device)
+        self.dtype = _resolve_dtype(cfg)
+        path = Path(cfg.model_path)
+        self.config = loader.load_config(path)
+        self.vocab_size: int = self.config.vocab_size
+        self.eos_token_ids: list[int] = _eos_ids(path, self.config)
+        self.model = self._load_model(path)
+
+        n_layers, hd = self.config.num_hidden_layers, head_dim_of(self.config)
+        n_kv = self.model.num_kv_heads
+        self.kv_cache = KVCache(n_layers, cfg.num_kv_slots, n_kv, hd, self.dtype, self.device)
+        self.attn_backend = get_attention_backend(cfg.attention_backend)(
+            self.config.num_attention_heads, n_kv, hd, scale=hd**-0.5
+        )
+        rows = cfg.max_reqs + 1
+        self.req_to_token = torch.zeros(rows, cfg.max_model_len, dtype=torch.int64, device=self.device)
+        self.last_token = torch.zeros(rows, dtype=torch.int64, device=self.device)
+        self.sampler = Sampler(cfg.max_reqs, self.vocab_size, self.device, cfg.seed)
+
+    def _load_model(self, path: Path) -> torch.nn.Module:
+        # Build on the meta device so no time goes into random init that loading overwrites.
+        with torch.device("meta"):
+            model = get_model_class(self.config)(self.config, max_positions=self.cfg.max_model_len)
+        model = model.to(self.dtype).to_empty(device=self.device)
+        model.tie_weights()
+        for m in model.modules():
+            if isinstance(m, RotaryEmbedding):  # derived tables: recompute (in float32) on the device
+                m.build(self.device)
+        if self.cfg.load_format == "dummy":
+            loader.init_dummy_weights(model, self.cfg.seed)
+        elif self.cfg.load_format == "auto":
+            loader.load_weights(model, loader.iter_tensors(loader.safetensors_files(path)))
+        else:
+            raise ValueError(f"unknown load_format {self.cfg.load_format!r} (auto | dummy)")
+        return model.eval().requires_grad_(False)
+
+    def kv_bytes_per_token(self) -> int:
+        return KVCache.bytes_per_token(
+            self.config.num_hidden_layers, self.model.num_kv_heads, head_dim_of(self.config), self.dtype
+        )
+
+    # ------------------------------------------------------------------ step
+
+    def execute(self, plan: StepPlan) -> StepOutput:
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            logits, sample_rows, sample_rows_t = self._forward_plan(plan)
+            if not sample_rows:
+                return StepOutput(plan.step, [], [], forward_s=time.perf_counter() - t0)
+            result = self.sampler.sample(logits, sample_rows, sample_rows_t)
+            self.last_token[sample_rows_t] = result.tokens
+            out = self._output(plan.step, sample_rows, result)
+        return StepOutput(**out, forward_s=time.perf_counter() - t0)
+
+    def forward_logits(self, plan: StepPlan) -> torch.Tensor:
+        """Logits of the sampled rows, without sampling (for tests and scoring)."""
+        with torch.inference_mode():
+            return self._forward_plan(plan)[0]
+
+    def _forward_plan(self, plan: StepPlan) -> tuple[torch.Tensor, list[int], torch.Tensor]:
+        self._update_table(plan)
+        sample_rows = [r for r, s in zip(plan.rows, plan.sample, strict=True) if s]
+        if not plan.rows:
+            return torch.empty(0, self.vocab_size, device=self.device), [], self.last_token[:0]
+        batch, last_idx, sample_rows_t = self._build_batch(plan)
+        hidden = self.model(batch.input_ids, batch.positions, batch)
+        return self.model.compute_logits(hidden[last_idx]), sample_rows, sample_rows_t
+
+    def _update_table(self, plan: StepPlan) -> None:
+        for row in plan.released:
+            self.sampler.release(row)
+        for start in plan.added:
+            if start.prefix_slots:
+                slots = torch.tensor(start.prefix_slots, dtype=torch.int64)
+                self.req_to_token[start.row, : len(start.prefix_slots)] = slots.to(self.device)
+            self.sampler.register(start)
+
+    def _build_batch(self, plan: StepPlan) -> tuple[ForwardBatch, torch.Tensor, torch.Tensor]:
+        ext = torch.tensor(plan.extend_lens, dtype=torch.int64)
+        rows = torch.tensor(plan.rows, dtype=torch.int64)
+        use_last = torch.tensor(plan.use_last, dtype=torch.bool)
+        num_tokens = int(ext.sum())
+        starts = torch.cumsum(ext, 0) - ext
+        tok_row = torch.repeat_interleave(rows, ext)
+        positions = torch.repeat_interleave(torch.tensor(plan.prefix_lens) - starts, ext)
+        positions += torch.arange(num_tokens)
+        ids = torch.zeros(num_tokens, dtype=torch.int64)
+        ids[~torch.repeat_interleave(use_last, ext)] = torch.tensor(plan.input_ids, dtype=torch.int64)
+        sample = torch.tensor(plan.sample, dtype=torch.bool)
+        last_idx = (starts + ext - 1)[sample]
+        sample_rows = rows[sample]
+        last_rows = rows[use_last]
+        last_pos = starts[use_last]
+        sizes = [num_tokens] * 4 + [len(last_idx)] * 2 + [len(last_rows)] * 2 + [len(rows)]
+        packed = torch.cat([ids, positions, torch.tensor(plan.out_loc, dtype=torch.int64), tok_row])
+        packed = torch.cat([packed, last_idx, sample_rows, last_rows, last_pos, rows])
+        packed = packed.to(self.device, non_blocking=True)
+        ids_d, pos_d, loc_d, tok_row_d, last_idx_d, sample_rows_d, last_rows_d, last_pos_d, rows_d = (
+            packed.split(sizes)
+        )
+        if len(last_rows):
+            ids_d = ids_d.clone()
+            ids_d[last_pos_d] = self.last_token[last_rows_d]
+        self.req_to_token[tok_row_d, pos_d] = loc_d
+        batch = ForwardBatch(
+            input_ids=ids_d,
+            positions=pos_d,
+            out_loc=loc_d,
+            rows=rows_d,
+            rows_list=list(plan.rows),
+            prefix_lens=list(plan.prefix_lens),
+            extend_lens=list(plan.extend_lens),
+            req_to_token=self.req_to_token,
+            kv_cache=self.kv_cache,
+            attn_backend=self.attn_backend,
+        )
+        self.attn_backend.prepare(batch)
+        return batch, last_idx_d, sample_rows_d
+
+    def _output(self, step: int, rows: list[int], r: SampleResult) -> dict:
+        out = dict(step=step, rows=rows, tokens=r.tokens.tolist())
+        if r.logprobs is not None:
+            out["logprobs"] = r.logprobs.tolist()
+            counts = r.top_counts or [0] * len(rows)
+            ids = r.top_ids.tolist() if r.top_ids is not None else [[] for _ in rows]
+            lps = r.top_logprobs.tolist() if r.top_logprobs is not None else [[] for _ in rows]
+            out["top_ids"] = [x[:k] for x, k in zip(ids, counts, strict=True)]
+            out["top_logprobs"] = [x[:k] for x, k in zip(lps, counts, strict=True)]
+        return out

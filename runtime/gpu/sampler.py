@@ -1,0 +1,162 @@
+"""Batched sampling on the device.
+
+Per-row sampling parameters live in one device table indexed by request row (written once at
+registration), so a step reads them with one gather and never syncs per row. The host keeps only what
+decides which code paths a step needs (any penalties? any top-k/top-p? who is seeded?) and how many
+tokens each row has produced (for min_tokens).
+
+Sampling uses the exponential race (argmax of p / Exp(1) noise), which draws from softmax exactly and
+lets each seeded row draw its noise from its own generator: a seeded request gives the same tokens
+whatever its batch neighbours are."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from runtime.mailbox.messages import SamplingParams, SeqStart
+
+# Columns of the parameter table.
+TEMP, TOP_P, MIN_P, TOP_K, REP, FREQ, PRES = range(7)
+
+
+@dataclass
+class _Row:
+    params: SamplingParams
+    stop_ids: list[int]
+    generator: torch.Generator | None
+    n_out: int = 0
+
+    @property
+    def penalized(self) -> bool:
+        p = self.params
+        return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
+
+    @property
+    def truncates(self) -> bool:
+        return not self.params.greedy and (self.params.top_k > 0 or self.params.top_p < 1.0)
+
+
+@dataclass
+class SampleResult:
+    tokens: torch.Tensor  # [B] int64
+    logprobs: torch.Tensor | None = None  # [B] chosen token's logprob, raw logits
+    top_ids: torch.Tensor | None = None  # [B, kmax]
+    top_logprobs: torch.Tensor | None = None
+    top_counts: list[int] | None = None  # per row: how many of the kmax alternatives it asked for
+
+
+class Sampler:
+    def __init__(self, max_rows: int, vocab_size: int, device: torch.device | str, seed: int = 0) -> None:
+        self.device = torch.device(device)
+        self.vocab_size = vocab_size
+        self.table = torch.zeros(max_rows + 1, 7, device=self.device)
+        self.rows: dict[int, _Row] = {}
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.counts: torch.Tensor | None = None  # [rows, V] output-token counts, made on first penalty
+        self.prompt_mask: torch.Tensor | None = None  # [rows, V] token occurs in the prompt
+
+    def register(self, start: SeqStart) -> None:
+        p = start.params
+        gen = None
+        if p.seed is not None:
+            gen = torch.Generator(device=self.device).manual_seed(p.seed)
+        row = _Row(p, list(start.stop_ids), gen)
+        self.rows[start.row] = row
+        values = [p.temperature, p.top_p, p.min_p, max(p.top_k, 0), p.repetition_penalty]
+        values += [p.frequency_penalty, p.presence_penalty]
+        self.table[start.row] = torch.tensor(values, dtype=torch.float32).to(self.device)
+        if row.penalized:
+            if self.counts is None:
+                shape = (self.table.shape[0], self.vocab_size)
+                self.counts = torch.zeros(shape, dtype=torch.int32, device=self.device)
+                self.prompt_mask = torch.zeros(shape, dtype=torch.bool, device=self.device)
+            self.counts[start.row].zero_()
+            self.prompt_mask[start.row].zero_()
+            if start.prompt_ids:
+                ids = torch.tensor(start.prompt_ids, dtype=torch.int64).to(self.device)
+                self.prompt_mask[start.row, ids] = True
+
+    def release(self, row: int) -> None:
+        self.rows.pop(row, None)
+
+    def sample(self, logits: torch.Tensor, rows: list[int], rows_t: torch.Tensor) -> SampleResult:
+        """logits: [B, V] float32 for `rows` (host list and the same rows as a device tensor)."""
+        states = [self.rows[r] for r in rows]
+        k_asked = [s.params.logprobs for s in states]
+        raw_logprobs = None
+        if any(k is not None for k in k_asked):
+            raw_logprobs = torch.log_softmax(logits.float(), dim=-1)
+        params = self.table[rows_t]
+        logits = self._penalize(logits, params, rows_t, states)
+        if all(s.params.greedy for s in states):
+            tokens = logits.argmax(dim=-1)
+        else:
+            tokens = self._sample(logits, params, states)
+        if self.counts is not None:
+            self.counts.index_put_(
+                (rows_t, tokens), torch.ones_like(tokens, dtype=torch.int32), accumulate=True
+            )
+        for s in states:
+            s.n_out += 1
+        result = SampleResult(tokens)
+        if raw_logprobs is not None:
+            result.logprobs = raw_logprobs.gather(1, tokens[:, None]).squeeze(1)
+            counts = [k or 0 for k in k_asked]
+            kmax = min(max(counts), self.vocab_size)
+            if kmax > 0:
+                result.top_logprobs, result.top_ids = raw_logprobs.topk(kmax, dim=-1)
+            result.top_counts = counts
+        return result
+
+    def _penalize(
+        self, logits: torch.Tensor, params: torch.Tensor, rows_t: torch.Tensor, states: list[_Row]
+    ) -> torch.Tensor:
+        if self.counts is not None and any(s.penalized for s in states):
+            counts = self.counts[rows_t]
+            seen = (counts > 0) | self.prompt_mask[rows_t]
+            rep = params[:, REP, None]
+            # HF repetition penalty: shrink positive logits, push negative ones further down.
+            logits = torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
+            logits = logits - params[:, FREQ, None] * counts - params[:, PRES, None] * (counts > 0)
+        bans = [(i, t) for i, s in enumerate(states) if s.n_out < s.params.min_tokens for t in s.stop_ids]
+        if bans:
+            idx = torch.tensor(bans, dtype=torch.int64).to(logits.device)
+            logits = logits.index_put(
+                (idx[:, 0], idx[:, 1]), torch.tensor(float("-inf"), device=logits.device)
+            )
+        return logits
+
+    def _sample(self, logits: torch.Tensor, params: torch.Tensor, states: list[_Row]) -> torch.Tensor:
+        temp, top_k = params[:, TEMP], params[:, TOP_K]
+        greedy = (temp <= 0) | (top_k == 1)
+        scaled = logits / torch.where(greedy, 1.0, temp)[:, None]
+        if any(s.truncates for s in states):
+            scaled = _top_k_top_p(scaled, top_k, params[:, TOP_P])
+        probs = torch.softmax(scaled, dim=-1)
+        if any(s.params.min_p > 0 for s in states):
+            floor = params[:, MIN_P, None] * probs.amax(dim=-1, keepdim=True)
+            probs = probs.masked_fill(probs < floor, 0.0)
+        noise = torch.empty_like(probs).exponential_(generator=self.generator)
+        for i, s in enumerate(states):
+            if s.generator is not None:
+                noise[i].exponential_(generator=s.generator)
+        sampled = (probs / noise.clamp_min_(1e-20)).argmax(dim=-1)
+        return torch.where(greedy, logits.argmax(dim=-1), sampled)
+
+
+def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Mask everything outside each row's top-k and top-p nucleus (top_k 0: off; top_p 1: off)."""
+    vocab = logits.shape[-1]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    ranks = torch.arange(vocab, device=logits.device)[None, :]
+    k = torch.where(top_k > 0, top_k, vocab)[:, None]
+    remove = ranks >= k
+    sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
+    probs = torch.softmax(sorted_logits, dim=-1)
+    # Drop a token when the mass before it already reaches top_p; the first token always stays.
+    remove |= (probs.cumsum(dim=-1) - probs) >= top_p[:, None]
+    remove[:, 0] = False
+    sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
