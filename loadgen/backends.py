@@ -11,6 +11,7 @@ import aiohttp
 import msgspec
 
 from loadgen.records import Prompt, RequestResult
+from loadgen.ws import WSPool
 
 BACKENDS = ("chat", "completions", "ws")
 
@@ -22,6 +23,8 @@ class RequestConfig:
     ignore_eos: bool = True
     temperature: float = 0.0
     ws_endpoint: str = "chat"  # which OpenAI endpoint the ws backend's requests imitate
+    request_timeout: float = 600.0
+    ws: WSPool | None = None  # the ws backend's shared sockets
 
 
 class StreamError(Exception):
@@ -153,7 +156,7 @@ async def completions_request(session, cfg, p, res, t0) -> None:
 async def ws_request(
     session: aiohttp.ClientSession, cfg: RequestConfig, p: Prompt, res: RequestResult, t0: float
 ) -> None:
-    """Conduit's WebSocket protocol: one `generate` message, `delta`s, then `done` or `error`."""
+    """Conduit's WebSocket protocol (loadgen/ws.py): one `generate` message, `delta`s, then `done`."""
     rid = f"loadgen-{res.index}"
     msg = {
         "type": "generate",
@@ -161,28 +164,20 @@ async def ws_request(
         "endpoint": cfg.ws_endpoint,
         "request": openai_body(cfg.ws_endpoint, cfg, p),
     }
+    if cfg.ws is None:
+        cfg.ws = WSPool(session, cfg.base_url, 1, cfg.request_timeout)
     timer = _Timer(res, t0)
     try:
-        async with session.ws_connect(cfg.base_url + "/v1/ws", autoping=True, max_msg_size=0) as ws:
+        async for d in cfg.ws.stream(rid, msg):
             res.status = 101
-            await ws.send_str(msgspec.json.encode(msg).decode())
-            async for m in ws:
-                if m.type != aiohttp.WSMsgType.TEXT:
-                    break
-                try:
-                    d = msgspec.json.decode(m.data)
-                except msgspec.DecodeError:
-                    raise StreamError(f"bad JSON from websocket: {m.data[:80]!r}") from None
-                kind = d.get("type")
-                if kind == "delta":
-                    timer.content(d.get("text") or "")
-                elif kind == "done":
-                    timer.usage(d.get("usage"))
-                    res.success = True
-                    return
-                elif kind == "error":
-                    raise StreamError(f"websocket error: {d.get('message') or d.get('error') or d}")
-            raise StreamError("websocket closed before 'done'")
+            kind = d.get("type")
+            if kind == "delta":
+                timer.content(d.get("text") or "")
+            elif kind == "done":
+                timer.usage(d.get("usage"))
+                res.success = True
+            elif kind == "error":
+                raise StreamError(f"websocket error: {d.get('message') or d.get('error') or d}")
     finally:
         timer.finish()
 

@@ -20,6 +20,7 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--backend", choices=BACKENDS, default="chat", help="protocol (default: chat)")
     g.add_argument("--ws-endpoint", choices=("chat", "completions"), default="chat",
                    help="which OpenAI request the ws backend sends")  # fmt: skip
+    g.add_argument("--ws-connections", type=int, default=1, help="sockets the ws backend multiplexes over")
     g.add_argument(
         "--tokenizer", help="local Hugging Face tokenizer directory (default: word-count estimate)"
     )

@@ -85,7 +85,11 @@ async def run(args) -> int:
             if not r.success:
                 print(f"warning: warmup request failed: {r.error}", file=sys.stderr)
                 break
-        results, duration = await _benchmark(args, session, cfg, prompts, rng)
+        try:
+            results, duration = await _benchmark(args, session, cfg, prompts, rng)
+        finally:
+            if cfg.ws:
+                await cfg.ws.close()
     started_at = time.time() - duration
     if codec.exact:
         for r in results:

@@ -92,24 +92,35 @@ class FakeServer:
             self.in_flight -= 1
 
     async def ws(self, request: web.Request) -> web.WebSocketResponse:
+        """Requests multiplexed by id: each generate message is answered by its own task."""
         ws = web.WebSocketResponse()
         await ws.prepare(request)
+        tasks = set()
         async for msg in ws:
             if msg.type != WSMsgType.TEXT:
                 break
             d = json.loads(msg.data)
-            self._enter()
-            try:
-                n = d["request"]["max_tokens"]
-                for i in range(n):
-                    await asyncio.sleep(self.chunk_delay)
-                    await ws.send_json({"type": "delta", "id": d["id"], "text": f" w{i}"})
-                usage = {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}
-                await ws.send_json({"type": "done", "id": d["id"], "usage": usage})
-                self.completion_tokens += n
-            finally:
-                self.in_flight -= 1
+            if d["type"] == "generate":
+                t = asyncio.create_task(self._ws_generate(ws, d))
+                tasks.add(t)
+                t.add_done_callback(tasks.discard)
         return ws
+
+    async def _ws_generate(self, ws: web.WebSocketResponse, d: dict) -> None:
+        self._enter()
+        try:
+            if self.mode == "500":
+                await ws.send_json({"type": "error", "id": d["id"], "message": "engine failed"})
+                return
+            n = d["request"]["max_tokens"]
+            for i in range(n):
+                await asyncio.sleep(self.chunk_delay)
+                await ws.send_json({"type": "delta", "id": d["id"], "text": f" w{i}"})
+            usage = {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}
+            await ws.send_json({"type": "done", "id": d["id"], "usage": usage})
+            self.completion_tokens += n
+        finally:
+            self.in_flight -= 1
 
 
 @pytest.fixture

@@ -61,6 +61,21 @@ def test_max_concurrency_is_never_exceeded(fake_server, tmp_path):
     assert peak <= 4
 
 
+@pytest.mark.parametrize("connections", ["1", "3"])
+def test_ws_multiplexes_requests_on_shared_sockets(fake_server, tmp_path, connections):
+    rc, doc = _run(fake_server.url, tmp_path, "--backend", "ws", "--ws-connections", connections,
+                   "--num-prompts", "16", "--max-concurrency", "8")  # fmt: skip
+    assert rc == 0 and doc["metrics"]["completed"] == 16
+    assert fake_server.max_in_flight == 8  # concurrent on the shared socket(s), not serialised
+
+
+@pytest.mark.parametrize("fake_server", [{"mode": "500"}], indirect=True)
+def test_ws_error_messages_fail_their_requests(fake_server, tmp_path):
+    rc, doc = _run(fake_server.url, tmp_path, "--backend", "ws", "--num-prompts", "3")
+    assert rc == 2
+    assert all(r["error"] == "websocket error: engine failed" for r in doc["requests"])
+
+
 def test_duration_bounds_the_run(fake_server, tmp_path):
     rc, doc = _run(
         fake_server.url, tmp_path, "--duration", "0.5", "--request-rate", "40", "--max-concurrency", "8"
