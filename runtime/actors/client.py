@@ -1,0 +1,116 @@
+"""The engine client: the actor at the edge of the engine. The HTTP server and the offline `Engine` submit
+requests through it and read each request's deltas from a per-request queue. It guarantees every
+accepted request ends with exactly one final message: a finished delta, or an exception."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import time
+from collections.abc import AsyncIterator
+
+import structlog
+
+from runtime.actors.base import Actor
+from runtime.errors import ConduitError, EngineFailed, error_from_status
+from runtime.mailbox.messages import (
+    AbortRequest,
+    EngineStats,
+    FlushCache,
+    GenerateRequest,
+    Message,
+    NodeFailed,
+    RequestFailed,
+    TextDelta,
+    TextDeltas,
+)
+
+log = structlog.get_logger(__name__)
+
+_ids = itertools.count()
+
+
+class EngineClient(Actor):
+    name = "client"
+    mailbox_size = 65536
+
+    def __init__(self, model_name: str, max_model_len: int) -> None:
+        super().__init__()
+        self.model_name = model_name
+        self.max_model_len = max_model_len
+        self.stats: EngineStats | None = None
+        self.error: str | None = None
+        self._streams: dict[str, asyncio.Queue[TextDelta | ConduitError]] = {}
+
+    @property
+    def healthy(self) -> bool:
+        return self.error is None and (self.stats is None or self.stats.healthy)
+
+    @staticmethod
+    def new_rid(prefix: str = "req") -> str:
+        return f"{prefix}-{os.getpid():x}{next(_ids):08x}"
+
+    # ------------------------------------------------------------------ the API
+
+    async def generate(self, req: GenerateRequest) -> AsyncIterator[TextDelta]:
+        """Yield the request's deltas, the last one with `finish_reason` set; raise ConduitError if it
+        fails. Closing the iterator early (or cancelling its task) aborts the request in the engine."""
+        if not self.healthy:
+            raise EngineFailed(f"engine is unhealthy: {self.error or (self.stats and self.stats.error)}")
+        if req.rid in self._streams:
+            raise ValueError(f"request id {req.rid} is already running")
+        queue: asyncio.Queue[TextDelta | ConduitError] = asyncio.Queue()
+        self._streams[req.rid] = queue
+        finished = False
+        try:
+            if not req.arrival:
+                import msgspec
+
+                req = msgspec.structs.replace(req, arrival=time.time())
+            await self.send("tokenizer", req)
+            while True:
+                item = await queue.get()
+                if isinstance(item, ConduitError):
+                    finished = True
+                    raise item
+                if item.finish_reason is not None:
+                    finished = True
+                yield item
+                if finished:
+                    return
+        finally:
+            self._streams.pop(req.rid, None)
+            if not finished:
+                await self.abort(req.rid)
+
+    async def abort(self, rid: str) -> None:
+        await self.send("tokenizer", AbortRequest(rid))
+
+    async def flush_cache(self) -> None:
+        await self.send("scheduler", FlushCache())
+
+    # ------------------------------------------------------------------ inbound
+
+    async def handle(self, msg: Message) -> None:
+        if isinstance(msg, TextDeltas):
+            for item in msg.items:
+                q = self._streams.get(item.rid)
+                if q is not None:
+                    q.put_nowait(item)
+        elif isinstance(msg, RequestFailed):
+            q = self._streams.get(msg.rid)
+            if q is not None:
+                q.put_nowait(error_from_status(msg.status, msg.message, type=msg.error_type, param=msg.param,
+                                               code=msg.code))
+        elif isinstance(msg, EngineStats):
+            self.stats = msg
+        elif isinstance(msg, NodeFailed):
+            self.fail_all(f"{msg.node}: {msg.error}")
+
+    def fail_all(self, error: str) -> None:
+        """The engine is gone: every waiting request gets its final error now."""
+        self.error = error
+        log.error("engine_failed", error=error, in_flight=len(self._streams))
+        for q in self._streams.values():
+            q.put_nowait(EngineFailed(f"engine failed: {error}"))

@@ -1,0 +1,64 @@
+"""The engine process of the default placement: the scheduler and the GPU worker of one rank."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import traceback
+from pathlib import Path
+
+import msgspec
+import structlog
+
+from runtime.actors.system import ActorSystem
+from runtime.config import ServerConfig
+from runtime.mailbox.messages import NodeFailed, NodeReady
+
+log = structlog.get_logger(__name__)
+
+
+async def spawn_engine_actors(system: ActorSystem, cfg: ServerConfig, model_path: str, max_model_len: int) -> None:
+    """Start the worker (loads the model) and the scheduler in `system`. Shared by every placement."""
+    from runtime.actors.gpu_worker import GpuWorkerActor
+    from runtime.actors.scheduler.actor import SchedulerActor
+    from runtime.gpu.model_runner import RunnerConfig
+
+    slots = cfg.resolved_kv_slots()
+    runner_cfg = RunnerConfig(model_path=model_path, device=cfg.device, dtype=cfg.resolved_dtype(),
+                              load_format=cfg.load_format, num_kv_slots=slots, max_reqs=cfg.max_running_requests,
+                              max_model_len=max_model_len, page_size=cfg.page_size, seed=cfg.seed)
+    await system.spawn(GpuWorkerActor(runner_cfg))
+    await system.spawn(SchedulerActor(cfg, slots, max_model_len))
+
+
+def engine_main(cfg_bytes: bytes, placement: dict[str, str], sock_dir: str, model_path: str,
+                max_model_len: int, parent_node: str) -> None:
+    from runtime.logging import setup_logging
+
+    setup_logging()
+    cfg = msgspec.msgpack.decode(cfg_bytes, type=ServerConfig)
+    import uvloop
+
+    uvloop.run(_engine(cfg, placement, Path(sock_dir), model_path, max_model_len, parent_node))
+
+
+async def _engine(cfg: ServerConfig, placement: dict[str, str], sock_dir: Path, model_path: str,
+                  max_model_len: int, parent_node: str) -> None:
+    system = ActorSystem("engine", placement, sock_dir)
+    await system.listen()
+    try:
+        await spawn_engine_actors(system, cfg, model_path, max_model_len)
+    except Exception as exc:
+        log.error("engine_start_failed", error=str(exc), trace=traceback.format_exc())
+        await system.send_to_node(parent_node, "system", NodeFailed("engine", f"{type(exc).__name__}: {exc}"))
+        await asyncio.sleep(0.2)  # let the frame leave before the process exits
+        return
+    await system.send_to_node(parent_node, "system", NodeReady("engine"))
+    parent = os.getppid()
+    while not system.shutdown_requested.is_set():
+        try:
+            await asyncio.wait_for(system.shutdown_requested.wait(), 1.0)
+        except TimeoutError:
+            if os.getppid() != parent:  # orphaned: the frontend died without telling us
+                break
+    await system.stop()

@@ -1,0 +1,227 @@
+"""The scheduler actor: turns queued requests into StepPlans and StepOutputs into TokenBatches.
+
+How overlap works: the worker keeps every request's last sampled token on the device, and a decode row
+in a StepPlan says "use your last token" instead of naming it. So the scheduler can plan and send step
+N+1 as soon as step N is sent, without waiting for N's tokens: up to `depth` (2) steps are in flight and
+the worker runs them back to back. When N's StepOutput arrives the scheduler does the host work (stop
+checks, outputs, freeing) while N+1 runs, then plans N+2. A request that finished at N was already in
+N+1: that one wasted token is dropped here. Two prefill steps are never overlapped, so a new prompt's
+first token is not delayed behind another prefill. With `--disable-overlap` the depth is 1.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import structlog
+
+from runtime.actors.base import Actor
+from runtime.actors.scheduler.batch_planner import BatchPlanner, PlannedStep
+from runtime.actors.scheduler.kv_allocator import PageAllocator
+from runtime.actors.scheduler.output_processor import OutputProcessor
+from runtime.actors.scheduler.prefix_cache import PrefixCache
+from runtime.actors.scheduler.request import Req
+from runtime.config import ServerConfig
+from runtime.mailbox.messages import (
+    AbortRequest,
+    EngineStats,
+    FlushCache,
+    Message,
+    RequestFailed,
+    StepOutput,
+    TokenizedRequest,
+    WorkerFailed,
+)
+
+log = structlog.get_logger(__name__)
+
+STATS_INTERVAL_S = 0.05
+
+
+class SchedulerActor(Actor):
+    name = "scheduler"
+
+    def __init__(self, cfg: ServerConfig, num_kv_slots: int, max_model_len: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.allocator = PageAllocator(num_kv_slots, cfg.page_size)
+        self.cache = make_prefix_cache(cfg, self.allocator)
+        self.planner = BatchPlanner(
+            self.allocator,
+            self.cache,
+            max_reqs=cfg.max_running_requests,
+            token_budget=cfg.chunked_prefill_size,
+            max_model_len=max_model_len,
+            policy=cfg.schedule_policy,
+        )
+        self.outputs = OutputProcessor()
+        self.depth = 1 if cfg.disable_overlap else 2
+        self.inflight: deque[PlannedStep] = deque()
+        self.reqs: dict[str, Req] = {}
+        self.step = 0
+        self.healthy = True
+        self.error: str | None = None
+        self.plan_s = 0.0
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
+        self._last_stats = 0.0
+
+    async def handle(self, msg: Message) -> None:
+        if isinstance(msg, TokenizedRequest):
+            await self._on_request(msg)
+        elif isinstance(msg, StepOutput):
+            await self._on_output(msg)
+        elif isinstance(msg, AbortRequest):
+            await self._on_abort(msg)
+        elif isinstance(msg, WorkerFailed):
+            await self._on_worker_failed(msg)
+        elif isinstance(msg, FlushCache):
+            ok = not self.planner.running and self.cache.flush()
+            log.info("flush_cache", ok=ok)
+        await self._pump()
+
+    # ------------------------------------------------------------------ inputs
+
+    async def _on_request(self, msg: TokenizedRequest) -> None:
+        if not self.healthy:
+            await self._fail(msg.rid, 503, f"engine is unhealthy: {self.error}", "server_error")
+            return
+        if len(self.planner.waiting) >= self.cfg.max_queued_requests:
+            await self._fail(msg.rid, 429, "too many queued requests; retry later", "rate_limit_error")
+            return
+        if len(msg.input_ids) + 1 > self.allocator.total_pages * self.cfg.page_size:
+            await self._fail(msg.rid, 400, f"prompt of {len(msg.input_ids)} tokens can never fit the KV pool "
+                             f"of {self.allocator.total_pages * self.cfg.page_size} tokens", param="messages")
+            return
+        req = Req(msg.rid, list(msg.input_ids), msg.params, frozenset(msg.stop_ids), msg.max_new_tokens,
+                  msg.priority, msg.arrival)
+        self.reqs[req.rid] = req
+        self.planner.add(req)
+
+    async def _on_abort(self, msg: AbortRequest) -> None:
+        req = self.reqs.get(msg.rid)
+        if req is None or req.finished:
+            return
+        self._finish(req, "abort" if msg.reason == "abort" else "stop")
+        self.outputs.add(req, [], req.finished)
+        await self._flush_outputs()
+
+    async def _on_output(self, out: StepOutput) -> None:
+        done = self.inflight.popleft()
+        assert done.plan.step == out.step, f"step {out.step} came back, expected {done.plan.step}"
+        sampled = iter(zip(out.tokens, range(len(out.tokens)), strict=True))
+        for req, did_sample in zip(done.reqs, done.plan.sample, strict=True):
+            req.inflight -= 1
+            if not did_sample:
+                continue
+            token, i = next(sampled)
+            if req.finished:
+                continue  # the overlap step's wasted token for a request that already ended
+            lp = self.outputs.logprob_of(out, i, req)
+            req.output_ids.append(token)
+            reason = self._stop_reason(req, token)
+            if reason is not None:
+                self._finish(req, reason)
+            self.outputs.add(req, [] if reason == "stop" and token in req.stop_ids else [token], reason, lp)
+        for req in done.reqs:
+            if req.finished and not req.inflight and req.rid in self.reqs:
+                del self.reqs[req.rid]
+        await self._flush_outputs()
+
+    async def _on_worker_failed(self, msg: WorkerFailed) -> None:
+        log.error("worker_failed", step=msg.step, error=msg.error)
+        self.healthy = False
+        self.error = msg.error
+        self.inflight.clear()
+        for req in list(self.reqs.values()):
+            if not req.finished:
+                req.finished = "error"
+                await self._fail(req.rid, 500, f"engine failed: {msg.error}", "server_error")
+        self.reqs.clear()
+        await self._send_stats(force=True)
+
+    # ------------------------------------------------------------------ state changes
+
+    def _stop_reason(self, req: Req, token: int) -> str | None:
+        if token in req.stop_ids and len(req.output_ids) >= req.params.min_tokens:
+            return "stop"
+        if len(req.output_ids) >= req.max_new_tokens:
+            return "length"
+        return None
+
+    def _finish(self, req: Req, reason: str) -> None:
+        req.finished = reason
+        if req in self.planner.waiting:
+            self.planner.waiting.remove(req)
+        self.planner.release(req, keep=True)
+        if not req.inflight:
+            self.reqs.pop(req.rid, None)
+
+    async def _fail(self, rid: str, status: int, message: str, type_: str = "invalid_request_error",
+                    param: str | None = None) -> None:
+        await self.send("client", RequestFailed(rid=rid, status=status, message=message, error_type=type_,
+                                                param=param))
+
+    # ------------------------------------------------------------------ the step pipeline
+
+    async def _pump(self) -> None:
+        """Keep up to `depth` steps in flight."""
+        while self.healthy and len(self.inflight) < self.depth:
+            allow_prefill = not (self.inflight and self.inflight[-1].has_prefill)
+            t0 = time.perf_counter()
+            planned = self.planner.plan(self.step, allow_prefill=allow_prefill)
+            self.plan_s += time.perf_counter() - t0
+            if planned is None:
+                break
+            self._count_admissions(planned)
+            self.step += 1
+            planned.t_planned = time.perf_counter()
+            self.inflight.append(planned)
+            await self.send("worker", planned.plan)
+        await self._send_stats()
+
+    def _count_admissions(self, planned: PlannedStep) -> None:
+        rows = {s.row for s in planned.plan.added}
+        for req in planned.reqs:
+            if req.row in rows and req.retractions == 0:
+                self.prompt_tokens += len(req.prompt_ids)
+                self.cached_tokens += req.cached_len
+
+    async def _flush_outputs(self) -> None:
+        batch = self.outputs.take()
+        if batch is not None:
+            await self.send("detokenizer", batch)
+
+    async def _send_stats(self, force: bool = False) -> None:
+        now = time.monotonic()
+        idle = not self.inflight
+        if not force and not idle and now - self._last_stats < STATS_INTERVAL_S:
+            return
+        self._last_stats = now
+        stats = EngineStats(
+            running=len(self.planner.running),
+            waiting=len(self.planner.waiting),
+            kv_pages_used=self.allocator.used_pages - self.cache.evictable_pages,
+            kv_pages_total=self.allocator.total_pages,
+            healthy=self.healthy,
+            error=self.error,
+            steps=self.step,
+            plan_s=self.plan_s,
+            cached_tokens=self.cached_tokens,
+            prompt_tokens=self.prompt_tokens,
+            retractions=self.planner.retractions,
+            evictable_tokens=self.cache.evictable_tokens,
+            protected_tokens=self.cache.protected_tokens,
+        )
+        await self.send("client", stats)
+
+
+def make_prefix_cache(cfg: ServerConfig, allocator: PageAllocator) -> PrefixCache:
+    if cfg.disable_radix_cache:
+        return PrefixCache(allocator)
+    try:
+        from runtime.actors.scheduler.radix_cache import RadixCache
+    except ImportError:
+        return PrefixCache(allocator)
+    return RadixCache(allocator)

@@ -1,0 +1,232 @@
+"""Builds one StepPlan: decodes first, then the in-progress chunked prefill, then admissions, all under a
+per-step token budget and the KV memory budget. Owns the waiting queue and the running set.
+
+Memory: admission reserves an estimate of each running request's future KV (remaining tokens times a
+decaying `new_token_ratio`, as SGLang does) so decode rarely runs dry; when it does, the cache is evicted
+first, then the requests with the least progress are retracted (their KV freed, requeued at the front).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from runtime.actors.scheduler.kv_allocator import PageAllocator
+from runtime.actors.scheduler.policy import order_waiting
+from runtime.actors.scheduler.prefix_cache import PrefixCache
+from runtime.actors.scheduler.request import Req
+from runtime.mailbox.messages import SeqStart, StepPlan
+
+CLIP_MAX_NEW_TOKENS = 4096  # cap on the reserved future tokens of one request (SGLang's constant)
+RETRACT_DECODE_STEPS = 20  # after a retraction, keep room for this many decode steps of the rest
+
+
+@dataclass
+class PlannedStep:
+    plan: StepPlan
+    reqs: list[Req]  # in plan.rows order
+    has_prefill: bool
+    t_planned: float = 0.0
+
+
+@dataclass
+class BatchPlanner:
+    allocator: PageAllocator
+    cache: PrefixCache
+    max_reqs: int
+    token_budget: int
+    max_model_len: int
+    policy: str = "fcfs"
+    init_new_token_ratio: float = 0.7
+    waiting: deque[Req] = field(default_factory=deque)
+    running: list[Req] = field(default_factory=list)
+    released_rows: list[int] = field(default_factory=list)
+    retractions: int = 0
+
+    def __post_init__(self) -> None:
+        self.free_rows = list(range(self.max_reqs, 0, -1))
+        self.new_token_ratio = self.init_new_token_ratio
+        self.min_new_token_ratio = self.init_new_token_ratio * 0.14
+        self.ratio_decay = (self.init_new_token_ratio - self.min_new_token_ratio) / 600
+
+    @property
+    def page_size(self) -> int:
+        return self.allocator.page_size
+
+    # ------------------------------------------------------------------ memory accounting
+
+    def _pages_for(self, req: Req, new_len: int) -> int:
+        """Pages to allocate for `req` to hold `new_len` token positions."""
+        have = math.ceil(req.kv_len / self.page_size)
+        return max(0, math.ceil(new_len / self.page_size) - have)
+
+    def _reserved_pages(self) -> int:
+        tokens = sum(
+            min(r.max_new_tokens - r.planned_outputs, CLIP_MAX_NEW_TOKENS) for r in self.running if not r.finished
+        )
+        return math.ceil(tokens * self.new_token_ratio / self.page_size)
+
+    def _fit(self, req: Req, n: int) -> int:
+        """How many of `n` new positions the pool can hold for `req` now (after evicting cache)."""
+        if n <= 0:
+            return 0
+        need = self._pages_for(req, req.kv_len + n)
+        if need > self.allocator.free_pages:
+            self.cache.evict(need - self.allocator.free_pages)
+        room = self.allocator.free_pages * self.page_size + (-req.kv_len) % self.page_size
+        return min(n, room)
+
+    def _alloc_slots(self, req: Req, n: int) -> list[int]:
+        """Extend the request's KV by `n` positions, allocating pages (evicting cache if needed)."""
+        need = self._pages_for(req, req.kv_len + n)
+        if need > self.allocator.free_pages:
+            self.cache.evict(need - self.allocator.free_pages)
+        req.pages.extend(self.allocator.alloc(need))
+        start = req.kv_len
+        ps = self.page_size
+        # cached prefix pages are page-aligned, so the request's own pages start at cached_len
+        new = [req.pages[(p - req.cached_len) // ps] * ps + p % ps for p in range(start, start + n)]
+        req.slots.extend(new)
+        return new
+
+    # ------------------------------------------------------------------ request lifecycle
+
+    def add(self, req: Req) -> None:
+        self.waiting.append(req)
+
+    def release(self, req: Req, *, keep: bool = True) -> None:
+        """Take a resident request off its row and give back its KV."""
+        if req.row:
+            self.cache.release(req, keep=keep)
+            self.released_rows.append(req.row)
+            self.free_rows.append(req.row)
+            req.row = 0
+            req.slots = []
+        if req in self.running:
+            self.running.remove(req)
+
+    def _admit(self, req: Req) -> None:
+        req.row = self.free_rows.pop()
+        prefix, node = self.cache.match(req)
+        self.cache.lock(node)
+        req.cache_node = node
+        req.cached_len = len(prefix)
+        req.slots = list(prefix)
+        req.pages = []
+        req.fill_len = len(req.seq_ids)
+        req.planned_outputs = len(req.output_ids)
+        if not req.retractions:
+            req.reported_cached = req.cached_len
+        self.running.append(req)
+
+    def _retract_for(self, pages_needed: int, decoding: list[Req]) -> None:
+        """Retract the requests with the least progress until `pages_needed` pages are free."""
+        victims = sorted(decoding, key=lambda r: (len(r.output_ids), -len(r.prompt_ids)), reverse=True)
+        while self.allocator.free_pages < pages_needed and len(victims) > 1:
+            victim = victims.pop()
+            decoding.remove(victim)
+            pages_needed -= 1 if victim.kv_len % self.page_size == 0 else 0
+            self.release(victim, keep=True)
+            victim.retractions += 1
+            self.retractions += 1
+            self.waiting.appendleft(victim)
+            self.cache.evict(max(0, pages_needed - self.allocator.free_pages))
+        total_new = sum(len(r.output_ids) for r in self.running) + RETRACT_DECODE_STEPS * len(self.running)
+        total_max = sum(r.max_new_tokens for r in self.running) or 1
+        self.new_token_ratio = min(1.0, total_new / total_max)
+
+    # ------------------------------------------------------------------ planning
+
+    def plan(self, step: int, *, allow_prefill: bool = True) -> PlannedStep | None:
+        added: list[SeqStart] = []
+        rows: list[int] = []
+        reqs: list[Req] = []
+        prefix_lens: list[int] = []
+        extend_lens: list[int] = []
+        use_last: list[bool] = []
+        input_ids: list[int] = []
+        out_loc: list[int] = []
+        sample: list[bool] = []
+        budget = self.token_budget
+
+        # 1. decodes: one token each, fed back from the device
+        decoding = [r for r in self.running if r.can_decode and r.kv_len + 1 <= self.max_model_len]
+        if decoding:
+            need = sum(1 for r in decoding if r.kv_len % self.page_size == 0)
+            if need > self.allocator.free_pages:
+                self.cache.evict(need - self.allocator.free_pages)
+            if need > self.allocator.free_pages:
+                self._retract_for(need, decoding)
+            self.new_token_ratio = max(self.min_new_token_ratio, self.new_token_ratio - self.ratio_decay)
+        for r in decoding[:budget]:
+            prefix_lens.append(r.kv_len)
+            out_loc.extend(self._alloc_slots(r, 1))
+            rows.append(r.row)
+            reqs.append(r)
+            extend_lens.append(1)
+            use_last.append(True)
+            sample.append(True)
+            r.planned_outputs += 1
+        budget -= len(reqs)
+
+        # 2. prefill chunks: resident requests still filling, then admissions from the queue
+        has_prefill = False
+        if allow_prefill:
+            filling = [r for r in self.running if r.prefilling and not r.finished]
+            admitted = self._admit_waiting(budget - sum(r.fill_len - r.kv_len for r in filling))
+            for r in admitted:
+                added.append(SeqStart(r.row, r.params, r.prompt_ids, list(r.slots), sorted(r.stop_ids)))
+            for r in filling + admitted:
+                n = self._fit(r, min(budget, r.fill_len - r.kv_len))
+                if n <= 0:
+                    continue
+                prefix_lens.append(r.kv_len)
+                input_ids.extend(r.seq_ids[r.kv_len : r.kv_len + n])
+                out_loc.extend(self._alloc_slots(r, n))
+                rows.append(r.row)
+                reqs.append(r)
+                extend_lens.append(n)
+                use_last.append(False)
+                done = not r.prefilling
+                sample.append(done)
+                r.planned_outputs += int(done)
+                budget -= n
+                has_prefill = True
+
+        if not reqs and not self.released_rows:
+            return None
+        for r in reqs:
+            r.inflight += 1
+        plan = StepPlan(step, added, self.released_rows, rows, prefix_lens, extend_lens, use_last, input_ids,
+                        out_loc, sample)
+        self.released_rows = []
+        return PlannedStep(plan, reqs, has_prefill)
+
+    def _admit_waiting(self, budget: int) -> list[Req]:
+        """FCFS (or the configured policy) admission under the row, token and memory budgets."""
+        admitted: list[Req] = []
+        if not self.waiting or budget <= 0:
+            return admitted
+        order_waiting(self.waiting, self.policy, self.cache)
+        available = self.allocator.free_pages + self.cache.evictable_pages - self._reserved_pages()
+        while self.waiting and self.free_rows and budget > 0:
+            req = self.waiting[0]
+            if req.inflight:  # a retracted request whose last step has not come back yet
+                break
+            est = len(req.seq_ids) + min(req.max_new_tokens - len(req.output_ids), CLIP_MAX_NEW_TOKENS) * (
+                self.new_token_ratio
+            )
+            need = math.ceil(est / self.page_size) + 1
+            if need > available and (self.running or admitted):
+                break
+            if math.ceil((len(req.seq_ids) + 1) / self.page_size) > self.allocator.free_pages + (
+                self.cache.evictable_pages
+            ):
+                break  # not even the prompt fits now; wait for running requests to finish
+            self.waiting.popleft()
+            self._admit(req)
+            admitted.append(req)
+            available -= need
+            budget -= req.fill_len - req.kv_len
+        return admitted

@@ -1,0 +1,174 @@
+"""The actor system of one process: runs local actors, routes messages to local mailboxes or to other
+processes, and watches child processes (supervision).
+
+Addresses are actor names ("tokenizer", "scheduler", "worker", ...). A placement maps each name to the
+node (process) that runs it; a message to an actor of another node is framed over that node's Unix
+socket (runtime/mailbox/transport.py). The pseudo-actor "system" of each node receives node lifecycle
+messages (NodeReady, NodeFailed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+
+from runtime.actors.base import Actor
+from runtime.mailbox import transport
+from runtime.mailbox.messages import Envelope, Message, NodeFailed, NodeReady, Shutdown
+
+log = structlog.get_logger(__name__)
+
+
+class ActorSystem:
+    def __init__(self, node: str, placement: dict[str, str], sock_dir: Path | None = None) -> None:
+        self.node = node
+        self.placement = placement  # actor name -> node name
+        self.sock_dir = sock_dir
+        self.actors: dict[str, Actor] = {}
+        self._tasks: dict[str, asyncio.Task] = {}
+        self._links: dict[str, transport.Link] = {}
+        self._link_locks: dict[str, asyncio.Lock] = {}
+        self._server: asyncio.AbstractServer | None = None
+        self._children: dict[str, mp.process.BaseProcess] = {}
+        self.ready: dict[str, asyncio.Future[NodeReady]] = {}
+        self.on_node_failed: list[Callable[[NodeFailed], None]] = []
+        self.shutdown_requested = asyncio.Event()  # set when a parent asks this node to stop
+        self._stopping = False
+
+    # ------------------------------------------------------------------ local actors
+
+    async def spawn(self, actor: Actor) -> Actor:
+        """Start a local actor: `on_start`, then its message loop as a task."""
+        actor.system = self
+        await actor.on_start()
+        self.actors[actor.name] = actor
+        self._tasks[actor.name] = asyncio.create_task(self._run(actor), name=f"actor:{actor.name}")
+        return actor
+
+    async def _run(self, actor: Actor) -> None:
+        while True:
+            msg = await actor.mailbox.get()
+            if isinstance(msg, Shutdown):
+                break
+            try:
+                await actor.handle(msg)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # supervision: one bad message never kills the actor
+                try:
+                    await actor.on_error(msg, exc)
+                except Exception:
+                    log.exception("actor_on_error_failed", actor=actor.name)
+        await actor.on_stop()
+
+    # ------------------------------------------------------------------ delivery
+
+    async def send(self, to: str, msg: Message) -> None:
+        if to == "system":
+            self._system_message(msg)
+            return
+        actor = self.actors.get(to)
+        if actor is not None:
+            await actor.mailbox.put(msg)
+            return
+        node = self.placement.get(to)
+        if node is None or node == self.node:
+            log.warning("dropped_message_to_unknown_actor", to=to, msg=type(msg).__name__)
+            return
+        await self._send_remote(node, Envelope(to, msg))
+
+    async def send_to_node(self, node: str, to: str, msg: Message) -> None:
+        await self._send_remote(node, Envelope(to, msg))
+
+    async def _send_remote(self, node: str, env: Envelope) -> None:
+        link = self._links.get(node)
+        if link is None or link.closed:
+            async with self._link_locks.setdefault(node, asyncio.Lock()):
+                link = self._links.get(node)
+                if link is None or link.closed:
+                    link = await transport.connect(self._sock_path(node))
+                    self._links[node] = link
+        try:
+            await link.send(env)
+        except (ConnectionError, OSError) as exc:
+            log.warning("remote_send_failed", node=node, to=env.to, error=str(exc))
+
+    async def _deliver(self, env: Envelope) -> None:
+        await self.send(env.to, env.msg)
+
+    def _system_message(self, msg: Message) -> None:
+        if isinstance(msg, NodeReady):
+            fut = self.ready.setdefault(msg.node, asyncio.get_running_loop().create_future())
+            if not fut.done():
+                fut.set_result(msg)
+        elif isinstance(msg, NodeFailed):
+            fut = self.ready.get(msg.node)
+            if fut is not None and not fut.done():
+                fut.set_exception(RuntimeError(f"node {msg.node} failed to start: {msg.error}"))
+            for cb in self.on_node_failed:
+                cb(msg)
+        elif isinstance(msg, Shutdown):
+            self.shutdown_requested.set()
+
+    # ------------------------------------------------------------------ processes
+
+    def _sock_path(self, node: str) -> Path:
+        assert self.sock_dir is not None, "cross-process delivery needs a socket directory"
+        return self.sock_dir / f"{node}.sock"
+
+    async def listen(self) -> None:
+        self._server = await transport.serve(self._sock_path(self.node), self._deliver)
+
+    def start_child(self, node: str, target: Callable, *args) -> None:
+        """Start a child process running `target(*args)`; it announces itself with NodeReady and its death
+        is reported to `on_node_failed` subscribers."""
+        self.ready.setdefault(node, asyncio.get_running_loop().create_future())
+        proc = mp.get_context("spawn").Process(target=target, args=args, name=f"conduit-{node}", daemon=True)
+        proc.start()
+        self._children[node] = proc
+        asyncio.create_task(self._watch(node, proc), name=f"watch:{node}")
+
+    async def _watch(self, node: str, proc: mp.process.BaseProcess) -> None:
+        await asyncio.to_thread(proc.join)
+        if not self._stopping:
+            error = f"process exited with code {proc.exitcode}"
+            log.error("node_died", node=node, exitcode=proc.exitcode)
+            self._system_message(NodeFailed(node, error))
+
+    async def wait_ready(self, node: str, timeout: float) -> NodeReady:
+        return await asyncio.wait_for(asyncio.shield(self.ready[node]), timeout)
+
+    # ------------------------------------------------------------------ shutdown
+
+    async def stop(self, child_timeout: float = 10.0) -> None:
+        """Orderly shutdown: children first (asked, then terminated), then local actors in reverse order."""
+        self._stopping = True
+        for node, proc in self._children.items():
+            if proc.is_alive():
+                try:
+                    await asyncio.wait_for(self.send_to_node(node, "system", Shutdown()), 2)
+                except (TimeoutError, OSError, ConnectionError):
+                    pass
+        for proc in self._children.values():
+            await asyncio.to_thread(proc.join, child_timeout)
+            if proc.is_alive():
+                proc.terminate()
+                await asyncio.to_thread(proc.join, 5)
+            if proc.is_alive():
+                proc.kill()
+        for name in reversed(list(self.actors)):
+            await self.actors[name].mailbox.put(Shutdown())
+            try:
+                await asyncio.wait_for(self._tasks[name], 10)
+            except (TimeoutError, Exception):
+                self._tasks[name].cancel()
+        for link in self._links.values():
+            await link.close()
+        if self._server is not None:
+            self._server.close()
+        if self.sock_dir is not None:
+            self._sock_path(self.node).unlink(missing_ok=True)

@@ -1,0 +1,111 @@
+"""The `conduit` command line: the one place a ServerConfig is built from flags."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from runtime.config import ServerConfig
+
+
+def add_engine_flags(p: argparse.ArgumentParser) -> None:
+    d = ServerConfig()
+    g = p.add_argument_group("model")
+    g.add_argument("--model", default=None,
+                   help="Hugging Face model directory (config.json + safetensors). Default: the embedded "
+                        "SmolLM2-135M-Instruct, converted from its GGUF file on first use")
+    g.add_argument("--served-model-name", default=None, help="model id clients send (default: directory name)")
+    g.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model directory)")
+    g.add_argument("--load-format", choices=["auto", "dummy"], default=d.load_format,
+                   help="`dummy`: random weights of the model's config, for performance work")
+    g.add_argument("--device", default=d.device, help="cpu | cuda | cuda:N")
+    g.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                   help="default: float32 on cpu, bfloat16 on cuda")
+    g.add_argument("--seed", type=int, default=d.seed, help="seed for random weights and unseeded sampling")
+    g = p.add_argument_group("limits")
+    g.add_argument("--max-model-len", type=int, default=None,
+                   help="context length (prompt + output); default: the model's, capped at 8192")
+    g.add_argument("--max-running-requests", type=int, default=d.max_running_requests,
+                   help="requests decoded together at most")
+    g.add_argument("--max-total-tokens", type=int, default=None,
+                   help="KV pool size in tokens (default: 32768 on cpu, 262144 on cuda)")
+    g.add_argument("--page-size", type=int, default=d.page_size, help="tokens per KV page")
+    g.add_argument("--chunked-prefill-size", type=int, default=d.chunked_prefill_size,
+                   help="token budget of one step (prefill chunks + decodes)")
+    g.add_argument("--max-queued-requests", type=int, default=d.max_queued_requests,
+                   help="waiting requests beyond which new ones get 429")
+    g = p.add_argument_group("scheduling")
+    g.add_argument("--schedule-policy", choices=["fcfs", "lpm"], default=d.schedule_policy,
+                   help="admission order: first come first served, or longest cached prefix first")
+    g.add_argument("--disable-overlap", action="store_true", help="plan each step only after the last one ended")
+    g.add_argument("--disable-radix-cache", action="store_true", help="no prefix caching across requests")
+    g.add_argument("--placement", choices=["multiprocess", "single"], default=d.placement,
+                   help="actors in a frontend + an engine process, or all in this one")
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    fields = set(ServerConfig.__struct_fields__)
+    return ServerConfig(**{k: v for k, v in vars(args).items() if k in fields})
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="conduit", description="Conduit LLM inference server")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="start the OpenAI-compatible HTTP server",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    s.add_argument("--port", type=int, default=30000, help="port to listen on")
+    add_engine_flags(s)
+
+    g = sub.add_parser("generate", help="generate offline (the same actors, no HTTP)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    g.add_argument("prompt", nargs="+", help="prompt text(s)")
+    g.add_argument("--chat", action="store_true", help="treat each prompt as a user chat message")
+    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    add_engine_flags(g)
+
+    c = sub.add_parser("convert", help="convert a GGUF file into a Hugging Face model directory")
+    c.add_argument("gguf", help="path of the .gguf file")
+    c.add_argument("out", help="output directory")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from runtime.logging import setup_logging
+
+    setup_logging()
+    if args.command == "serve":
+        import uvloop
+
+        from runtime.server import serve
+
+        try:
+            uvloop.run(serve(config_from_args(args)))
+        except FileNotFoundError as e:
+            print(f"conduit: {e}", file=sys.stderr)
+            return 2
+        return 0
+    if args.command == "generate":
+        from runtime.engine import Engine
+        from runtime.mailbox.messages import SamplingParams
+
+        cfg = config_from_args(args)
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)
+        prompts = [[{"role": "user", "content": p}] for p in args.prompt] if args.chat else args.prompt
+        with Engine(**{f: getattr(cfg, f) for f in ServerConfig.__struct_fields__}) as engine:
+            for out in engine.generate(prompts, params):
+                print(out.text)
+        return 0
+    if args.command == "convert":
+        from runtime.gpu.convert import convert_gguf
+
+        print(convert_gguf(args.gguf, args.out))
+        return 0
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

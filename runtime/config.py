@@ -1,0 +1,40 @@
+"""The server's one typed config, built from the CLI in one place (runtime/cli.py) and shipped to child
+processes as msgpack."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class ServerConfig(msgspec.Struct, kw_only=True):
+    # model
+    model: str | None = None  # HF directory; None = the embedded default (SmolLM2-135M-Instruct)
+    served_model_name: str | None = None
+    tokenizer: str | None = None  # defaults to the model directory
+    load_format: str = "auto"  # "auto" | "dummy"
+    device: str = "cpu"
+    dtype: str | None = None  # default: float32 on cpu, bfloat16 on cuda
+    seed: int = 0
+    # limits
+    max_model_len: int | None = None  # default: the model's max_position_embeddings, capped at 8192
+    max_running_requests: int = 128
+    max_total_tokens: int | None = None  # KV pool size in token slots; default depends on device
+    page_size: int = 1
+    chunked_prefill_size: int = 2048
+    max_queued_requests: int = 4096
+    # scheduling
+    schedule_policy: str = "fcfs"
+    disable_overlap: bool = False
+    disable_radix_cache: bool = False
+    # serving
+    host: str = "127.0.0.1"
+    port: int = 30000
+    placement: str = "multiprocess"  # "multiprocess" (frontend + engine process) | "single"
+
+    def resolved_dtype(self) -> str:
+        return self.dtype or ("bfloat16" if self.device.startswith("cuda") else "float32")
+
+    def resolved_kv_slots(self) -> int:
+        if self.max_total_tokens is not None:
+            return self.max_total_tokens
+        return 262144 if self.device.startswith("cuda") else 32768

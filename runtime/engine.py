@@ -1,0 +1,168 @@
+"""Starting the actors, and `Engine`: the offline Python API over the same actors, without HTTP.
+
+Placements:
+- "multiprocess" (default): this process runs the client, tokenizer and detokenizer; a child process runs
+  the scheduler and the GPU worker, reached over a Unix socket.
+- "single": everything in this process (tests, tiny deployments).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import threading
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+import structlog
+
+from runtime.actors.client import EngineClient
+from runtime.actors.detokenizer import DetokenizerActor
+from runtime.actors.engine_process import engine_main, spawn_engine_actors
+from runtime.actors.system import ActorSystem
+from runtime.actors.tokenizer import TokenizerActor
+from runtime.config import ServerConfig
+from runtime.mailbox.messages import ChatMessage, GenerateRequest, SamplingParams, TextDelta
+from runtime.model_info import ModelInfo, load_model_info, resolve_model_path
+
+log = structlog.get_logger(__name__)
+
+FRONTEND_ACTORS = ("client", "tokenizer", "detokenizer")
+ENGINE_ACTORS = ("scheduler", "worker")
+ENGINE_START_TIMEOUT_S = 600.0
+
+
+@dataclass
+class Running:
+    """A started engine: its actor system, the client to submit through, and the model's facts."""
+
+    system: ActorSystem
+    client: EngineClient
+    info: ModelInfo
+
+    async def stop(self) -> None:
+        await self.system.stop()
+
+
+async def launch(cfg: ServerConfig) -> Running:
+    model_path = resolve_model_path(cfg)
+    info = load_model_info(cfg, model_path)
+    if cfg.placement == "single":
+        system = ActorSystem("main", {})
+    else:
+        placement = {a: "frontend" for a in FRONTEND_ACTORS} | {a: "engine" for a in ENGINE_ACTORS}
+        system = ActorSystem("frontend", placement, Path(tempfile.mkdtemp(prefix="conduit-")))
+        await system.listen()
+    client = EngineClient(info.name, info.max_model_len)
+    system.on_node_failed.append(lambda msg: client.fail_all(f"{msg.node}: {msg.error}"))
+    await system.spawn(client)
+    await system.spawn(TokenizerActor(info))
+    await system.spawn(DetokenizerActor(info))
+    try:
+        if cfg.placement == "single":
+            await spawn_engine_actors(system, cfg, model_path, info.max_model_len)
+        else:
+            cfg_bytes = msgspec.msgpack.encode(cfg)
+            system.start_child("engine", engine_main, cfg_bytes, system.placement, str(system.sock_dir),
+                               model_path, info.max_model_len, system.node)
+            await system.wait_ready("engine", ENGINE_START_TIMEOUT_S)
+    except BaseException:
+        await system.stop()
+        raise
+    log.info("engine_ready", model=info.name, placement=cfg.placement, device=cfg.device)
+    return Running(system, client, info)
+
+
+@dataclass
+class Output:
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    prompt_tokens: int
+    cached_tokens: int
+
+
+Prompt = str | list[int] | list[dict]
+
+
+def _request(client: EngineClient, prompt: Prompt, params: SamplingParams) -> GenerateRequest:
+    rid = client.new_rid("offline")
+    if isinstance(prompt, str):
+        return GenerateRequest(rid=rid, params=params, prompt=prompt)
+    if prompt and isinstance(prompt[0], dict):
+        msgs = [ChatMessage(m["role"], m["content"]) for m in prompt]
+        return GenerateRequest(rid=rid, params=params, messages=msgs)
+    return GenerateRequest(rid=rid, params=params, prompt_ids=list(prompt))
+
+
+class Engine:
+    """Offline generation: `Engine(model=..., device=...).generate(prompts, params)`.
+
+    Prompts are text, token ids, or chat messages (a list of {"role", "content"} dicts). The actors run
+    on an event loop in a background thread, so this works from plain synchronous code."""
+
+    def __init__(self, model: str | None = None, device: str = "cpu", **config) -> None:
+        self.cfg = ServerConfig(model=model, device=device, **config)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="conduit-engine", daemon=True)
+        self._thread.start()
+        self._running: Running = self._call(launch(self.cfg))
+
+    def _call(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def generate(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | None = None) -> list[Output]:
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = params or SamplingParams()
+
+        async def run_all() -> list[Output]:
+            return await asyncio.gather(*(self._collect(p, params) for p in prompts))
+
+        return self._call(run_all())
+
+    async def _collect(self, prompt: Prompt, params: SamplingParams) -> Output:
+        text, ids, last = [], [], None
+        async for d in self._running.client.generate(_request(self._running.client, prompt, params)):
+            text.append(d.text)
+            ids.extend(d.token_ids)
+            last = d
+        return Output("".join(text), ids, last.finish_reason, last.prompt_tokens, last.cached_tokens)
+
+    async def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> AsyncIterator[TextDelta]:
+        """Async streaming from any event loop: deltas are relayed from the engine's loop."""
+        queue: asyncio.Queue = asyncio.Queue()
+        caller = asyncio.get_running_loop()
+        req = _request(self._running.client, prompt, params or SamplingParams())
+
+        async def pump() -> None:
+            try:
+                async for d in self._running.client.generate(req):
+                    caller.call_soon_threadsafe(queue.put_nowait, d)
+            except Exception as exc:
+                caller.call_soon_threadsafe(queue.put_nowait, exc)
+            caller.call_soon_threadsafe(queue.put_nowait, None)
+
+        fut = asyncio.run_coroutine_threadsafe(pump(), self._loop)
+        try:
+            while (item := await queue.get()) is not None:
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+        finally:
+            if not fut.done():
+                fut.cancel()
+
+    def shutdown(self) -> None:
+        if self._loop.is_running():
+            self._call(self._running.stop())
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()

@@ -1,0 +1,91 @@
+"""Cross-process delivery: length-prefixed msgpack frames of `Envelope` over Unix-domain sockets.
+
+One connection per (sender process, receiver process) pair and writes in call order, so delivery is
+FIFO per sender, as it is for in-process mailboxes. TCP for other hosts would be the same framing over
+`asyncio.open_connection`; nothing here depends on the socket family.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import msgspec
+import structlog
+
+from runtime.mailbox.messages import Envelope
+
+log = structlog.get_logger(__name__)
+
+_HEADER = struct.Struct("!I")
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Envelope)
+
+
+def encode(env: Envelope) -> bytes:
+    payload = _encoder.encode(env)
+    return _HEADER.pack(len(payload)) + payload
+
+
+async def read_frames(reader: asyncio.StreamReader, deliver: Callable[[Envelope], Awaitable[None]]) -> None:
+    """Decode frames until the peer closes; `deliver` applies backpressure by awaiting the mailbox."""
+    while True:
+        try:
+            header = await reader.readexactly(_HEADER.size)
+            payload = await reader.readexactly(_HEADER.unpack(header)[0])
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return
+        await deliver(_decoder.decode(payload))
+
+
+class Link:
+    """The sending end of one connection to another process."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self._writer = writer
+
+    async def send(self, env: Envelope) -> None:
+        self._writer.write(encode(env))
+        await self._writer.drain()
+
+    def send_nowait(self, env: Envelope) -> None:
+        self._writer.write(encode(env))
+
+    @property
+    def closed(self) -> bool:
+        return self._writer.is_closing()
+
+    async def close(self) -> None:
+        self._writer.close()
+        try:
+            await self._writer.wait_closed()
+        except (ConnectionError, OSError):
+            pass
+
+
+async def serve(path: Path, deliver: Callable[[Envelope], Awaitable[None]]) -> asyncio.AbstractServer:
+    """Accept connections on `path` and hand every decoded envelope to `deliver`."""
+
+    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await read_frames(reader, deliver)
+        finally:
+            writer.close()
+
+    path.unlink(missing_ok=True)
+    return await asyncio.start_unix_server(on_connect, path=str(path), limit=1 << 24)
+
+
+async def connect(path: Path, timeout: float = 60.0) -> Link:
+    """Connect to a peer's socket, waiting for it to appear (the peer may still be starting)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            _, writer = await asyncio.open_unix_connection(str(path), limit=1 << 24)
+            return Link(writer)
+        except (FileNotFoundError, ConnectionRefusedError):
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.05)

@@ -1,0 +1,38 @@
+"""`conduit serve`: the engine's actors plus the HTTP app on one port, until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import structlog
+from aiohttp import web
+
+from runtime.config import ServerConfig
+from runtime.engine import launch
+
+log = structlog.get_logger(__name__)
+
+
+async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> None:
+    from runtime.http.app import build_app
+
+    running = await launch(cfg)
+    app = build_app(running.client, served_model=running.info.name)
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=5.0)
+    await runner.setup()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        site = web.TCPSite(runner, cfg.host, cfg.port, reuse_address=True)
+        await site.start()
+        log.info("serving", url=f"http://{cfg.host}:{cfg.port}", model=running.info.name, device=cfg.device)
+        if ready is not None:
+            ready.set()
+        await stop.wait()
+        log.info("shutting_down")
+    finally:
+        await runner.cleanup()
+        await running.stop()
