@@ -1,4 +1,6 @@
-"""Tiny Llama checkpoints and plan builders shared by the gpu unit tests."""
+"""Test support: tiny random Llama checkpoints and StepPlan builders.
+
+Used by the gpu tests, and handy for integration tests that need a real (tiny, fast) model directory."""
 
 from __future__ import annotations
 
