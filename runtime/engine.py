@@ -20,7 +20,7 @@ import structlog
 
 from runtime.actors.client import EngineClient
 from runtime.actors.detokenizer import DetokenizerActor
-from runtime.actors.engine_process import engine_main, spawn_engine_actors
+from runtime.actors.engine_process import EngineArgs, spawn_engine_actors
 from runtime.actors.system import ActorSystem
 from runtime.actors.tokenizer import TokenizerActor
 from runtime.config import ServerConfig
@@ -64,9 +64,9 @@ async def launch(cfg: ServerConfig) -> Running:
         if cfg.placement == "single":
             await spawn_engine_actors(system, cfg, model_path, info.max_model_len)
         else:
-            cfg_bytes = msgspec.msgpack.encode(cfg)
-            system.start_child("engine", engine_main, cfg_bytes, system.placement, str(system.sock_dir),
-                               model_path, info.max_model_len, system.node)
+            args = EngineArgs(cfg, system.placement, str(system.sock_dir), model_path, info.max_model_len,
+                              system.node)
+            await system.start_child("engine", "runtime.actors.engine_process", msgspec.msgpack.encode(args))
             await system.wait_ready("engine", ENGINE_START_TIMEOUT_S)
     except BaseException:
         await system.stop()

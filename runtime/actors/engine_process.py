@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import traceback
 from pathlib import Path
 
@@ -31,15 +32,25 @@ async def spawn_engine_actors(system: ActorSystem, cfg: ServerConfig, model_path
     await system.spawn(SchedulerActor(cfg, slots, max_model_len))
 
 
-def engine_main(cfg_bytes: bytes, placement: dict[str, str], sock_dir: str, model_path: str,
-                max_model_len: int, parent_node: str) -> None:
+class EngineArgs(msgspec.Struct):
+    """What the parent hands the engine process on its stdin."""
+
+    cfg: ServerConfig
+    placement: dict[str, str]
+    sock_dir: str
+    model_path: str
+    max_model_len: int
+    parent_node: str
+
+
+def main() -> None:
+    import uvloop
+
     from runtime.logging import setup_logging
 
     setup_logging()
-    cfg = msgspec.msgpack.decode(cfg_bytes, type=ServerConfig)
-    import uvloop
-
-    uvloop.run(_engine(cfg, placement, Path(sock_dir), model_path, max_model_len, parent_node))
+    a = msgspec.msgpack.decode(sys.stdin.buffer.read(), type=EngineArgs)
+    uvloop.run(_engine(a.cfg, a.placement, Path(a.sock_dir), a.model_path, a.max_model_len, a.parent_node))
 
 
 async def _engine(cfg: ServerConfig, placement: dict[str, str], sock_dir: Path, model_path: str,
@@ -62,3 +73,7 @@ async def _engine(cfg: ServerConfig, placement: dict[str, str], sock_dir: Path, 
             if os.getppid() != parent:  # orphaned: the frontend died without telling us
                 break
     await system.stop()
+
+
+if __name__ == "__main__":
+    main()

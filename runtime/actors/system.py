@@ -10,7 +10,7 @@ messages (NodeReady, NodeFailed).
 from __future__ import annotations
 
 import asyncio
-import multiprocessing as mp
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,7 +33,7 @@ class ActorSystem:
         self._links: dict[str, transport.Link] = {}
         self._link_locks: dict[str, asyncio.Lock] = {}
         self._server: asyncio.AbstractServer | None = None
-        self._children: dict[str, mp.process.BaseProcess] = {}
+        self._children: dict[str, asyncio.subprocess.Process] = {}
         self.ready: dict[str, asyncio.Future[NodeReady]] = {}
         self.on_node_failed: list[Callable[[NodeFailed], None]] = []
         self.shutdown_requested = asyncio.Event()  # set when a parent asks this node to stop
@@ -123,21 +123,23 @@ class ActorSystem:
     async def listen(self) -> None:
         self._server = await transport.serve(self._sock_path(self.node), self._deliver)
 
-    def start_child(self, node: str, target: Callable, *args) -> None:
-        """Start a child process running `target(*args)`; it announces itself with NodeReady and its death
-        is reported to `on_node_failed` subscribers."""
+    async def start_child(self, node: str, module: str, payload: bytes) -> None:
+        """Start `python -m module` as a child process, handing it `payload` (msgpack) on stdin. A fresh
+        interpreter, not a fork or multiprocessing spawn: the caller's __main__ is never re-imported. The
+        child announces itself with NodeReady; its death is reported to `on_node_failed` subscribers."""
         self.ready.setdefault(node, asyncio.get_running_loop().create_future())
-        proc = mp.get_context("spawn").Process(target=target, args=args, name=f"conduit-{node}", daemon=True)
-        proc.start()
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", module, stdin=asyncio.subprocess.PIPE)
+        proc.stdin.write(payload)
+        await proc.stdin.drain()
+        proc.stdin.close()
         self._children[node] = proc
         asyncio.create_task(self._watch(node, proc), name=f"watch:{node}")
 
-    async def _watch(self, node: str, proc: mp.process.BaseProcess) -> None:
-        await asyncio.to_thread(proc.join)
+    async def _watch(self, node: str, proc: asyncio.subprocess.Process) -> None:
+        code = await proc.wait()
         if not self._stopping:
-            error = f"process exited with code {proc.exitcode}"
-            log.error("node_died", node=node, exitcode=proc.exitcode)
-            self._system_message(NodeFailed(node, error))
+            log.error("node_died", node=node, exitcode=code)
+            self._system_message(NodeFailed(node, f"process exited with code {code}"))
 
     async def wait_ready(self, node: str, timeout: float) -> NodeReady:
         return await asyncio.wait_for(asyncio.shield(self.ready[node]), timeout)
@@ -148,18 +150,21 @@ class ActorSystem:
         """Orderly shutdown: children first (asked, then terminated), then local actors in reverse order."""
         self._stopping = True
         for node, proc in self._children.items():
-            if proc.is_alive():
+            if proc.returncode is None:
                 try:
                     await asyncio.wait_for(self.send_to_node(node, "system", Shutdown()), 2)
                 except (TimeoutError, OSError, ConnectionError):
                     pass
         for proc in self._children.values():
-            await asyncio.to_thread(proc.join, child_timeout)
-            if proc.is_alive():
-                proc.terminate()
-                await asyncio.to_thread(proc.join, 5)
-            if proc.is_alive():
-                proc.kill()
+            for action in (None, proc.terminate, proc.kill):
+                if proc.returncode is not None:
+                    break
+                if action is not None:
+                    action()
+                try:
+                    await asyncio.wait_for(proc.wait(), child_timeout if action is None else 5)
+                except TimeoutError:
+                    pass
         for name in reversed(list(self.actors)):
             await self.actors[name].mailbox.put(Shutdown())
             try:

@@ -71,6 +71,8 @@ async def serve(path: Path, deliver: Callable[[Envelope], Awaitable[None]]) -> a
     async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             await read_frames(reader, deliver)
+        except asyncio.CancelledError:
+            pass  # the loop is shutting down; this leaf task has nothing to clean up but the socket
         finally:
             writer.close()
 
