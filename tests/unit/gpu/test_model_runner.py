@@ -1,0 +1,86 @@
+"""ModelRunner.execute: the StepPlan -> StepOutput contract."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runtime.gpu.model_runner import ModelRunner, RunnerConfig
+from runtime.gpu.testing import PlanBuilder, save_tiny_llama, seq_start
+from runtime.mailbox.messages import SamplingParams, SeqStart
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny")
+    ref = save_tiny_llama(path, num_key_value_heads=2)
+    runner = ModelRunner(RunnerConfig(str(path), num_kv_slots=2048, max_reqs=8, max_model_len=128))
+    return ref, runner
+
+
+def greedy_reference(ref, ids: list[int], n: int) -> list[int]:
+    out = ref.generate(
+        torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
+    return out[0, len(ids) :].tolist()
+
+
+def test_overlapped_decode_with_use_last_matches_greedy_generate(tiny):
+    """Rows feed back their own last token from the device, like an overlap scheduler's plan N+1."""
+    ref, runner = tiny
+    prompts = {1: [3, 14, 15, 92, 65], 2: [35, 89, 79, 32, 38, 46, 26, 43]}
+    pb = PlanBuilder()
+    added = [seq_start(r, p) for r, p in prompts.items()]
+    out = runner.execute(pb.plan([1, 2], [0, 0], [5, 8], prompts[1] + prompts[2], added=added))
+    got = {r: [t] for r, t in zip(out.rows, out.tokens, strict=True)}
+    lens = {r: len(p) for r, p in prompts.items()}
+    for _ in range(5):
+        plan = pb.plan([1, 2], [lens[1], lens[2]], [1, 1], [], use_last=[True, True])
+        out = runner.execute(plan)
+        for r, t in zip(out.rows, out.tokens, strict=True):
+            got[r].append(t)
+            lens[r] += 1
+    for r, p in prompts.items():
+        assert got[r] == greedy_reference(ref, p, 6)
+
+
+def test_unsampled_prefill_chunk_returns_no_tokens_and_logprobs_only_when_asked(tiny):
+    _, runner = tiny
+    pb = PlanBuilder(list(range(500, 2000)))
+    params = SamplingParams(temperature=0.0, logprobs=2)
+    ids = list(range(10, 30))
+    out = runner.execute(pb.plan([3], [0], [10], ids[:10], sample=[False], added=[seq_start(3, ids, params)]))
+    assert out.rows == [] and out.tokens == [] and out.logprobs is None
+    out = runner.execute(pb.plan([3, 4], [10, 0], [10, 2], ids[10:] + [7, 8], added=[seq_start(4, [7, 8])]))
+    assert out.rows == [3, 4]
+    assert len(out.logprobs) == 2 and out.logprobs[0] <= 0.0
+    assert len(out.top_ids[0]) == 2 and out.top_ids[1] == [] and out.top_logprobs[1] == []
+    assert out.top_ids[0][0] == out.tokens[0]  # greedy picks the top alternative
+    out = runner.execute(pb.plan([4], [2], [1], [9], released=[3]))
+    assert out.logprobs is None and 3 not in runner.sampler.rows
+
+
+def test_prefix_slots_of_a_cached_prefix_are_reused(tiny):
+    """A new request whose prefix KV already exists (radix hit) attends to those slots."""
+    ref, runner = tiny
+    pb = PlanBuilder(list(range(2000 - 300, 2000)))
+    ids = [11, 12, 13, 14, 15, 16, 17, 18, 19]
+    plan = pb.plan([5], [0], [6], ids[:6], sample=[False], added=[seq_start(5, ids)])
+    runner.execute(plan)
+    start = SeqStart(
+        row=6, params=SamplingParams(temperature=0.0), prompt_ids=ids, prefix_slots=plan.out_loc, stop_ids=[]
+    )
+    logits = runner.forward_logits(pb.plan([6], [6], [3], ids[6:], added=[start], released=[5]))
+    with torch.no_grad():
+        expected = ref(torch.tensor([ids])).logits[0, -1]
+    torch.testing.assert_close(logits[0], expected, atol=1e-4, rtol=0)
+
+
+def test_runner_reports_eos_ids_and_kv_bytes(tiny):
+    _, runner = tiny
+    assert runner.eos_token_ids == [2]
+    cfg = runner.config
+    assert (
+        runner.kv_bytes_per_token()
+        == 2 * cfg.num_hidden_layers * 2 * (cfg.hidden_size // cfg.num_attention_heads) * 4
+    )

@@ -1,0 +1,126 @@
+"""The batched sampler: greedy, truncation, penalties, min_tokens, seeds and logprobs."""
+
+from __future__ import annotations
+
+import torch
+
+from runtime.gpu.sampler import Sampler
+from runtime.gpu.testing import seq_start
+from runtime.mailbox.messages import SamplingParams as P
+
+V = 32
+
+
+def make(params_by_row: dict[int, P], prompts: dict[int, list[int]] | None = None, stops=None) -> Sampler:
+    s = Sampler(max_rows=8, vocab_size=V, device="cpu", seed=0)
+    for row, p in params_by_row.items():
+        s.register(seq_start(row, (prompts or {}).get(row, []), p, (stops or {}).get(row, ())))
+    return s
+
+
+def sample(s: Sampler, logits: torch.Tensor, rows: list[int]):
+    return s.sample(logits, rows, torch.tensor(rows))
+
+
+def test_greedy_is_argmax_and_top_k_1_is_greedy():
+    logits = torch.randn(3, V, generator=torch.Generator().manual_seed(0))
+    s = make({1: P(temperature=0.0), 2: P(top_k=1, temperature=1.5), 3: P(temperature=0.0, top_p=0.1)})
+    out = sample(s, logits, [1, 2, 3])
+    assert out.tokens.tolist() == logits.argmax(-1).tolist()
+
+
+def test_greedy_and_sampled_rows_mix_in_one_batch():
+    logits = torch.randn(2, V, generator=torch.Generator().manual_seed(1))
+    s = make({1: P(temperature=0.0), 2: P(temperature=1.0)})
+    assert sample(s, logits, [1, 2]).tokens[0] == logits[0].argmax()
+
+
+def test_same_seed_gives_same_tokens_regardless_of_batch_neighbours():
+    g = torch.Generator().manual_seed(2)
+    steps = [torch.randn(4, V, generator=g) for _ in range(6)]
+    seeded = P(temperature=1.0, seed=1234)
+
+    alone = make({5: seeded})
+    crowd = make({1: P(temperature=1.0), 2: P(temperature=0.7, seed=9), 5: seeded, 7: P(top_p=0.9)})
+    a = [sample(alone, x[2:3], [5]).tokens.item() for x in steps]
+    b = [sample(crowd, x, [1, 2, 5, 7]).tokens[2].item() for x in steps]
+    assert a == b
+    # and a different seed gives a different stream (flat-ish logits make a collision very unlikely)
+    other = make({5: P(temperature=1.0, seed=4321)})
+    assert [sample(other, x[2:3], [5]).tokens.item() for x in steps] != a
+
+
+def test_top_p_and_min_p_never_pick_outside_the_allowed_set():
+    probs = torch.tensor([0.5, 0.3, 0.1, 0.05] + [0.05 / (V - 4)] * (V - 4))
+    logits = probs.log().repeat(4, 1)
+    # top_p=0.7: nucleus {0, 1}; min_p=0.25: keep p >= 0.125 -> {0, 1}; top_k=3 -> {0, 1, 2}; top_k=3 then top_p=0.8 of the renormalized top 3 -> {0, 1}
+    s = make({1: P(top_p=0.7), 2: P(min_p=0.25), 3: P(top_k=3), 4: P(top_k=3, top_p=0.8)})
+    seen = {1: set(), 2: set(), 3: set(), 4: set()}
+    for _ in range(300):
+        for row, tok in zip([1, 2, 3, 4], sample(s, logits, [1, 2, 3, 4]).tokens.tolist(), strict=True):
+            seen[row].add(tok)
+    assert seen[1] == {0, 1}
+    assert seen[2] == {0, 1}
+    assert seen[3] == {0, 1, 2}
+    assert seen[4] == {0, 1}
+
+
+def test_sampling_follows_the_softmax_distribution():
+    logits = torch.tensor([[2.0, 1.0, 0.0] + [-30.0] * (V - 3)]).repeat(8, 1)
+    s = make({r: P(temperature=1.0) for r in range(1, 9)})
+    n = 400
+    counts = torch.zeros(V)
+    for _ in range(n):
+        counts += torch.bincount(sample(s, logits, list(range(1, 9))).tokens, minlength=V)
+    freq = counts[:3] / counts.sum()
+    torch.testing.assert_close(freq, torch.softmax(logits[0, :3], -1), atol=0.03, rtol=0)
+
+
+def test_repetition_frequency_presence_penalties_match_hand_computation():
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0] + [0.0] * (V - 4)])
+    # row 1: prompt has token 0 and 1; repetition 2.0
+    s = make({1: P(temperature=0.0, repetition_penalty=2.0)}, prompts={1: [0, 1]})
+    got = s._penalize(logits, s.table[torch.tensor([1])], torch.tensor([1]), [s.rows[1]])
+    expected = logits.clone()
+    expected[0, 0] = 2.0 / 2.0
+    expected[0, 1] = -1.0 * 2.0
+    torch.testing.assert_close(got, expected)
+
+    # row 2: frequency 0.5, presence 0.25, over outputs only (prompt tokens don't count)
+    s = make({2: P(temperature=0.0, frequency_penalty=0.5, presence_penalty=0.25)}, prompts={2: [2]})
+    for tok in (3, 3, 0):  # outputs, as if sampled
+        sample(s, torch.nn.functional.one_hot(torch.tensor([tok]), V).float() * 100, [2])
+    got = s._penalize(logits, s.table[torch.tensor([2])], torch.tensor([2]), [s.rows[2]])
+    expected = logits.clone()
+    expected[0, 3] -= 0.5 * 2 + 0.25
+    expected[0, 0] -= 0.5 * 1 + 0.25
+    torch.testing.assert_close(got, expected)
+
+
+def test_min_tokens_bans_stop_ids_until_reached():
+    logits = torch.zeros(1, V)
+    logits[0, 2] = 10.0  # the stop token is by far the best
+    s = make({1: P(temperature=0.0, min_tokens=3)}, stops={1: [2, 5]})
+    toks = [sample(s, logits, [1]).tokens.item() for _ in range(4)]
+    assert toks[:3] != [2, 2, 2] and 2 not in toks[:3] and 5 not in toks[:3]
+    assert toks[3] == 2
+
+
+def test_logprobs_are_log_softmax_of_raw_logits():
+    logits = torch.randn(2, V, generator=torch.Generator().manual_seed(3))
+    s = make({1: P(temperature=0.0, logprobs=3, repetition_penalty=1.5), 2: P(temperature=0.0)}, {1: [0]})
+    out = sample(s, logits, [1, 2])
+    ref = torch.log_softmax(logits, -1)
+    torch.testing.assert_close(out.logprobs, ref.gather(1, out.tokens[:, None]).squeeze(1))
+    top, ids = ref[0].topk(3)
+    assert out.top_ids[0].tolist() == ids.tolist()
+    torch.testing.assert_close(out.top_logprobs[0], top)
+    assert out.top_counts == [3, 0]
+
+
+def test_released_row_state_is_reset_on_reregistration():
+    s = make({1: P(temperature=0.0, frequency_penalty=1.0)})
+    sample(s, torch.nn.functional.one_hot(torch.tensor([4]), V).float() * 100, [1])
+    s.release(1)
+    s.register(seq_start(1, [], P(temperature=0.0, frequency_penalty=1.0)))
+    assert int(s.counts[1].sum()) == 0 and s.rows[1].n_out == 0
