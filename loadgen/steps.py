@@ -1,0 +1,244 @@
+"""`loadgen steps`: engine step benchmarks without HTTP, on the model runner directly.
+
+Decode: B requests registered with C distinct cached KV slots each (context C without prefilling),
+then timed steps that each add k+1 tokens per request (k=0: plain decode, use_last; k>0: k draft
+tokens verified). Prefill: one request with N new tokens on top of C cached ones. The same run measures
+the device's copy bandwidth and matmul peak and reports
+
+  MBU = (weight bytes + KV bytes read) / step time / copy bandwidth
+  MFU = (2 * non-embedding params * tokens + attention flops) / step time / matmul peak
+  attention flops = 4 * layers * q_heads * head_dim * (keys each new token attends to)
+
+Weights and KV are random (`--load-format dummy`), so only the timings mean anything."""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+
+from loadgen.errors import LoadgenError
+
+
+def _ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x]
+
+
+def add_args(p) -> None:
+    p.add_argument("--model-path", help="HF model directory (config.json is enough with dummy weights); "
+                   "default: a tiny Llama config")  # fmt: skip
+    p.add_argument("--load-format", choices=("dummy", "auto"), default="dummy")
+    p.add_argument("--device", help="default: cuda if available, else cpu")
+    p.add_argument("--dtype", help="default: bfloat16 on cuda, float32 on cpu")
+    p.add_argument(
+        "--batch-sizes", type=_ints, default=[8, 16, 32, 64, 128, 256], help="decode B, comma-separated"
+    )
+    p.add_argument("--context-len", type=int, default=2048, help="decode context C per request")
+    p.add_argument(
+        "--draft-tokens", type=_ints, default=[0], help="k draft tokens verified per step, e.g. 0,3"
+    )
+    p.add_argument("--accept-len", type=float, default=3.25, help="mean tokens accepted per step when k > 0")
+    p.add_argument("--prefill-tokens", type=_ints, default=[4096, 8192, 16384], help="N new tokens per step")
+    p.add_argument("--prefill-context", type=int, default=0, help="C cached tokens under the prefill")
+    p.add_argument("--steps", type=int, default=10, help="timed steps per point (median reported)")
+    p.add_argument("--warmup-steps", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+
+
+@dataclass
+class Ceilings:
+    copy_bytes_per_s: float
+    matmul_flops_per_s: float
+
+
+@dataclass
+class Row:
+    phase: str
+    batch: int  # requests (decode) or 1 (prefill)
+    new_tokens: int  # tokens per step
+    context: int
+    k: int
+    step_s: float
+    tokens_per_s: float
+    mbu: float
+    mfu: float
+
+
+def measure_ceilings(torch, device, dtype) -> Ceilings:
+    """Copy bandwidth (read + write bytes of a large copy) and dense matmul peak, best of a few runs."""
+    cuda = device.type == "cuda"
+    n_bytes = (1 << 30) if cuda else (64 << 20)
+    src = torch.empty(n_bytes // 4, dtype=torch.float32, device=device).uniform_()
+    dst = torch.empty_like(src)
+    n = 8192 if cuda else 512
+    mm_dtype = dtype if cuda else torch.float32
+    a = torch.randn(n, n, device=device, dtype=mm_dtype)
+    b = torch.randn(n, n, device=device, dtype=mm_dtype)
+    copy = _best(torch, device, lambda: dst.copy_(src))
+    mm = _best(torch, device, lambda: torch.mm(a, b))
+    return Ceilings(2 * n_bytes / copy, 2 * n**3 / mm)
+
+
+def _sync(torch, device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _best(torch, device, fn, reps: int = 5) -> float:
+    fn()
+    _sync(torch, device)
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        _sync(torch, device)
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+class _Bench:
+    def __init__(self, args, torch):
+        from runtime.gpu.model_runner import ModelRunner, RunnerConfig
+        from runtime.gpu.models.llama import head_dim_of
+
+        self.torch, self.args = torch, args
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        max_b = max(args.batch_sizes) if args.batch_sizes else 1
+        k_max = max(args.draft_tokens) if args.draft_tokens else 0
+        grow = (args.warmup_steps + args.steps + 1) * (k_max + 1)
+        self.per_row = args.context_len + grow  # KV slots each decode row owns
+        prefill_need = args.prefill_context + max(args.prefill_tokens, default=0)
+        slots = 1 + max(max_b * self.per_row, prefill_need)
+        self.max_len = max(self.per_row, prefill_need) + 1
+        cfg = RunnerConfig(model_path=args.model_path, device=device, dtype=args.dtype, load_format=args.load_format,
+                           num_kv_slots=slots, max_reqs=max_b, max_model_len=self.max_len, seed=args.seed)  # fmt: skip
+        self.runner = ModelRunner(cfg)
+        c = self.runner.config
+        self.layers, self.q_heads, self.head_dim = c.num_hidden_layers, c.num_attention_heads, head_dim_of(c)
+        params = {id(p): p for p in self.runner.model.parameters()}.values()
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in params)
+        embed = c.vocab_size * c.hidden_size
+        # the embedding is a lookup, not a matmul, unless tied to the LM head (then counted once, as the head)
+        self.matmul_params = sum(p.numel() for p in params) - (0 if c.tie_word_embeddings else embed)
+        self.kv_per_token = self.runner.kv_bytes_per_token()
+        self.ceil = measure_ceilings(torch, self.runner.device, self.runner.dtype)
+        self.step_no = 0
+        self.live: list[int] = []
+        self.rng = torch.Generator().manual_seed(args.seed)
+
+    def _plan(self, **kw):
+        from runtime.mailbox.messages import StepPlan
+
+        self.step_no += 1
+        return StepPlan(step=self.step_no, **kw)
+
+    def _ids(self, n: int) -> list[int]:
+        return self.torch.randint(3, self.runner.vocab_size, (n,), generator=self.rng).tolist()
+
+    def _time(self, plans) -> float:
+        """Median wall time of execute() over the timed plans (execute returns host tokens, so it syncs)."""
+        times = []
+        for i, plan in enumerate(plans):
+            t = time.perf_counter()
+            self.runner.execute(plan)
+            _sync(self.torch, self.runner.device)
+            if i >= self.args.warmup_steps:
+                times.append(time.perf_counter() - t)
+        return statistics.median(times)
+
+    def _start(self, rows: list[int], prefix: dict[int, list[int]]):
+        from runtime.mailbox.messages import SamplingParams, SeqStart
+
+        greedy = SamplingParams(temperature=0.0)
+        added = [SeqStart(r, greedy, [], prefix[r], []) for r in rows]
+        released, self.live = self.live, list(rows)
+        return added, released
+
+    def decode(self, b: int, k: int) -> Row:
+        c, n = self.args.context_len, k + 1
+        base = {r: 1 + (r - 1) * self.per_row for r in range(1, b + 1)}
+        added, released = self._start(list(base), {r: list(range(s, s + c)) for r, s in base.items()})
+        plans = []
+        for i in range(self.args.warmup_steps + self.args.steps):
+            ctx = c + i * n
+            plans.append(self._plan(
+                added=added if i == 0 else [], released=released if i == 0 else [], rows=list(base),
+                prefix_lens=[ctx] * b, extend_lens=[n] * b, use_last=[k == 0] * b,
+                input_ids=[] if k == 0 else self._ids(b * n),
+                out_loc=[s + ctx + j for s in base.values() for j in range(n)], sample=[True] * b,
+            ))  # fmt: skip
+        t = self._time(plans)
+        ctx = c + (self.args.warmup_steps + self.args.steps / 2) * n  # mean context over the timed steps
+        kv_read = b * ctx * self.kv_per_token
+        flops = 2 * self.matmul_params * b * n + self._attn_flops(ctx, n) * b
+        tok = b * (1 if k == 0 else self.args.accept_len) / t
+        return self._row("decode", b, b * n, c, k, t, self.weight_bytes + kv_read, flops, tok)
+
+    def prefill(self, n: int) -> Row:
+        c = self.args.prefill_context
+        plans = []
+        for _ in range(self.args.warmup_steps + self.args.steps):
+            added, released = self._start([1], {1: list(range(1, c + 1))})
+            plans.append(self._plan(added=added, released=released, rows=[1], prefix_lens=[c], extend_lens=[n],
+                                    use_last=[False], input_ids=self._ids(n), out_loc=list(range(c + 1, c + n + 1)),
+                                    sample=[True]))  # fmt: skip
+        t = self._time(plans)
+        kv_read = (c + n) * self.kv_per_token
+        flops = 2 * self.matmul_params * n + self._attn_flops(c, n)
+        return self._row("prefill", 1, n, c, 0, t, self.weight_bytes + kv_read, flops, n / t)
+
+    def _attn_flops(self, ctx: float, n: int) -> float:
+        """n new tokens after ctx cached ones, causal: token i attends to ctx + i + 1 keys."""
+        keys = n * ctx + n * (n + 1) / 2
+        return 4 * self.layers * self.q_heads * self.head_dim * keys
+
+    def _row(self, phase, b, n, c, k, t, bytes_read, flops, tok) -> Row:
+        mbu = bytes_read / t / self.ceil.copy_bytes_per_s
+        mfu = flops / t / self.ceil.matmul_flops_per_s
+        return Row(phase, b, n, c, k, t, tok, mbu, mfu)
+
+
+def table(rows: list[Row], bench: _Bench) -> str:
+    r = bench.runner
+    head = [
+        f"model {bench.args.model_path} ({bench.args.load_format}), {r.device}, {r.dtype}, "
+        f"weights {bench.weight_bytes / 1e9:.3f} GB, KV {bench.kv_per_token} B/token",
+        f"measured: copy {bench.ceil.copy_bytes_per_s / 1e9:.1f} GB/s, matmul {bench.ceil.matmul_flops_per_s / 1e12:.2f} "
+        f"TFLOP/s; median of {bench.args.steps} steps",
+        f"{'phase':<8}{'B':>5}{'tok/step':>9}{'ctx':>8}{'k':>3}{'step ms':>10}{'tok/s':>12}{'MBU':>8}{'MFU':>8}",
+    ]
+    lines = [*head, "-" * len(head[-1])]
+    for x in rows:
+        lines.append(f"{x.phase:<8}{x.batch:>5}{x.new_tokens:>9}{x.context:>8}{x.k:>3}{x.step_s * 1e3:>10.3f}"
+                     f"{x.tokens_per_s:>12.1f}{x.mbu:>8.2%}{x.mfu:>8.2%}")  # fmt: skip
+    if any(x.k for x in rows):
+        lines.append(f"k > 0: tok/s = B x accept length {bench.args.accept_len} / step time")
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    try:
+        import torch
+    except ImportError:
+        raise LoadgenError("loadgen steps needs torch") from None
+    if args.steps < 1 or args.warmup_steps < 0:
+        raise LoadgenError("--steps must be >= 1 and --warmup-steps >= 0")
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.model_path is None:
+            from runtime.gpu.testing import tiny_llama_config
+
+            tiny_llama_config(max_position_embeddings=1 << 20).save_pretrained(tmp)
+            args.model_path = tmp
+        try:
+            bench = _Bench(args, torch)
+        except (FileNotFoundError, ValueError) as e:
+            raise LoadgenError(str(e)) from None
+        except torch.OutOfMemoryError:
+            raise LoadgenError(
+                "out of device memory for the KV slots: lower --batch-sizes or --context-len"
+            ) from None
+        rows = [bench.decode(b, k) for k in args.draft_tokens for b in args.batch_sizes]
+        rows += [bench.prefill(n) for n in args.prefill_tokens]
+        print(table(rows, bench))
+    return 0
