@@ -1,19 +1,8 @@
+"""`smollm2_path` comes from tests/conftest.py (converted once per machine)."""
+
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-
-@pytest.fixture(scope="session")
-def smollm2_path() -> Path:
-    """The embedded SmolLM2-135M, converted from GGUF once (cached on disk across sessions too)."""
-    from runtime.gpu.convert import default_model_path
-
-    return default_model_path()
 
 
 @pytest.fixture(scope="session")
