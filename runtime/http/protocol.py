@@ -107,20 +107,29 @@ _AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
 _MISSING = re.compile(r"missing required field `(?P<field>[^`]+)`")
 
 
-def decode_body(endpoint: Endpoint, body: bytes) -> ChatCompletionRequest | CompletionRequest:
-    """Strictly typed decode; malformed JSON and wrong types become `InvalidRequest` naming the field."""
+def decode_body(
+    endpoint: Endpoint, body: bytes, *, path: str = ""
+) -> ChatCompletionRequest | CompletionRequest:
+    """Strictly typed decode; malformed JSON and wrong types become `InvalidRequest` naming the field.
+    `path` prefixes the field's JSON path (the WebSocket's bodies live under "request")."""
     try:
         return _DECODERS[endpoint].decode(body)
     except msgspec.ValidationError as e:
-        m = _AT.match(str(e))
-        assert m is not None
-        path = (m["path"] or "").lstrip(".")
-        if missing := _MISSING.search(m["msg"]):
-            path = f"{path}.{missing['field']}" if path else missing["field"]
-        where = f" (at `{path}`)" if path else ""
-        raise InvalidRequest(f"{m['msg']}{where}", param=path or None) from None
+        raise validation_error(e, path) from None
     except msgspec.DecodeError as e:
         raise InvalidRequest(f"The request body is not valid JSON: {e}", code="invalid_json") from None
+
+
+def validation_error(e: msgspec.ValidationError, path: str = "") -> InvalidRequest:
+    """msgspec's "Expected `int`, got `str` - at `$.messages[0].role`" as an error with that `param`."""
+    m = _AT.match(str(e))
+    assert m is not None
+    parts = [p for p in (path, (m["path"] or "").lstrip(".")) if p]
+    if missing := _MISSING.search(m["msg"]):
+        parts.append(missing["field"])
+    param = ".".join(parts).replace(".[", "[") or None
+    where = f" (at `{param}`)" if param else ""
+    return InvalidRequest(f"{m['msg']}{where}", param=param)
 
 
 def parse_chat(body: bytes, *, served_model: str, max_model_len: int = 0) -> Job:

@@ -16,6 +16,7 @@ with `done`/`finish_reason: "abort"`; closing the socket aborts every live reque
 from __future__ import annotations
 
 import asyncio
+import functools
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Literal
@@ -29,7 +30,7 @@ from runtime.http.engine import Engine
 from runtime.http.formatting import chat_logprobs, completion_logprobs
 from runtime.http.generation import Choice, run_job, usage
 from runtime.http.metrics import Metrics
-from runtime.http.protocol import Job, build_job, decode_body
+from runtime.http.protocol import Job, build_job, decode_body, validation_error
 
 log = structlog.get_logger("conduit.http.ws")
 
@@ -89,6 +90,7 @@ class _Session:
     ws: web.WebSocketResponse
     live: dict[str, _Live] = field(default_factory=dict)
     send_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    senders: set[asyncio.Task] = field(default_factory=set)
 
     async def send(self, obj: dict) -> None:
         async with self.send_lock:
@@ -101,8 +103,13 @@ class _Session:
     async def on_message(self, data: str) -> None:
         try:
             msg = _decode_client(data)
+        except msgspec.ValidationError as e:
+            await self.send_error(_loose_id(data), validation_error(e))
+            return
         except msgspec.DecodeError as e:
-            await self.send_error(_loose_id(data), InvalidRequest(f"Invalid message: {e}"))
+            await self.send_error(
+                None, InvalidRequest(f"The message is not valid JSON: {e}", code="invalid_json")
+            )
             return
         if isinstance(msg, WsAbort):
             if (live := self.live.get(msg.id)) is not None and not live.aborted:
@@ -121,7 +128,7 @@ class _Session:
             return
         routes = self.routes
         try:
-            body = decode_body(msg.endpoint, bytes(msg.request))
+            body = decode_body(msg.endpoint, bytes(msg.request), path="request")
             job = build_job(
                 msg.endpoint,
                 body,
@@ -133,7 +140,17 @@ class _Session:
             await self.send_error(msg.id, err)
             return
         task = asyncio.create_task(self._run(msg.id, job), name=f"ws-{job.id}")
+        task.add_done_callback(functools.partial(self._on_task_done, msg.id, job))
         self.live[msg.id] = _Live(task)
+
+    def _on_task_done(self, cid: str, job: Job, task: asyncio.Task) -> None:
+        """A task cancelled before it first ran never reached its own `finally`: finish it here."""
+        live = self.live.pop(cid, None)
+        if live is not None and live.aborted:
+            choices = [Choice(i) for i in range(len(job.requests))]
+            sender = asyncio.create_task(self.send(self._done(cid, job, choices)))
+            self.senders.add(sender)
+            sender.add_done_callback(self.senders.discard)
 
     async def _run(self, cid: str, job: Job) -> None:
         metrics = self.routes.metrics
@@ -164,7 +181,7 @@ class _Session:
                     "error": ConduitError("Internal server error").body()["error"],
                 }
             finally:
-                del self.live[cid]
+                self.live.pop(cid, None)
             await self.send(final)
 
     @staticmethod

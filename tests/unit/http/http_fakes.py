@@ -29,7 +29,9 @@ class FakeEngine:
 
     def __init__(self, pieces: list[str] | None = None) -> None:
         self.pieces = pieces or PIECES
-        self.stats: EngineStats | None = EngineStats(running=2, waiting=1, kv_pages_used=10, kv_pages_total=100)
+        self.stats: EngineStats | None = EngineStats(
+            running=2, waiting=1, kv_pages_used=10, kv_pages_total=100
+        )
         self.requests: list[GenerateRequest] = []
         self.aborted: list[str] = []
         self.started = asyncio.Event()

@@ -24,7 +24,12 @@ def _chat(**kw) -> dict:
         (CHAT, json.dumps(_chat(max_tokens="x")).encode(), 400, "max_tokens"),
         (CHAT, json.dumps({"model": MODEL}).encode(), 400, "messages"),
         (CHAT, json.dumps(_chat(messages=[])).encode(), 400, "messages"),
-        (CHAT, json.dumps(_chat(messages=[{"role": "bot", "content": "x"}])).encode(), 400, "messages[0].role"),
+        (
+            CHAT,
+            json.dumps(_chat(messages=[{"role": "bot", "content": "x"}])).encode(),
+            400,
+            "messages[0].role",
+        ),
         (CHAT, json.dumps(_chat(max_tokens=0)).encode(), 400, "max_tokens"),
         (CHAT, json.dumps(_chat(model="other")).encode(), 404, "model"),
         ("/v1/completions", json.dumps({"prompt": 5}).encode(), 400, "prompt"),
@@ -67,11 +72,13 @@ def test_prompt_too_long_is_400_even_when_streaming(engine: FakeEngine):
 def test_engine_error_mid_stream_is_an_sse_error_event_then_done(engine: FakeEngine):
     async def go():
         async with serve(engine) as c:
-            r = await c.post(CHAT, json=_chat(messages=[{"role": "user", "content": "FAIL MID"}], stream=True))
+            r = await c.post(
+                CHAT, json=_chat(messages=[{"role": "user", "content": "FAIL MID"}], stream=True)
+            )
             assert r.status == 200
             events = [e for e in (await r.text()).split("\n\n") if e]
             assert events[-1] == "data: [DONE]"
-            assert json.loads(events[-2][len("data: "):])["error"]["message"] == "gpu worker crashed"
+            assert json.loads(events[-2][len("data: ") :])["error"]["message"] == "gpu worker crashed"
             assert sum(e == "data: [DONE]" for e in events) == 1
 
     run(go())
@@ -119,8 +126,14 @@ def test_health_is_503_with_the_error_when_unhealthy(engine: FakeEngine):
     async def go():
         async with serve(engine) as c:
             assert (await c.get("/health")).status == 200
-            engine.stats = EngineStats(running=0, waiting=0, kv_pages_used=0, kv_pages_total=1, healthy=False,
-                                       error="worker 0 died: CUDA error")
+            engine.stats = EngineStats(
+                running=0,
+                waiting=0,
+                kv_pages_used=0,
+                kv_pages_total=1,
+                healthy=False,
+                error="worker 0 died: CUDA error",
+            )
             r = await c.get("/health")
             assert r.status == 503 and "CUDA error" in (await r.json())["error"]["message"]
 

@@ -38,7 +38,9 @@ def test_chat_stream_has_role_content_finish_usage_and_done(engine: FakeEngine):
         assert chunks[0].choices[0].delta.role == "assistant"
         text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
         assert text == "Hello world"
-        finishes = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+        finishes = [
+            ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason
+        ]
         assert finishes == ["stop"]
         assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 3
         assert all(ch.usage is None for ch in chunks[:-1])
@@ -88,8 +90,12 @@ def test_chat_logprobs_in_openai_format(engine: FakeEngine):
             assert content[0].logprob == -0.5 and content[0].bytes == list(b"Hel")
             assert [t.token for t in content[0].top_logprobs] == ["Hel", "token_id:7"]
             stream = await oai.chat.completions.create(model=MODEL, messages=MSGS, logprobs=True, stream=True)
-            tokens = [e.token async for ch in stream if ch.choices and ch.choices[0].logprobs
-                      for e in ch.choices[0].logprobs.content]
+            tokens = [
+                e.token
+                async for ch in stream
+                if ch.choices and ch.choices[0].logprobs
+                for e in ch.choices[0].logprobs.content
+            ]
             assert tokens == ["Hel", "lo", " world"]
 
     run(go())
@@ -127,8 +133,9 @@ def test_openai_client_raises_typed_errors(engine: FakeEngine):
             else:
                 raise AssertionError("expected 404")
             try:
-                await oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "TOO LONG"}],
-                                                  stream=True)
+                await oai.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": "TOO LONG"}], stream=True
+                )
             except openai.BadRequestError as e:
                 assert "longer than the context" in e.message
             else:

@@ -30,9 +30,25 @@ def test_chat_builds_one_request_with_openai_defaults():
 
 def test_chat_maps_every_sampling_field():
     job = parse_chat(
-        chat(max_completion_tokens=7, temperature=0, top_p=0.5, stop="END", seed=3, presence_penalty=1,
-             frequency_penalty=-1, ignore_eos=True, min_tokens=2, stop_token_ids=[9], top_k=20, min_p=0.1,
-             repetition_penalty=1.2, skip_special_tokens=False, priority=4, logprobs=True, top_logprobs=3),
+        chat(
+            max_completion_tokens=7,
+            temperature=0,
+            top_p=0.5,
+            stop="END",
+            seed=3,
+            presence_penalty=1,
+            frequency_penalty=-1,
+            ignore_eos=True,
+            min_tokens=2,
+            stop_token_ids=[9],
+            top_k=20,
+            min_p=0.1,
+            repetition_penalty=1.2,
+            skip_special_tokens=False,
+            priority=4,
+            logprobs=True,
+            top_logprobs=3,
+        ),
         served_model=MODEL,
     )
     req = job.requests[0]
@@ -44,10 +60,14 @@ def test_chat_maps_every_sampling_field():
 
 
 def test_chat_content_parts_are_joined_and_developer_is_a_system_message():
-    body = json.dumps({"messages": [
-        {"role": "developer", "content": "be brief"},
-        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
-    ]}).encode()
+    body = json.dumps(
+        {
+            "messages": [
+                {"role": "developer", "content": "be brief"},
+                {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            ]
+        }
+    ).encode()
     msgs = parse_chat(body, served_model=MODEL).requests[0].messages
     assert [(m.role, m.content) for m in msgs] == [("system", "be brief"), ("user", "a\nb")]
 
