@@ -30,8 +30,11 @@ DISCONNECT_POLL_S = 0.5
 
 @asynccontextmanager
 async def cancel_on_disconnect(request: web.Request) -> AsyncIterator[None]:
-    """Cancel the handler when its client goes away, even if the server was started without
-    `handler_cancellation=True` (aiohttp's default since 3.9 is not to cancel)."""
+    """Cancel the handler when its client goes away. aiohttp does that itself only when the server
+    runs with `handler_cancellation=True` (not its default since 3.9); otherwise poll the transport."""
+    if _server_cancels_handlers(request):
+        yield
+        return
     handler = asyncio.current_task()
     assert handler is not None
 
@@ -46,6 +49,12 @@ async def cancel_on_disconnect(request: web.Request) -> AsyncIterator[None]:
         yield
     finally:
         watcher.cancel()
+
+
+def _server_cancels_handlers(request: web.Request) -> bool:
+    # aiohttp keeps the flag on the connection's private manager; if that moves, we fall back to polling
+    manager = getattr(request.protocol, "_manager", None)
+    return getattr(manager, "handler_cancellation", False) is True
 
 
 class OpenAIRoutes:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 from http_fakes import MODEL, FakeEngine, run, serve
 
 from runtime.errors import Overloaded
+from runtime.http.app import build_app
 from runtime.mailbox.messages import EngineStats
 
 CHAT = "/v1/chat/completions"
@@ -175,3 +177,13 @@ def test_flush_cache_calls_the_engine(engine: FakeEngine):
 
     run(go())
     assert engine.flushed == 1
+
+
+def test_body_over_the_size_limit_is_413(engine: FakeEngine):
+    async def go():
+        app = build_app(engine, served_model=MODEL, max_body_bytes=1024)
+        async with TestClient(TestServer(app, host="127.0.0.1")) as c:
+            r = await c.post(CHAT, data=json.dumps(_chat(stop=["x" * 2048])))
+            assert r.status == 413 and (await r.json())["error"]["type"] == "invalid_request_error"
+
+    run(go())
