@@ -9,6 +9,7 @@ A client that goes away aborts its engine requests (see `cancel_on_disconnect`).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 
@@ -62,6 +63,7 @@ class OpenAIRoutes:
         self.engine = engine
         self.metrics = metrics
         self.served_model = served_model
+        self.created = int(time.time())
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self.chat_completions)
@@ -86,7 +88,7 @@ class OpenAIRoutes:
         return {
             "id": self.served_model,
             "object": "model",
-            "created": 0,
+            "created": self.created,
             "owned_by": "conduit",
             "max_model_len": self._max_len(),
         }
@@ -122,7 +124,8 @@ class OpenAIRoutes:
         except ConduitError:
             self.metrics.on_error(len(job.requests))
             raise
-        return web.json_response(builder.body(), headers={"X-Request-Id": job.id}, dumps=_dumps)
+        body = msgspec.json.encode(builder.body())
+        return web.Response(body=body, content_type="application/json", headers={"X-Request-Id": job.id})
 
     async def _stream(self, request: web.Request, job: Job) -> web.StreamResponse:
         writer = ChunkWriter(job)
@@ -168,7 +171,3 @@ class OpenAIRoutes:
         except ConnectionResetError:
             log.info("client disconnected before the end of the stream")
         return resp
-
-
-def _dumps(obj: object) -> str:
-    return msgspec.json.encode(obj).decode()

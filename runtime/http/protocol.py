@@ -66,6 +66,9 @@ class _Common(msgspec.Struct, kw_only=True):
     repetition_penalty: float | None = None
     skip_special_tokens: bool | None = True
     priority: int | None = 0
+    # accepted so that a request using them fails loudly instead of being silently ignored
+    logit_bias: dict[str, float] | None = None
+    response_format: dict | None = None
 
 
 class ChatCompletionRequest(_Common, kw_only=True):
@@ -155,6 +158,10 @@ def build_job(
     if req.model is not None and req.model != served_model:
         raise NotFound(f"The model `{req.model}` does not exist.", param="model", code="model_not_found")
     n = _check_range("n", req.n, 1, 1, MAX_N)
+    if req.logit_bias:
+        raise InvalidRequest("`logit_bias` is not supported.", param="logit_bias")
+    if req.response_format and req.response_format.get("type", "text") != "text":
+        raise InvalidRequest('Only `response_format` {"type": "text"} is supported.', param="response_format")
     streaming = bool(req.stream) if stream is None else stream
     if req.stream_options is not None and not streaming:
         raise InvalidRequest(

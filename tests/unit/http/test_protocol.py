@@ -122,6 +122,8 @@ def test_missing_model_is_accepted_and_unknown_model_is_404():
         (chat(presence_penalty=3), "presence_penalty"),
         (chat(min_tokens=5, max_tokens=2), "min_tokens"),
         (chat(tools=[{"type": "function"}]), "tools"),
+        (chat(logit_bias={"5": 1.0}), "logit_bias"),
+        (chat(response_format={"type": "json_object"}), "response_format"),
     ],
 )
 def test_bad_chat_bodies_name_the_field(body, param):
