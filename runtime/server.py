@@ -19,7 +19,8 @@ async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> None:
 
     running = await launch(cfg)
     app = build_app(running.client, served_model=running.info.name)
-    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=5.0)
+    # handler_cancellation: a client that disconnects cancels its handler, which aborts its request
+    runner = web.AppRunner(app, handle_signals=False, handler_cancellation=True, shutdown_timeout=5.0)
     await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 import structlog
 
 from runtime.actors.base import Actor
-from runtime.errors import ConduitError, EngineFailed, error_from_status
+from runtime.errors import ConduitError, EngineFailed, Overloaded, error_from_status
 from runtime.mailbox.messages import (
     AbortRequest,
     EngineStats,
@@ -57,7 +57,8 @@ class EngineClient(Actor):
         """Yield the request's deltas, the last one with `finish_reason` set; raise ConduitError if it
         fails. Closing the iterator early (or cancelling its task) aborts the request in the engine."""
         if not self.healthy:
-            raise EngineFailed(f"engine is unhealthy: {self.error or (self.stats and self.stats.error)}")
+            raise Overloaded(f"engine is unhealthy: {self.error or (self.stats and self.stats.error)}",
+                             status=503, retry_after=5.0)
         if req.rid in self._streams:
             raise ValueError(f"request id {req.rid} is already running")
         queue: asyncio.Queue[TextDelta | ConduitError] = asyncio.Queue()

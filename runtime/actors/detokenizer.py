@@ -92,11 +92,13 @@ class DetokenizerActor(Actor):
                     end -= held_back(st.text, st.stop)
             lps = batch.logprobs[i] if st.logprobs is not None else None
             tokens_text = [self.tokenizer.decode([lp.token_id]) for lp in lps] if lps else None
+            top_text = [[self.tokenizer.decode([t]) for t in lp.top_ids] for lp in lps] if lps else None
             delta = st.text[st.sent : end]
             st.sent = max(st.sent, end)
             if delta or finish is not None or batch.tokens[i]:
                 items.append(TextDelta(rid, delta, list(batch.tokens[i]), finish, batch.prompt_tokens[i],
-                                       batch.completion_tokens[i], batch.cached_tokens[i], lps, tokens_text))
+                                       batch.completion_tokens[i], batch.cached_tokens[i], lps, tokens_text,
+                                       top_text))
             if finish is not None:
                 del self.states[rid]
         if items:

@@ -32,50 +32,41 @@ def _token_texts(delta: TextDelta) -> list[str]:
     return [f"token_id:{t}" for t in delta.token_ids]
 
 
-def _alt_text(tid: int, chosen: int, chosen_text: str) -> str:
-    # The engine decodes only chosen tokens; alternatives use vLLM's `token_id:<id>` spelling.
-    return chosen_text if tid == chosen else f"token_id:{tid}"
+def _alt_texts(delta: TextDelta, j: int, chosen: TokenLogprobs, chosen_text: str) -> list[str]:
+    """Texts of token j's top alternatives; vLLM's `token_id:<id>` spelling where none was decoded."""
+    top = delta.top_tokens_text
+    if top is not None and j < len(top) and len(top[j]) == len(chosen.top_ids):
+        return top[j]
+    return [chosen_text if t == chosen.token_id else f"token_id:{t}" for t in chosen.top_ids]
 
 
 def chat_logprobs(delta: TextDelta) -> list[dict]:
     """Entries of `choices[i].logprobs.content` for the delta's tokens."""
     out = []
-    for text, lp in zip(_token_texts(delta), delta.logprobs or [], strict=False):
+    for j, (text, lp) in enumerate(zip(_token_texts(delta), delta.logprobs or [], strict=False)):
+        alts = _alt_texts(delta, j, lp, text)
         out.append(
             {
                 "token": text,
                 "logprob": _lp(lp.logprob),
                 "bytes": list(text.encode()),
                 "top_logprobs": [
-                    _chat_alt(tid, tlp, lp, text)
-                    for tid, tlp in zip(lp.top_ids, lp.top_logprobs, strict=False)
+                    {"token": a, "logprob": _lp(tlp), "bytes": list(a.encode())}
+                    for a, tlp in zip(alts, lp.top_logprobs, strict=False)
                 ],
             }
         )
     return out
 
 
-def _chat_alt(tid: int, tlp: float, chosen: TokenLogprobs, chosen_text: str) -> dict:
-    text = _alt_text(tid, chosen.token_id, chosen_text)
-    return {
-        "token": text,
-        "logprob": _lp(tlp),
-        "bytes": list(text.encode()) if tid == chosen.token_id else None,
-    }
-
-
 def completion_logprobs(delta: TextDelta, choice: Choice) -> dict:
     """`choices[i].logprobs` of /v1/completions for the delta's tokens; advances `choice.text_offset`."""
     out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-    for text, lp in zip(_token_texts(delta), delta.logprobs or [], strict=False):
+    for j, (text, lp) in enumerate(zip(_token_texts(delta), delta.logprobs or [], strict=False)):
         out["tokens"].append(text)
         out["token_logprobs"].append(_lp(lp.logprob))
-        out["top_logprobs"].append(
-            {
-                _alt_text(tid, lp.token_id, text): _lp(tlp)
-                for tid, tlp in zip(lp.top_ids, lp.top_logprobs, strict=False)
-            }
-        )
+        alts = _alt_texts(delta, j, lp, text)
+        out["top_logprobs"].append({a: _lp(tlp) for a, tlp in zip(alts, lp.top_logprobs, strict=False)})
         out["text_offset"].append(choice.text_offset)
         choice.text_offset += len(text)
     return out

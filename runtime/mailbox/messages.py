@@ -174,6 +174,7 @@ class TextDelta(Struct, frozen=True, array_like=True):
     cached_tokens: int
     logprobs: list[TokenLogprobs] | None = None
     tokens_text: list[str] | None = None  # decoded text of each token, where logprobs were asked for
+    top_tokens_text: list[list[str]] | None = None  # decoded text of each token's top alternatives
 
 
 class TextDeltas(Struct, frozen=True, tag=True, array_like=True):
