@@ -133,7 +133,10 @@ class Sampler:
         greedy = (temp <= 0) | (top_k == 1)
         scaled = logits / torch.where(greedy, 1.0, temp)[:, None]
         if any(s.truncates for s in states):
-            scaled = _top_k_top_p(scaled, top_k, params[:, TOP_P])
+            sampled_rows = [s.params for s in states if not s.params.greedy]
+            # When every sampled row has a top_k, a partial top-k replaces the full-vocabulary sort.
+            kmax = max(p.top_k for p in sampled_rows) if all(p.top_k > 0 for p in sampled_rows) else None
+            scaled = _top_k_top_p(scaled, top_k, params[:, TOP_P], kmax)
         probs = torch.softmax(scaled, dim=-1)
         if any(s.params.min_p > 0 for s in states):
             floor = params[:, MIN_P, None] * probs.amax(dim=-1, keepdim=True)
@@ -146,12 +149,20 @@ class Sampler:
         return torch.where(greedy, logits.argmax(dim=-1), sampled)
 
 
-def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Mask everything outside each row's top-k and top-p nucleus (top_k 0: off; top_p 1: off)."""
+def _top_k_top_p(
+    logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, kmax: int | None = None
+) -> torch.Tensor:
+    """Mask everything outside each row's top-k and top-p nucleus (top_k 0: off; top_p 1: off).
+
+    `kmax`: a bound on every row's top_k, known on the host; only that many candidates are sorted."""
     vocab = logits.shape[-1]
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
-    ranks = torch.arange(vocab, device=logits.device)[None, :]
-    k = torch.where(top_k > 0, top_k, vocab)[:, None]
+    if kmax is not None and kmax < vocab:
+        sorted_logits, order = logits.topk(kmax, dim=-1)
+    else:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+    width = sorted_logits.shape[-1]
+    ranks = torch.arange(width, device=logits.device)[None, :]
+    k = torch.where(top_k > 0, top_k, width)[:, None]
     remove = ranks >= k
     sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
     probs = torch.softmax(sorted_logits, dim=-1)
@@ -159,4 +170,4 @@ def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor)
     remove |= (probs.cumsum(dim=-1) - probs) >= top_p[:, None]
     remove[:, 0] = False
     sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
-    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+    return torch.full_like(logits, float("-inf")).scatter_(1, order, sorted_logits)

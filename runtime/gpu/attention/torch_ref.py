@@ -27,7 +27,8 @@ class _Prefill:
 class _Meta:
     decode_tokens: torch.Tensor | None  # [B] token index of each decode row; None if no decode rows
     decode_all: bool  # every token of the batch is a decode token, in order: skip the gather/scatter
-    decode_slots: torch.Tensor | None  # [B, S] KV slots, padded
+    decode_slots: torch.Tensor | None  # [B * S] KV slots, padded, flattened for index_select
+    decode_shape: tuple[int, int] | None
     decode_mask: torch.Tensor | None  # [B, 1, 1, S]
     prefills: list[_Prefill]
 
@@ -45,17 +46,18 @@ class TorchAttentionBackend(AttentionBackend):
             elif length > 1:
                 prefills.append(self._prefill(batch, row, start, length, prefix))
             start += length
-        meta = _Meta(None, False, None, None, prefills)
+        meta = _Meta(None, False, None, None, None, prefills)
         if dec_tok:
             host = torch.tensor([dec_tok, dec_rows, dec_lens], dtype=torch.int64)
             tok, rows, lens = host.to(device, non_blocking=True).unbind(0)
             max_len = max(dec_lens)
             meta.decode_tokens = tok
             meta.decode_all = len(dec_tok) == batch.num_tokens
-            meta.decode_slots = batch.req_to_token[rows, :max_len]
-            meta.decode_mask = (torch.arange(max_len, device=device)[None, :] < lens[:, None])[
-                :, None, None, :
-            ]
+            meta.decode_slots = batch.req_to_token[rows, :max_len].reshape(-1)
+            meta.decode_shape = (len(dec_tok), max_len)
+            if min(dec_lens) < max_len:  # unequal lengths: mask the padding (unmasked SDPA is faster)
+                valid = torch.arange(max_len, device=device)[None, :] < lens[:, None]
+                meta.decode_mask = valid[:, None, None, :]
         batch.attn_meta = meta
 
     @staticmethod
@@ -77,8 +79,10 @@ class TorchAttentionBackend(AttentionBackend):
         out = torch.empty_like(q)
         if meta.decode_tokens is not None:
             qd = q if meta.decode_all else q[meta.decode_tokens]
-            kd = k_pool[meta.decode_slots].transpose(1, 2)  # [B, Hkv, S, D]
-            vd = v_pool[meta.decode_slots].transpose(1, 2)
+            # index_select: several times faster than advanced indexing for row gathers on CPU
+            shape = (*meta.decode_shape, *k_pool.shape[1:])
+            kd = k_pool.index_select(0, meta.decode_slots).view(shape).transpose(1, 2)  # [B, Hkv, S, D]
+            vd = v_pool.index_select(0, meta.decode_slots).view(shape).transpose(1, 2)
             o = F.scaled_dot_product_attention(
                 qd.unsqueeze(2), kd, vd, attn_mask=meta.decode_mask, scale=self.scale, enable_gqa=True
             ).squeeze(2)
@@ -91,7 +95,7 @@ class TorchAttentionBackend(AttentionBackend):
             if p.slots is None:  # fresh prompt: its keys are exactly this step's keys
                 kp, vp = k[p.start : end], v[p.start : end]
             else:
-                kp, vp = k_pool[p.slots], v_pool[p.slots]
+                kp, vp = k_pool.index_select(0, p.slots), v_pool.index_select(0, p.slots)
             o = F.scaled_dot_product_attention(
                 qp,
                 kp.transpose(0, 1).unsqueeze(0),

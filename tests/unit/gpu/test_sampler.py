@@ -65,6 +65,15 @@ def test_top_p_and_min_p_never_pick_outside_the_allowed_set():
     assert seen[4] == {0, 1}
 
 
+def test_top_k_only_batches_take_the_partial_sort_path_and_stay_in_the_top_k():
+    logits = torch.randn(3, V, generator=torch.Generator().manual_seed(5))
+    s = make({1: P(top_k=2), 2: P(top_k=5, top_p=0.9), 3: P(temperature=0.0)})
+    allowed = [set(logits[0].topk(2).indices.tolist()), set(logits[1].topk(5).indices.tolist())]
+    for _ in range(200):
+        toks = sample(s, logits, [1, 2, 3]).tokens.tolist()
+        assert toks[0] in allowed[0] and toks[1] in allowed[1] and toks[2] == logits[2].argmax()
+
+
 def test_sampling_follows_the_softmax_distribution():
     logits = torch.tensor([[2.0, 1.0, 0.0] + [-30.0] * (V - 3)]).repeat(8, 1)
     s = make({r: P(temperature=1.0) for r in range(1, 9)})
