@@ -128,6 +128,7 @@ class ModelRunner:
             return self._forward_plan(plan)[0]
 
     def _forward_plan(self, plan: StepPlan) -> tuple[torch.Tensor, list[int], torch.Tensor]:
+        _check_plan(plan, self.cfg)
         self._update_table(plan)
         sample_rows = [r for r, s in zip(plan.rows, plan.sample, strict=True) if s]
         if not plan.rows:
@@ -197,3 +198,27 @@ class ModelRunner:
             out["top_ids"] = [x[:k] for x, k in zip(ids, counts, strict=True)]
             out["top_logprobs"] = [x[:k] for x, k in zip(lps, counts, strict=True)]
         return out
+
+
+def _check_plan(plan: StepPlan, cfg: RunnerConfig) -> None:
+    """Host-side checks that turn a malformed plan into a clear error instead of a device fault."""
+    n = len(plan.rows)
+    cols = (plan.prefix_lens, plan.extend_lens, plan.use_last, plan.sample)
+    if any(len(c) != n for c in cols):
+        raise ValueError(f"step {plan.step}: per-row columns differ in length from rows ({n})")
+    if len(plan.out_loc) != sum(plan.extend_lens):
+        raise ValueError(
+            f"step {plan.step}: {len(plan.out_loc)} out_loc for {sum(plan.extend_lens)} new tokens"
+        )
+    fed = sum(e for e, last in zip(plan.extend_lens, plan.use_last, strict=True) if not last)
+    if len(plan.input_ids) != fed:
+        raise ValueError(
+            f"step {plan.step}: {len(plan.input_ids)} input_ids for {fed} tokens without use_last"
+        )
+    for row, p, e, last in zip(plan.rows, plan.prefix_lens, plan.extend_lens, plan.use_last, strict=True):
+        if not 0 < row <= cfg.max_reqs:
+            raise ValueError(f"step {plan.step}: row {row} outside 1..{cfg.max_reqs}")
+        if last and e != 1:
+            raise ValueError(f"step {plan.step}: row {row} uses its last token but extends by {e}")
+        if p + e > cfg.max_model_len:
+            raise ValueError(f"step {plan.step}: row {row} reaches {p + e} tokens > max_model_len")

@@ -84,3 +84,13 @@ def test_runner_reports_eos_ids_and_kv_bytes(tiny):
         runner.kv_bytes_per_token()
         == 2 * cfg.num_hidden_layers * 2 * (cfg.hidden_size // cfg.num_attention_heads) * 4
     )
+
+
+def test_malformed_plan_is_a_clear_error(tiny):
+    _, runner = tiny
+    pb = PlanBuilder()
+    plan = pb.plan([1], [0], [3], [5, 6])  # 2 ids for 3 new tokens
+    with pytest.raises(ValueError, match="input_ids"):
+        runner.execute(plan)
+    with pytest.raises(ValueError, match="max_model_len"):
+        runner.execute(pb.plan([1], [127], [2], [5, 6]))
