@@ -1,0 +1,15 @@
+"""GPU kernels as ops with several implementations, chosen per device by `registry`.
+
+Each op is a package: `reference.py` (plain PyTorch, the truth), `triton.py` (ours), and an `__init__`
+that registers them in preference order. Importing this package registers every op."""
+
+from runtime.gpu.kernels import (  # noqa: F401  (imported to register their implementations)
+    decode_attention,
+    extend_attention,
+    rms_norm,
+    rope,
+    silu_and_mul,
+)
+from runtime.gpu.kernels.registry import describe, get, implementations, ops, select
+
+__all__ = ["describe", "get", "implementations", "ops", "select"]

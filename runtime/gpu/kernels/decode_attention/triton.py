@@ -1,0 +1,148 @@
+"""Paged decode attention in Triton, flash-decoding style.
+
+Stage 1: one program per (row, kv head, KV split) walks its part of the row's slots (looked up per token
+in req_to_token, so any page size works), for all the q heads that share the kv head at once (GQA: one
+read of K/V serves the group), and writes a normalised partial output and its log-sum-exp (base 2).
+Stage 2: one program per (row, q head) merges the splits. All accumulation is in float32."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from runtime.gpu.kernels.common import LOG2E, dot_precision, next_pow2, num_sms
+from runtime.gpu.kernels.triton_utils import dot_f32, dot_operand
+
+BLOCK_N = 64  # KV tokens per inner step
+MIN_SPLIT_TOKENS = 256  # don't split a row into pieces shorter than this
+MAX_SPLITS = 64
+
+
+@triton.jit
+def _stage1(
+    Q, K, V, ReqToToken, Rows, SeqLens, MidO, MidLse,
+    qk_scale,
+    stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_rt,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    num_splits = tl.num_programs(2)
+    num_q_heads = tl.num_programs(1) * GROUP
+
+    row = tl.load(Rows + b).to(tl.int64)
+    seq_len = tl.load(SeqLens + b).to(tl.int32)
+    per_split = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    start = split * per_split
+    end = tl.minimum(start + per_split, seq_len)
+
+    offs_h = tl.arange(0, BLOCK_H)
+    mask_h = offs_h < GROUP
+    heads = kvh * GROUP + offs_h
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    q_ptrs = Q + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
+    q = dot_operand(tl.load(q_ptrs, mask=mask_h[:, None] & mask_d[None, :], other=0.0), DOT_F32)
+
+    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    slot_row = ReqToToken + row * stride_rt
+    for s0 in range(start, end, BLOCK_N):
+        pos = s0 + tl.arange(0, BLOCK_N)
+        mask_n = pos < end
+        slot = tl.load(slot_row + pos, mask=mask_n, other=0).to(tl.int64)
+        kv_mask = mask_n[:, None] & mask_d[None, :]
+        k = tl.load(K + slot[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
+        qk = tl.dot(q, tl.trans(dot_operand(k, DOT_F32)), input_precision=DOT_PREC) * qk_scale  # [BLOCK_H, BLOCK_N], base 2
+        qk = tl.where(mask_n[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m, tl.max(qk, 1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l = l * alpha + tl.sum(p, 1)
+        v = tl.load(V + slot[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(
+            dot_operand(p.to(v.dtype), DOT_F32), dot_operand(v, DOT_F32), input_precision=DOT_PREC
+        )
+        m = m_new
+
+    has = l > 0.0  # an empty split (short row) leaves l = 0: lse = -inf, ignored by stage 2
+    lse = tl.where(has, m + tl.log2(tl.where(has, l, 1.0)), float("-inf"))
+    o = acc / tl.where(has, l, 1.0)[:, None]
+    mid = (b * num_q_heads + heads).to(tl.int64) * num_splits + split  # [BLOCK_H]
+    tl.store(MidLse + mid, lse, mask=mask_h)
+    tl.store(MidO + mid[:, None] * HEAD_DIM + offs_d[None, :], o, mask=mask_h[:, None] & mask_d[None, :])
+
+
+@triton.jit
+def _stage2(
+    MidO, MidLse, Out, num_splits, stride_ob, stride_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    mask_s = offs_s < num_splits
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    base = (b * tl.num_programs(1) + h).to(tl.int64) * num_splits + offs_s
+    lse = tl.load(MidLse + base, mask=mask_s, other=float("-inf"))
+    w = tl.exp2(lse - tl.max(lse, 0))
+    w = tl.where(mask_s & (lse > float("-inf")), w, 0.0)
+    o = tl.load(MidO + base[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_s[:, None] & mask_d[None, :], other=0.0)
+    total = tl.sum(w, 0)
+    out = tl.sum(w[:, None] * o, 0) / tl.where(total > 0.0, total, 1.0)
+    tl.store(Out + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d, out.to(Out.dtype.element_ty), mask=mask_d)
+
+
+def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
+    """Enough (row, kv head, split) programs to fill the GPU twice over, without splits under
+    MIN_SPLIT_TOKENS; a power of two so few variants compile. Host-only: no device sync."""
+    want = triton.cdiv(2 * num_sms(device), max(1, batch * num_kv_heads))
+    cap = max(1, triton.cdiv(max_seq_len, MIN_SPLIT_TOKENS))
+    return min(next_pow2(max(1, min(want, cap))), MAX_SPLITS)
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    req_to_token: torch.Tensor,
+    rows: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    num_splits: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Same contract as `reference.decode_attention`. `num_splits` None: chosen from the batch and
+    req_to_token's width (an upper bound on lengths, so no sync); pass a fixed one under CUDA graphs."""
+    batch, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_pool.shape[1]
+    assert num_q_heads % num_kv_heads == 0 and q.stride(2) == 1 and k_pool.stride(2) == 1
+    assert v_pool.stride(2) == 1 and req_to_token.stride(1) == 1
+    out = torch.empty_like(q) if out is None else out
+    assert out.stride(2) == 1
+    if batch == 0:
+        return out
+    if num_splits is None:
+        num_splits = choose_num_splits(batch, num_kv_heads, req_to_token.shape[1], q.device)
+    group = num_q_heads // num_kv_heads
+    block_d = next_pow2(head_dim)
+    mid_o = torch.empty(batch, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+    mid_lse = torch.empty(batch, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
+    _stage1[(batch, num_kv_heads, num_splits)](
+        q, k_pool, v_pool, req_to_token, rows, seq_lens, mid_o, mid_lse,
+        scale * LOG2E,
+        q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
+        req_to_token.stride(0),
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_H=max(16, next_pow2(group)),
+        BLOCK_N=BLOCK_N, DOT_PREC=dot_precision(q.dtype), DOT_F32=dot_f32(q), num_warps=4, num_stages=2,
+    )  # fmt: skip
+    _stage2[(batch, num_q_heads)](
+        mid_o, mid_lse, out, num_splits, out.stride(0), out.stride(1),
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=max(2, next_pow2(num_splits)), num_warps=4,
+    )  # fmt: skip
+    return out

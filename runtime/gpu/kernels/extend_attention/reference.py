@@ -1,0 +1,35 @@
+"""Extend (prefill with a cached prefix) attention in plain PyTorch, row by row: the truth."""
+
+from __future__ import annotations
+
+import torch
+
+from runtime.gpu.kernels.decode_attention.reference import attend
+
+
+def extend_attention(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    req_to_token: torch.Tensor,
+    rows: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    extend_lens: torch.Tensor,
+    q_starts: torch.Tensor,
+    scale: float,
+    max_extend: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """q: [T, Hq, D], rows' new tokens concatenated; row b's tokens are q[q_starts[b] : +extend_lens[b]]
+    at positions prefix_lens[b] + i. Their K/V are already stored: the row's keys are the slots
+    req_to_token[rows[b], : prefix + extend], and new token i sees keys 0 .. prefix + i.
+    Rows of one token (decode) are fine. Returns [T, Hq, D] in q's dtype."""
+    out = torch.empty_like(q) if out is None else out
+    cols = (rows.tolist(), prefix_lens.tolist(), extend_lens.tolist(), q_starts.tolist())
+    for row, prefix, n, start in zip(*cols, strict=True):
+        if n == 0:
+            continue
+        slots = req_to_token[row, : prefix + n]
+        o = attend(q[start : start + n], k_pool[slots], v_pool[slots], scale, prefix)
+        out[start : start + n] = o.to(q.dtype)
+    return out
