@@ -211,6 +211,8 @@ class EngineStats(Struct, frozen=True, tag=True, array_like=True, kw_only=True):
     retractions: int = 0
     evictable_tokens: int = 0
     protected_tokens: int = 0
+    wait_s: float = 0.0  # cumulative scheduler time idle with steps in flight (waiting for the worker)
+    output_s: float = 0.0  # cumulative scheduler time processing step outputs
 
 
 class FlushCache(Struct, frozen=True, tag=True, array_like=True):

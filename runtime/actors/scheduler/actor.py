@@ -62,7 +62,10 @@ class SchedulerActor(Actor):
         self.step = 0
         self.healthy = True
         self.error: str | None = None
-        self.plan_s = 0.0
+        self.plan_s = 0.0  # planning steps
+        self.wait_s = 0.0  # idle with steps in flight until a StepOutput arrived: waiting for the worker
+        self.output_s = 0.0  # turning StepOutputs into TokenBatches
+        self._idle_from: float | None = None
         self.prompt_tokens = 0
         self.cached_tokens = 0
         self._last_stats = 0.0
@@ -71,7 +74,11 @@ class SchedulerActor(Actor):
         if isinstance(msg, TokenizedRequest):
             await self._on_request(msg)
         elif isinstance(msg, StepOutput):
+            t0 = time.perf_counter()
+            if self._idle_from is not None:
+                self.wait_s += t0 - self._idle_from
             await self._on_output(msg)
+            self.output_s += time.perf_counter() - t0
         elif isinstance(msg, AbortRequest):
             await self._on_abort(msg)
         elif isinstance(msg, WorkerFailed):
@@ -80,6 +87,7 @@ class SchedulerActor(Actor):
             ok = not self.planner.running and self.cache.flush()
             log.info("flush_cache", ok=ok)
         await self._pump()
+        self._idle_from = time.perf_counter() if self.inflight else None
 
     # ------------------------------------------------------------------ inputs
 
@@ -90,12 +98,37 @@ class SchedulerActor(Actor):
         if len(self.planner.waiting) >= self.cfg.max_queued_requests:
             await self._fail(msg.rid, 429, "too many queued requests; retry later", "rate_limit_error")
             return
-        if len(msg.input_ids) + 1 > self.allocator.total_pages * self.cfg.page_size:
-            await self._fail(msg.rid, 400, f"prompt of {len(msg.input_ids)} tokens can never fit the KV pool "
-                             f"of {self.allocator.total_pages * self.cfg.page_size} tokens", param="messages")
+        # A request must fit the pool alone (prompt + every output token), or retraction could not save it.
+        capacity = self.planner.capacity_tokens
+        prompt_len, max_new = len(msg.input_ids), msg.max_new_tokens
+        if prompt_len + 1 > capacity:
+            await self._fail(
+                msg.rid,
+                400,
+                f"the prompt of {prompt_len} tokens can never fit the KV pool of {capacity} tokens",
+                param="messages",
+            )
             return
-        req = Req(msg.rid, list(msg.input_ids), msg.params, frozenset(msg.stop_ids), msg.max_new_tokens,
-                  msg.priority, msg.arrival)
+        if prompt_len + max_new > capacity:
+            if msg.params.max_tokens is not None:
+                await self._fail(
+                    msg.rid,
+                    400,
+                    f"max_tokens={msg.params.max_tokens} plus the prompt's {prompt_len} "
+                    f"tokens can never fit the KV pool of {capacity} tokens",
+                    param="max_tokens",
+                )
+                return
+            max_new = capacity - prompt_len  # no explicit limit: the pool is the limit, as SGLang does
+        req = Req(
+            msg.rid,
+            list(msg.input_ids),
+            msg.params,
+            frozenset(msg.stop_ids),
+            max_new,
+            msg.priority,
+            msg.arrival,
+        )
         self.reqs[req.rid] = req
         self.planner.add(req)
 
@@ -152,16 +185,23 @@ class SchedulerActor(Actor):
 
     def _finish(self, req: Req, reason: str) -> None:
         req.finished = reason
-        if req in self.planner.waiting:
-            self.planner.waiting.remove(req)
+        if not req.row:
+            self.planner.drop_waiting(req)
         self.planner.release(req, keep=True)
         if not req.inflight:
             self.reqs.pop(req.rid, None)
 
-    async def _fail(self, rid: str, status: int, message: str, type_: str = "invalid_request_error",
-                    param: str | None = None) -> None:
-        await self.send("client", RequestFailed(rid=rid, status=status, message=message, error_type=type_,
-                                                param=param))
+    async def _fail(
+        self,
+        rid: str,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        param: str | None = None,
+    ) -> None:
+        await self.send(
+            "client", RequestFailed(rid=rid, status=status, message=message, error_type=type_, param=param)
+        )
 
     # ------------------------------------------------------------------ the step pipeline
 
@@ -208,6 +248,8 @@ class SchedulerActor(Actor):
             error=self.error,
             steps=self.step,
             plan_s=self.plan_s,
+            wait_s=self.wait_s,
+            output_s=self.output_s,
             cached_tokens=self.cached_tokens,
             prompt_tokens=self.prompt_tokens,
             retractions=self.planner.retractions,

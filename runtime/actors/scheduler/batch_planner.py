@@ -3,7 +3,13 @@ per-step token budget and the KV memory budget. Owns the waiting queue and the r
 
 Memory: admission reserves an estimate of each running request's future KV (remaining tokens times a
 decaying `new_token_ratio`, as SGLang does) so decode rarely runs dry; when it does, the cache is evicted
-first, then the requests with the least progress are retracted (their KV freed, requeued at the front).
+first, then the requests with the least progress are retracted (their KV handed to the cache, requeued at
+the front). A victim may still have a step in flight: its token is kept when it comes back, and the
+victim is not readmitted before that.
+
+Cost per step is O(rows in the plan): the running set is an insertion-ordered dict (O(1) removal), the
+waiting queue is only re-sorted when it changed, and sums over the running set are taken only when a
+request is admitted.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ class BatchPlanner:
     policy: str = "fcfs"
     init_new_token_ratio: float = 0.7
     waiting: deque[Req] = field(default_factory=deque)
-    running: list[Req] = field(default_factory=list)
+    running: dict[Req, None] = field(default_factory=dict)  # an ordered set: admission order
     released_rows: list[int] = field(default_factory=list)
     retractions: int = 0
 
@@ -49,44 +55,54 @@ class BatchPlanner:
         self.new_token_ratio = self.init_new_token_ratio
         self.min_new_token_ratio = self.init_new_token_ratio * 0.14
         self.ratio_decay = (self.init_new_token_ratio - self.min_new_token_ratio) / 600
+        self._waiting_dirty = False
 
     @property
     def page_size(self) -> int:
         return self.allocator.page_size
 
+    @property
+    def capacity_tokens(self) -> int:
+        """Token positions the whole pool holds: a request needing more can never run."""
+        return self.allocator.total_pages * self.page_size
+
     # ------------------------------------------------------------------ memory accounting
 
     def _pages_for(self, req: Req, new_len: int) -> int:
         """Pages to allocate for `req` to hold `new_len` token positions."""
-        have = math.ceil(req.kv_len / self.page_size)
-        return max(0, math.ceil(new_len / self.page_size) - have)
+        ps = self.page_size
+        return max(0, -(-new_len // ps) - -(-req.kv_len // ps))
 
     def _reserved_pages(self) -> int:
-        tokens = sum(
-            min(r.max_new_tokens - r.planned_outputs, CLIP_MAX_NEW_TOKENS) for r in self.running if not r.finished
-        )
+        tokens = sum(min(r.max_new_tokens - r.planned_outputs, CLIP_MAX_NEW_TOKENS) for r in self.running)
         return math.ceil(tokens * self.new_token_ratio / self.page_size)
+
+    def _make_room(self, pages: int) -> bool:
+        """Evict unlocked cache until `pages` pages are free; False if that is not enough."""
+        short = pages - self.allocator.free_pages
+        if short > 0:
+            self.cache.evict(short)
+        return pages <= self.allocator.free_pages
 
     def _fit(self, req: Req, n: int) -> int:
         """How many of `n` new positions the pool can hold for `req` now (after evicting cache)."""
         if n <= 0:
             return 0
-        need = self._pages_for(req, req.kv_len + n)
-        if need > self.allocator.free_pages:
-            self.cache.evict(need - self.allocator.free_pages)
+        self._make_room(self._pages_for(req, req.kv_len + n))
         room = self.allocator.free_pages * self.page_size + (-req.kv_len) % self.page_size
         return min(n, room)
 
     def _alloc_slots(self, req: Req, n: int) -> list[int]:
         """Extend the request's KV by `n` positions, allocating pages (evicting cache if needed)."""
         need = self._pages_for(req, req.kv_len + n)
-        if need > self.allocator.free_pages:
-            self.cache.evict(need - self.allocator.free_pages)
+        self._make_room(need)
         req.pages.extend(self.allocator.alloc(need))
-        start = req.kv_len
-        ps = self.page_size
-        # cached prefix pages are page-aligned, so the request's own pages start at cached_len
-        new = [req.pages[(p - req.cached_len) // ps] * ps + p % ps for p in range(start, start + n)]
+        start, ps, base = req.kv_len, self.page_size, req.cached_len
+        if ps == 1:
+            new = req.pages[start - base : start - base + n]
+        else:  # cached prefix pages are page-aligned, so the request's own pages start at cached_len
+            pages = req.pages
+            new = [pages[(p - base) // ps] * ps + p % ps for p in range(start, start + n)]
         req.slots.extend(new)
         return new
 
@@ -94,6 +110,14 @@ class BatchPlanner:
 
     def add(self, req: Req) -> None:
         self.waiting.append(req)
+        self._waiting_dirty = True
+
+    def drop_waiting(self, req: Req) -> None:
+        """A waiting request ended (aborted, or its in-flight step finished it after a retraction)."""
+        try:
+            self.waiting.remove(req)
+        except ValueError:
+            pass
 
     def release(self, req: Req, *, keep: bool = True) -> None:
         """Take a resident request off its row and give back its KV."""
@@ -103,8 +127,7 @@ class BatchPlanner:
             self.free_rows.append(req.row)
             req.row = 0
             req.slots = []
-        if req in self.running:
-            self.running.remove(req)
+        self.running.pop(req, None)
 
     def _admit(self, req: Req) -> None:
         req.row = self.free_rows.pop()
@@ -118,23 +141,32 @@ class BatchPlanner:
         req.planned_outputs = len(req.output_ids)
         if not req.retractions:
             req.reported_cached = req.cached_len
-        self.running.append(req)
+        self.running[req] = None
 
-    def _retract_for(self, pages_needed: int, decoding: list[Req]) -> None:
-        """Retract the requests with the least progress until `pages_needed` pages are free."""
-        victims = sorted(decoding, key=lambda r: (len(r.output_ids), -len(r.prompt_ids)), reverse=True)
-        while self.allocator.free_pages < pages_needed and len(victims) > 1:
+    def _retract_for(self, decoding: list[Req]) -> list[Req]:
+        """Retract the requests with the least progress until the rest can decode this step. Candidates
+        are every resident request still needing KV (a chunked prefill holds pages too); the one with the
+        most progress is never retracted, so the batch always moves forward. Returns the decodes that
+        remain."""
+        ps = self.page_size
+        candidates = [r for r in self.running if r.prefilling or r.can_decode]
+        victims = sorted(candidates, key=lambda r: (len(r.output_ids), -len(r.prompt_ids)), reverse=True)
+        keep = dict.fromkeys(decoding)
+        need = sum(1 for r in decoding if r.kv_len % ps == 0)
+        while not self._make_room(need) and len(victims) > 1:
             victim = victims.pop()
-            decoding.remove(victim)
-            pages_needed -= 1 if victim.kv_len % self.page_size == 0 else 0
+            if victim in keep:
+                del keep[victim]
+                need -= victim.kv_len % ps == 0
             self.release(victim, keep=True)
             victim.retractions += 1
             self.retractions += 1
             self.waiting.appendleft(victim)
-            self.cache.evict(max(0, pages_needed - self.allocator.free_pages))
+            self._waiting_dirty = True
         total_new = sum(len(r.output_ids) for r in self.running) + RETRACT_DECODE_STEPS * len(self.running)
         total_max = sum(r.max_new_tokens for r in self.running) or 1
         self.new_token_ratio = min(1.0, total_new / total_max)
+        return list(keep)
 
     # ------------------------------------------------------------------ planning
 
@@ -149,31 +181,34 @@ class BatchPlanner:
         out_loc: list[int] = []
         sample: list[bool] = []
         budget = self.token_budget
+        ps = self.page_size
 
         # 1. decodes: one token each, fed back from the device
-        decoding = [r for r in self.running if r.can_decode and r.kv_len + 1 <= self.max_model_len]
+        limit = self.max_model_len
+        decoding = [r for r in self.running if r.can_decode and r.kv_len < limit][:budget]
         if decoding:
-            need = sum(1 for r in decoding if r.kv_len % self.page_size == 0)
-            if need > self.allocator.free_pages:
-                self.cache.evict(need - self.allocator.free_pages)
-            if need > self.allocator.free_pages:
-                self._retract_for(need, decoding)
+            need = sum(1 for r in decoding if r.kv_len % ps == 0) if ps > 1 else len(decoding)
+            if not self._make_room(need):
+                decoding = self._retract_for(decoding)
             self.new_token_ratio = max(self.min_new_token_ratio, self.new_token_ratio - self.ratio_decay)
-        for r in decoding[:budget]:
+        for r in decoding:
+            if r.kv_len % ps == 0 and not self._make_room(1):
+                continue  # cannot happen after _retract_for; never crash on it
             prefix_lens.append(r.kv_len)
             out_loc.extend(self._alloc_slots(r, 1))
             rows.append(r.row)
             reqs.append(r)
-            extend_lens.append(1)
-            use_last.append(True)
-            sample.append(True)
             r.planned_outputs += 1
-        budget -= len(reqs)
+        n_dec = len(rows)
+        extend_lens.extend([1] * n_dec)
+        use_last.extend([True] * n_dec)
+        sample.extend([True] * n_dec)
+        budget -= n_dec
 
         # 2. prefill chunks: resident requests still filling, then admissions from the queue
         has_prefill = False
-        if allow_prefill:
-            filling = [r for r in self.running if r.prefilling and not r.finished]
+        if allow_prefill and budget > 0:
+            filling = [r for r in self.running if r.prefilling]
             admitted = self._admit_waiting(budget - sum(r.fill_len - r.kv_len for r in filling))
             for r in admitted:
                 added.append(SeqStart(r.row, r.params, r.prompt_ids, list(r.slots), sorted(r.stop_ids)))
@@ -198,31 +233,41 @@ class BatchPlanner:
             return None
         for r in reqs:
             r.inflight += 1
-        plan = StepPlan(step, added, self.released_rows, rows, prefix_lens, extend_lens, use_last, input_ids,
-                        out_loc, sample)
+        plan = StepPlan(
+            step,
+            added,
+            self.released_rows,
+            rows,
+            prefix_lens,
+            extend_lens,
+            use_last,
+            input_ids,
+            out_loc,
+            sample,
+        )
         self.released_rows = []
         return PlannedStep(plan, reqs, has_prefill)
 
     def _admit_waiting(self, budget: int) -> list[Req]:
         """FCFS (or the configured policy) admission under the row, token and memory budgets."""
         admitted: list[Req] = []
-        if not self.waiting or budget <= 0:
+        if not self.waiting or budget <= 0 or not self.free_rows:
             return admitted
-        order_waiting(self.waiting, self.policy, self.cache)
+        if self._waiting_dirty or self.policy != "fcfs":
+            order_waiting(self.waiting, self.policy, self.cache)
+            self._waiting_dirty = False
+        ps = self.page_size
         available = self.allocator.free_pages + self.cache.evictable_pages - self._reserved_pages()
         while self.waiting and self.free_rows and budget > 0:
             req = self.waiting[0]
             if req.inflight:  # a retracted request whose last step has not come back yet
                 break
-            est = len(req.seq_ids) + min(req.max_new_tokens - len(req.output_ids), CLIP_MAX_NEW_TOKENS) * (
-                self.new_token_ratio
-            )
-            need = math.ceil(est / self.page_size) + 1
+            seq_len = len(req.seq_ids)
+            est = seq_len + min(req.remaining_tokens, CLIP_MAX_NEW_TOKENS) * self.new_token_ratio
+            need = math.ceil(est / ps) + 1
             if need > available and (self.running or admitted):
-                break
-            if math.ceil((len(req.seq_ids) + 1) / self.page_size) > self.allocator.free_pages + (
-                self.cache.evictable_pages
-            ):
+                break  # the head waits for memory; FCFS means nobody overtakes it
+            if -(-(seq_len + 1) // ps) > self.allocator.free_pages + self.cache.evictable_pages:
                 break  # not even the prompt fits now; wait for running requests to finish
             self.waiting.popleft()
             self._admit(req)

@@ -23,8 +23,12 @@ class OutputProcessor:
     def logprob_of(out: StepOutput, i: int, req: Req) -> TokenLogprobs | None:
         if req.params.logprobs is None or out.logprobs is None:
             return None
-        return TokenLogprobs(out.tokens[i], out.logprobs[i], out.top_ids[i] if out.top_ids else [],
-                             out.top_logprobs[i] if out.top_logprobs else [])
+        return TokenLogprobs(
+            out.tokens[i],
+            out.logprobs[i],
+            out.top_ids[i] if out.top_ids else [],
+            out.top_logprobs[i] if out.top_logprobs else [],
+        )
 
     def add(self, req: Req, tokens: list[int], finished: str | None, lp: TokenLogprobs | None = None) -> None:
         self.rids.append(req.rid)
@@ -38,7 +42,14 @@ class OutputProcessor:
     def take(self) -> TokenBatch | None:
         if not self.rids:
             return None
-        batch = TokenBatch(self.rids, self.tokens, self.finished, self.prompt_tokens, self.completion_tokens,
-                           self.cached_tokens, self.logprobs)
+        batch = TokenBatch(
+            self.rids,
+            self.tokens,
+            self.finished,
+            self.prompt_tokens,
+            self.completion_tokens,
+            self.cached_tokens,
+            self.logprobs,
+        )
         self._reset()
         return batch
