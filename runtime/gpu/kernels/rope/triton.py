@@ -1,0 +1,70 @@
+"""Rotary embedding on q and k in one Triton launch (rotate-half layout, as Llama uses).
+
+One program per token rotates all its q heads and k heads: the cos/sin row is read once. Out of
+place, like the reference; inputs may be strided views (the q/k slices of the fused qkv output)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from runtime.gpu.kernels.common import next_pow2
+
+
+@triton.jit
+def _rotate_heads(X, Out, t, stride_xt, stride_xh, stride_ot, stride_oh, n_heads, c1, c2, s1, s2,
+                  HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):  # fmt: skip
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_HALF)
+    mask = (offs_h < n_heads)[:, None] & (offs_d < HALF)[None, :]
+    x_ptrs = X + t * stride_xt + offs_h[:, None] * stride_xh + offs_d[None, :]
+    x1 = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_ptrs + HALF, mask=mask, other=0.0).to(tl.float32)
+    o1 = x1 * c1[None, :] - x2 * s1[None, :]
+    o2 = x2 * c2[None, :] + x1 * s2[None, :]
+    o_ptrs = Out + t * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :]
+    tl.store(o_ptrs, o1.to(Out.dtype.element_ty), mask=mask)
+    tl.store(o_ptrs + HALF, o2.to(Out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rope(
+    Pos, Q, K, Cos, Sin, QOut, KOut, n_q_heads, n_kv_heads,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_qot, stride_qoh, stride_kot, stride_koh, stride_c,
+    HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr,
+):  # fmt: skip
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(Pos + t).to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_HALF)
+    mask_d = offs_d < HALF
+    c1 = tl.load(Cos + pos * stride_c + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+    c2 = tl.load(Cos + pos * stride_c + HALF + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+    s1 = tl.load(Sin + pos * stride_c + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+    s2 = tl.load(Sin + pos * stride_c + HALF + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+    _rotate_heads(Q, QOut, t, stride_qt, stride_qh, stride_qot, stride_qoh, n_q_heads, c1, c2, s1, s2,
+                  HALF, BLOCK_HQ, BLOCK_HALF)  # fmt: skip
+    _rotate_heads(K, KOut, t, stride_kt, stride_kh, stride_kot, stride_koh, n_kv_heads, c1, c2, s1, s2,
+                  HALF, BLOCK_HKV, BLOCK_HALF)  # fmt: skip
+
+
+def rope(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as `reference.rope`: q [T, Hq, D], k [T, Hkv, D], float32 cos/sin [max_pos, D]."""
+    n_tokens, n_q_heads, head_dim = q.shape
+    n_kv_heads = k.shape[1]
+    assert head_dim % 2 == 0 and k.shape[2] == head_dim and q.stride(2) == 1 and k.stride(2) == 1
+    assert cos.stride(1) == 1 and sin.stride(1) == 1 and cos.stride(0) == sin.stride(0)
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    if n_tokens:
+        half = head_dim // 2
+        _rope[(n_tokens,)](
+            positions, q, k, cos, sin, q_out, k_out, n_q_heads, n_kv_heads,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+            q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1), cos.stride(0),
+            HALF=half, BLOCK_HQ=next_pow2(n_q_heads), BLOCK_HKV=next_pow2(n_kv_heads),
+            BLOCK_HALF=next_pow2(half), num_warps=4,
+        )  # fmt: skip
+    return q_out, k_out
