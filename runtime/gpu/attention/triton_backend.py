@@ -18,6 +18,7 @@ import torch
 from runtime.gpu.attention.base import AttentionBackend
 from runtime.gpu.forward_batch import ForwardBatch
 from runtime.gpu.kernels import registry
+from runtime.gpu.kernels.common import choose_num_splits
 
 
 @dataclass
@@ -30,14 +31,6 @@ class _Meta:
     seq_lens: torch.Tensor  # [B] prefix + extend
     max_extend: int
     num_splits: int
-
-
-def _num_splits(batch: int, num_kv_heads: int, max_len: int, device: torch.device) -> int:
-    if device.type != "cuda":
-        return 1
-    from runtime.gpu.kernels.decode_attention.triton import choose_num_splits
-
-    return choose_num_splits(batch, num_kv_heads, max_len, device)
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -61,7 +54,7 @@ class TritonAttentionBackend(AttentionBackend):
         rows, prefix_t, ext_t, starts_t, seq_t = host.to(device, non_blocking=True).unbind(0)
         decode = bool(ext) and all(e == 1 for e in ext)
         max_len = max(seq_lens, default=1)
-        splits = _num_splits(len(ext), self.num_kv_heads, max_len, device) if decode else 1
+        splits = choose_num_splits(len(ext), self.num_kv_heads, max_len, device) if decode else 1
         batch.attn_meta = _Meta(decode, rows, prefix_t, ext_t, starts_t, seq_t, max(ext, default=0), splits)
 
     def forward(

@@ -2,5 +2,12 @@
 
 from runtime.gpu.kernels.registry import always, register, triton_on_cuda
 
-register("decode_attention", "triton", "runtime.gpu.kernels.decode_attention.triton:decode_attention", triton_on_cuda)
-register("decode_attention", "reference", "runtime.gpu.kernels.decode_attention.reference:decode_attention", always)
+register(
+    "decode_attention",
+    "triton",
+    "runtime.gpu.kernels.decode_attention.triton:decode_attention",
+    triton_on_cuda,
+)
+register(
+    "decode_attention", "reference", "runtime.gpu.kernels.decode_attention.reference:decode_attention", always
+)

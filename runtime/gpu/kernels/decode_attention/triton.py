@@ -11,12 +11,10 @@ import torch
 import triton
 import triton.language as tl
 
-from runtime.gpu.kernels.common import LOG2E, dot_precision, next_pow2, num_sms
+from runtime.gpu.kernels.common import LOG2E, choose_num_splits, dot_precision, next_pow2
 from runtime.gpu.kernels.triton_utils import dot_f32, dot_operand
 
 BLOCK_N = 64  # KV tokens per inner step
-MIN_SPLIT_TOKENS = 256  # don't split a row into pieces shorter than this
-MAX_SPLITS = 64
 
 
 @triton.jit
@@ -48,7 +46,7 @@ def _stage1(
     q = dot_operand(tl.load(q_ptrs, mask=mask_h[:, None] & mask_d[None, :], other=0.0), DOT_F32)
 
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_H], tl.float32)
+    denom = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     slot_row = ReqToToken + row * stride_rt
     for s0 in range(start, end, BLOCK_N):
@@ -56,22 +54,28 @@ def _stage1(
         mask_n = pos < end
         slot = tl.load(slot_row + pos, mask=mask_n, other=0).to(tl.int64)
         kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(K + slot[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
-        qk = tl.dot(q, tl.trans(dot_operand(k, DOT_F32)), input_precision=DOT_PREC) * qk_scale  # [BLOCK_H, BLOCK_N], base 2
+        k = tl.load(
+            K + slot[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0
+        )
+        qk = (
+            tl.dot(q, tl.trans(dot_operand(k, DOT_F32)), input_precision=DOT_PREC) * qk_scale
+        )  # [BLOCK_H, BLOCK_N], base 2
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
         m_new = tl.maximum(m, tl.max(qk, 1))
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(qk - m_new[:, None])
-        l = l * alpha + tl.sum(p, 1)
-        v = tl.load(V + slot[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
+        denom = denom * alpha + tl.sum(p, 1)
+        v = tl.load(
+            V + slot[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0
+        )
         acc = acc * alpha[:, None] + tl.dot(
             dot_operand(p.to(v.dtype), DOT_F32), dot_operand(v, DOT_F32), input_precision=DOT_PREC
         )
         m = m_new
 
-    has = l > 0.0  # an empty split (short row) leaves l = 0: lse = -inf, ignored by stage 2
-    lse = tl.where(has, m + tl.log2(tl.where(has, l, 1.0)), float("-inf"))
-    o = acc / tl.where(has, l, 1.0)[:, None]
+    has = denom > 0.0  # an empty split (short row) leaves denom = 0: lse = -inf, ignored by stage 2
+    lse = tl.where(has, m + tl.log2(tl.where(has, denom, 1.0)), float("-inf"))
+    o = acc / tl.where(has, denom, 1.0)[:, None]
     mid = (b * num_q_heads + heads).to(tl.int64) * num_splits + split  # [BLOCK_H]
     tl.store(MidLse + mid, lse, mask=mask_h)
     tl.store(MidO + mid[:, None] * HEAD_DIM + offs_d[None, :], o, mask=mask_h[:, None] & mask_d[None, :])
@@ -92,18 +96,14 @@ def _stage2(
     lse = tl.load(MidLse + base, mask=mask_s, other=float("-inf"))
     w = tl.exp2(lse - tl.max(lse, 0))
     w = tl.where(mask_s & (lse > float("-inf")), w, 0.0)
-    o = tl.load(MidO + base[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_s[:, None] & mask_d[None, :], other=0.0)
+    o = tl.load(
+        MidO + base[:, None] * HEAD_DIM + offs_d[None, :], mask=mask_s[:, None] & mask_d[None, :], other=0.0
+    )
     total = tl.sum(w, 0)
     out = tl.sum(w[:, None] * o, 0) / tl.where(total > 0.0, total, 1.0)
-    tl.store(Out + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d, out.to(Out.dtype.element_ty), mask=mask_d)
-
-
-def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
-    """Enough (row, kv head, split) programs to fill the GPU twice over, without splits under
-    MIN_SPLIT_TOKENS; a power of two so few variants compile. Host-only: no device sync."""
-    want = triton.cdiv(2 * num_sms(device), max(1, batch * num_kv_heads))
-    cap = max(1, triton.cdiv(max_seq_len, MIN_SPLIT_TOKENS))
-    return min(next_pow2(max(1, min(want, cap))), MAX_SPLITS)
+    tl.store(
+        Out + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d, out.to(Out.dtype.element_ty), mask=mask_d
+    )
 
 
 def decode_attention(

@@ -2,5 +2,12 @@
 
 from runtime.gpu.kernels.registry import always, register, triton_on_cuda
 
-register("extend_attention", "triton", "runtime.gpu.kernels.extend_attention.triton:extend_attention", triton_on_cuda)
-register("extend_attention", "reference", "runtime.gpu.kernels.extend_attention.reference:extend_attention", always)
+register(
+    "extend_attention",
+    "triton",
+    "runtime.gpu.kernels.extend_attention.triton:extend_attention",
+    triton_on_cuda,
+)
+register(
+    "extend_attention", "reference", "runtime.gpu.kernels.extend_attention.reference:extend_attention", always
+)

@@ -43,7 +43,7 @@ def _extend(
         q = dot_operand(tl.load(q_ptrs, mask=mask_m[:, None] & mask_d[None, :], other=0.0), DOT_F32)
 
         m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l = tl.zeros([BLOCK_M], tl.float32)
+        denom = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         end = prefix + tl.minimum(ext, (mb + 1) * BLOCK_M)  # keys the block's last query sees
         slot_row = ReqToToken + row * stride_rt
@@ -52,22 +52,26 @@ def _extend(
             mask_n = pos < end
             slot = tl.load(slot_row + pos, mask=mask_n, other=0).to(tl.int64)
             kv_mask = mask_n[:, None] & mask_d[None, :]
-            k = tl.load(K + slot[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
+            k = tl.load(
+                K + slot[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0
+            )
             qk = tl.dot(q, tl.trans(dot_operand(k, DOT_F32)), input_precision=DOT_PREC) * qk_scale
             # every query sees key 0, so no row of the first block is all -inf (no NaN)
             qk = tl.where(mask_n[None, :] & (pos[None, :] <= q_pos[:, None]), qk, float("-inf"))
             m_new = tl.maximum(m, tl.max(qk, 1))
             alpha = tl.exp2(m - m_new)
             p = tl.exp2(qk - m_new[:, None])
-            l = l * alpha + tl.sum(p, 1)
-            v = tl.load(V + slot[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
+            denom = denom * alpha + tl.sum(p, 1)
+            v = tl.load(
+                V + slot[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0
+            )
             pv = tl.dot(
                 dot_operand(p.to(v.dtype), DOT_F32), dot_operand(v, DOT_F32), input_precision=DOT_PREC
             )
             acc = acc * alpha[:, None] + pv
             m = m_new
 
-        o = acc / l[:, None]
+        o = acc / denom[:, None]
         o_ptrs = Out + tok[:, None] * stride_ot + h * stride_oh + offs_d[None, :]
         tl.store(o_ptrs, o.to(Out.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
 
