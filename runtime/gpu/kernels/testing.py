@@ -1,0 +1,111 @@
+"""Random paged-attention inputs for the kernel tests and the benchmark.
+
+Slots are handed out a page at a time in shuffled order (so a row's slots are scattered over the pool
+for any page size), rows sit at shuffled indices of req_to_token, and every slot no row owns (slot 0
+included) holds NaN: a kernel that reads one poisons its output."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class PagedCase:
+    q: torch.Tensor  # [T, Hq, D], a strided view when q_strided
+    k_pool: torch.Tensor  # [num_slots, Hkv, D]
+    v_pool: torch.Tensor
+    req_to_token: torch.Tensor  # [max_rows, width] int64
+    rows: torch.Tensor  # [B]
+    prefix_lens: torch.Tensor  # [B]
+    extend_lens: torch.Tensor  # [B]
+    q_starts: torch.Tensor  # [B]
+    seq_lens: torch.Tensor  # [B] prefix + extend
+    max_extend: int
+    max_seq_len: int
+    scale: float
+
+    def decode_args(self) -> tuple:
+        return (self.q, self.k_pool, self.v_pool, self.req_to_token, self.rows, self.seq_lens, self.scale)
+
+    def extend_args(self) -> tuple:
+        return (
+            *(self.q, self.k_pool, self.v_pool, self.req_to_token, self.rows),
+            *(self.prefix_lens, self.extend_lens, self.q_starts, self.scale, self.max_extend),
+        )
+
+
+def paged_case(
+    prefix_lens: list[int],
+    extend_lens: list[int],
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    page_size: int = 1,
+    q_strided: bool = True,
+    seed: int = 0,
+) -> PagedCase:
+    rng = random.Random(seed)
+    dev = torch.device(device)
+    gen = torch.Generator(dev).manual_seed(seed)
+    seq = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
+    pages_per_row = [-(-n // page_size) for n in seq]
+    num_pages = sum(pages_per_row) + 2  # + page 0 (holds the padding slot) + one spare
+    pages = list(range(1, num_pages))
+    rng.shuffle(pages)
+    batch = len(seq)
+    rows = list(range(1, batch + 3))
+    rng.shuffle(rows)
+    rows = rows[:batch]
+    width = max(seq, default=1) + 7
+    r2t = torch.zeros(batch + 3, width, dtype=torch.int64)
+    for b, n in enumerate(seq):
+        mine = [pages.pop() for _ in range(pages_per_row[b])]
+        slots = torch.tensor([p * page_size + i for p in mine for i in range(page_size)][:n])
+        r2t[rows[b], :n] = slots
+    num_slots = num_pages * page_size
+    shape = (num_slots, num_kv_heads, head_dim)
+    k_pool = torch.full(shape, float("nan"), dtype=dtype, device=dev)
+    v_pool = torch.full(shape, float("nan"), dtype=dtype, device=dev)
+    used = (
+        torch.cat([r2t[rows[b], :n] for b, n in enumerate(seq)])
+        if batch
+        else torch.zeros(0, dtype=torch.int64)
+    )
+    k_pool[used] = torch.randn(len(used), num_kv_heads, head_dim, generator=gen).to(dtype)
+    v_pool[used] = torch.randn(len(used), num_kv_heads, head_dim, generator=gen).to(dtype)
+    tokens = sum(extend_lens)
+    if q_strided:  # the q slice of a fused qkv projection output
+        width_qkv = (num_q_heads + 2 * num_kv_heads) * head_dim
+        qkv = torch.randn(tokens, width_qkv, generator=gen, device=dev).to(dtype)
+        q = qkv[:, : num_q_heads * head_dim].view(tokens, num_q_heads, head_dim)
+    else:
+        q = torch.randn(tokens, num_q_heads, head_dim, generator=gen, device=dev).to(dtype)
+    starts = [sum(extend_lens[:b]) for b in range(batch)]
+    cols = torch.tensor([rows, prefix_lens, extend_lens, starts, seq], dtype=torch.int64).to(dev)
+    rows_t, prefix_t, ext_t, starts_t, seq_t = cols.unbind(0) if batch else [cols[i] for i in range(5)]
+    return PagedCase(
+        q, k_pool, v_pool, r2t.to(dev),
+        *(rows_t, prefix_t, ext_t, starts_t, seq_t),
+        max(extend_lens, default=0), max(seq, default=0), head_dim**-0.5,
+    )  # fmt: skip
+
+
+def close_ratio(actual: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float) -> float:
+    """max |a - e| / (atol + rtol |e|): <= 1 means within tolerance; NaN anywhere gives inf."""
+    a, e = actual.float(), expected.float()
+    if a.shape != e.shape:
+        raise AssertionError(f"shape {tuple(a.shape)} != {tuple(e.shape)}")
+    if not (torch.isfinite(a).all() and torch.isfinite(e).all()):
+        return float("inf")
+    if a.numel() == 0:
+        return 0.0
+    return ((a - e).abs() / (atol + rtol * e.abs())).max().item()
+
+
+# Tolerances of a kernel against its float32-accumulating reference, per input dtype.
+TOLERANCE = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
