@@ -1,0 +1,251 @@
+"""Every Triton kernel matches its PyTorch reference on small cases, run on the CPU by the Triton
+interpreter. TRITON_INTERPRET must be set before the kernels are defined and must not leak into other
+tests (GPU tests in the same session would be interpreted), so the cases run in one subprocess: this
+file run as a script prints {case: closeness ratio}; each test checks one case. Skipped without triton.
+
+The interpreter rounds float32 -> bfloat16 by truncation (the GPU rounds to nearest), so bfloat16 cases
+allow a few more ulps than on the device."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+CASES: dict = {}
+
+
+def case(fn):
+    CASES[fn.__name__] = fn
+    return fn
+
+
+def _tol(dtype: torch.dtype) -> tuple[float, float]:
+    return {torch.float32: (1e-4, 1e-4), torch.float16: (2e-3, 4e-3), torch.bfloat16: (3e-2, 3e-2)}[dtype]
+
+
+def _attention(kind: str, prefix: list[int], ext: list[int], hq: int, hkv: int, d: int, dtype, **kw) -> float:
+    from runtime.gpu.kernels.testing import close_ratio, paged_case
+
+    mod = importlib.import_module(f"runtime.gpu.kernels.{kind}_attention.triton")
+    ref = importlib.import_module(f"runtime.gpu.kernels.{kind}_attention.reference")
+    page = kw.pop("page_size", 1)
+    c = paged_case(prefix, ext, hq, hkv, d, dtype, "cpu", page_size=page, seed=len(CASES))
+    if kind == "decode":
+        got = mod.decode_attention(*c.decode_args(), **kw)
+        want = ref.decode_attention(*c.decode_args())
+    else:
+        got = mod.extend_attention(*c.extend_args())
+        want = ref.extend_attention(*c.extend_args())
+    return close_ratio(got, want, *_tol(dtype))
+
+
+@case
+def decode_gqa4_fp32_split4():
+    return _attention("decode", [36, 299, 0, 130], [1] * 4, 8, 2, 64, torch.float32, num_splits=4)
+
+
+@case
+def decode_gqa3_bf16_page16():
+    return _attention("decode", [200, 64, 1], [1] * 3, 9, 3, 64, torch.bfloat16, page_size=16, num_splits=2)
+
+
+@case
+def decode_mha_fp16_d128_auto_splits():
+    return _attention("decode", [77, 5], [1, 1], 4, 4, 128, torch.float16)
+
+
+@case
+def decode_gqa8_bf16_more_splits_than_tokens():
+    return _attention("decode", [2, 0], [1, 1], 8, 1, 64, torch.bfloat16, num_splits=8)
+
+
+@case
+def extend_mixed_fp32():
+    return _attention("extend", [0, 5, 70, 3], [9, 1, 40, 1], 4, 2, 64, torch.float32)
+
+
+@case
+def extend_mixed_bf16_page4():
+    return _attention("extend", [0, 130, 7], [70, 1, 3], 8, 2, 64, torch.bfloat16, page_size=4)
+
+
+@case
+def extend_prefix_fp16_d128():
+    return _attention("extend", [33], [65], 2, 2, 128, torch.float16)
+
+
+def _rms(dtype, residual: bool) -> float:
+    from runtime.gpu.kernels.rms_norm import reference, triton
+    from runtime.gpu.kernels.testing import close_ratio
+
+    g = torch.Generator().manual_seed(1)
+    x, r = (torch.randn(5, 300, generator=g).to(dtype) for _ in range(2))
+    w = torch.randn(300, generator=g).to(dtype)
+    got = triton.rms_norm(x, w, 1e-6, r if residual else None)
+    want = reference.rms_norm(x, w, 1e-6, r if residual else None)
+    if not residual:
+        return close_ratio(got, want, *_tol(dtype))
+    return max(close_ratio(a, b, *_tol(dtype)) for a, b in zip(got, want, strict=True))
+
+
+@case
+def rms_norm_fp32():
+    return _rms(torch.float32, False)
+
+
+@case
+def rms_norm_residual_bf16():
+    return _rms(torch.bfloat16, True)
+
+
+@case
+def rms_norm_residual_fp16():
+    return _rms(torch.float16, True)
+
+
+@case
+def silu_and_mul_strided_bf16():
+    from runtime.gpu.kernels.silu_and_mul import reference, triton
+    from runtime.gpu.kernels.testing import close_ratio
+
+    gu = torch.randn(7, 2 * 1500, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    g, u = gu.split(1500, -1)
+    return close_ratio(triton.silu_and_mul(g, u), reference.silu_and_mul(g, u), *_tol(torch.bfloat16))
+
+
+def _rope(dtype) -> float:
+    from runtime.gpu.kernels.rope import reference, triton
+    from runtime.gpu.kernels.testing import close_ratio
+
+    qkv = torch.randn(6, 15 * 64, generator=torch.Generator().manual_seed(3)).to(dtype)
+    q, k, _ = qkv.split([9 * 64, 3 * 64, 3 * 64], -1)
+    q, k = q.view(6, 9, 64), k.view(6, 3, 64)
+    pos = torch.tensor([0, 5, 1, 100, 7, 3])
+    inv = 1.0 / (10000 ** (torch.arange(0, 64, 2).float() / 64))
+    e = torch.outer(torch.arange(128).float(), inv)
+    e = torch.cat([e, e], -1)
+    got = triton.rope(pos, q, k, e.cos(), e.sin())
+    want = reference.rope(pos, q, k, e.cos(), e.sin())
+    return max(close_ratio(a, b, *_tol(dtype)) for a, b in zip(got, want, strict=True))
+
+
+@case
+def rope_strided_fp32():
+    return _rope(torch.float32)
+
+
+@case
+def rope_strided_bf16():
+    return _rope(torch.bfloat16)
+
+
+@case
+def triton_backend_matches_torch_backend_mixed_then_decode():
+    """The backend on a runner-shaped step: a mixed step (fresh prompt, prefixed extend, decode) and then
+    an all-decode step, against the PyTorch reference backend on the same cache."""
+    from runtime.gpu.attention.torch_ref import TorchAttentionBackend
+    from runtime.gpu.attention.triton_backend import TritonAttentionBackend
+    from runtime.gpu.forward_batch import ForwardBatch
+    from runtime.gpu.kernels.decode_attention.triton import decode_attention
+    from runtime.gpu.kernels.extend_attention.triton import extend_attention
+    from runtime.gpu.kernels.testing import close_ratio
+    from runtime.gpu.kv_cache import KVCache
+
+    hq, hkv, d, dtype = 6, 2, 64, torch.float32
+    g = torch.Generator().manual_seed(4)
+    cache = KVCache(1, 400, hkv, d, dtype, "cpu")
+    r2t = torch.zeros(5, 128, dtype=torch.int64)
+    free = (torch.randperm(399, generator=g) + 1).tolist()
+    lens = {1: 0, 2: 0, 3: 0}  # row -> tokens cached
+    # history for rows 2 and 3 written straight into the cache
+    for row, n in ((2, 40), (3, 17)):
+        slots = torch.tensor([free.pop() for _ in range(n)])
+        r2t[row, :n] = slots
+        cache.k[0][slots] = torch.randn(n, hkv, d, generator=g)
+        cache.v[0][slots] = torch.randn(n, hkv, d, generator=g)
+        lens[row] = n
+    ratios = []
+    for ext in ({1: 12, 2: 5, 3: 1}, {1: 1, 2: 1, 3: 1}):
+        rows = list(ext)
+        out_loc, positions = [], []
+        for row in rows:
+            for i in range(ext[row]):
+                slot = free.pop()
+                r2t[row, lens[row] + i] = slot
+                out_loc.append(slot)
+                positions.append(lens[row] + i)
+        t = len(out_loc)
+        q = torch.randn(t, hq, d, generator=g)
+        k, v = torch.randn(t, hkv, d, generator=g), torch.randn(t, hkv, d, generator=g)
+        outs = []
+        for backend in (
+            TorchAttentionBackend(hq, hkv, d, d**-0.5),
+            TritonAttentionBackend(hq, hkv, d, d**-0.5),
+        ):
+            if isinstance(backend, TritonAttentionBackend):
+                backend.decode_fn, backend.extend_fn = decode_attention, extend_attention
+            batch = ForwardBatch(
+                input_ids=torch.zeros(t, dtype=torch.int64),
+                positions=torch.tensor(positions),
+                out_loc=torch.tensor(out_loc),
+                rows=torch.tensor(rows),
+                rows_list=rows,
+                prefix_lens=[lens[r] for r in rows],
+                extend_lens=[ext[r] for r in rows],
+                req_to_token=r2t,
+                kv_cache=cache,
+                attn_backend=backend,
+            )
+            backend.prepare(batch)
+            outs.append(backend.forward(0, q, k, v, batch))
+        ratios.append(close_ratio(outs[1], outs[0], *_tol(dtype)))
+        for row in rows:
+            lens[row] += ext[row]
+    return max(ratios)
+
+
+# ------------------------------------------------------------------ the pytest side
+
+_HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+
+@pytest.fixture(scope="module")
+def results() -> dict:
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    root = Path(__file__).resolve().parents[3]
+    proc = subprocess.run(
+        [sys.executable, __file__], env=env, cwd=root, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not _HAS_TRITON, reason="triton is not installed")
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_triton_kernel_matches_reference_under_interpreter(results: dict, name: str) -> None:
+    got = results[name]
+    assert isinstance(got, float), got  # an error message from the subprocess
+    assert got <= 1.0, f"{name}: error {got:.3g}x the tolerance"
+
+
+def _run_all() -> dict:
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    torch.manual_seed(0)
+    out = {}
+    for name, fn in CASES.items():
+        try:
+            out[name] = float(fn())
+        except Exception as e:  # reported per case by the test
+            out[name] = f"{type(e).__name__}: {e}"
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps(_run_all()))
