@@ -1,0 +1,144 @@
+"""Every paged-attention implementation the registry knows matches the PyTorch reference on CUDA:
+batches 1..64, contexts 1..4096 (block-size non-multiples included), GQA 1/4/8, head_dim 64 and 128,
+shuffled slots at several page sizes, mixed extend + decode batches, and the backend on real steps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runtime.gpu.kernels import registry
+from runtime.gpu.kernels.testing import TOLERANCE, close_ratio, paged_case
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+
+def _impls(op: str) -> list[str]:
+    return [i.name for i in registry.implementations(op) if i.name != "reference"]
+
+
+def _fn(op: str, name: str):
+    impl = next(i for i in registry.implementations(op) if i.name == name)
+    if not impl.available(torch.device("cuda")):
+        pytest.skip(f"{op}/{name} not available here")
+    return impl.load()
+
+
+def _ref(op: str):
+    return next(i for i in registry.implementations(op) if i.name == "reference").load()
+
+
+def _lens(batch: int, max_ctx: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(1, max_ctx + 1, (batch,), generator=g).tolist()
+    lens[0] = max_ctx  # the longest context is always present
+    return lens
+
+
+DECODE_SHAPES = [  # batch, max context, q heads, kv heads, head_dim, page size
+    (1, 1, 32, 8, 128, 1),
+    (1, 4096, 32, 8, 128, 1),
+    (3, 1000, 32, 32, 128, 16),
+    (8, 1023, 32, 4, 64, 1),
+    (16, 777, 8, 1, 128, 64),
+    (32, 129, 9, 3, 64, 1),
+    (64, 2049, 32, 8, 128, 16),
+    (64, 4096, 16, 2, 64, 1),
+]
+
+
+@pytest.mark.parametrize("name", _impls("decode_attention"))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", DECODE_SHAPES, ids=lambda s: "b{}-ctx{}-h{}/{}-d{}-page{}".format(*s))
+def test_decode_attention_matches_reference(name: str, dtype: torch.dtype, shape: tuple) -> None:
+    batch, ctx, hq, hkv, d, page = shape
+    lens = _lens(batch, ctx, seed=batch + ctx)
+    c = paged_case([n - 1 for n in lens], [1] * batch, hq, hkv, d, dtype, "cuda", page_size=page)
+    want = _ref("decode_attention")(*c.decode_args())
+    got = _fn("decode_attention", name)(*c.decode_args())
+    assert close_ratio(got, want, *TOLERANCE[dtype]) <= 1.0
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 7, 64])
+def test_decode_attention_any_split_count_gives_the_same_answer(num_splits: int) -> None:
+    c = paged_case([0, 63, 64, 65, 3000], [1] * 5, 32, 8, 128, torch.bfloat16, "cuda")
+    want = _ref("decode_attention")(*c.decode_args())
+    got = _fn("decode_attention", "triton")(*c.decode_args(), num_splits=num_splits)
+    assert close_ratio(got, want, *TOLERANCE[torch.bfloat16]) <= 1.0
+
+
+EXTEND_SHAPES = [  # prefix lens, extend lens, q heads, kv heads, head_dim, page size
+    ([0], [1], 32, 8, 128, 1),
+    ([0], [4096], 32, 8, 128, 1),
+    ([1000], [333], 32, 32, 64, 16),
+    ([0, 17, 500, 4000, 1], [65, 1, 127, 1, 1], 32, 4, 128, 1),  # mixed extend + decode
+    ([i * 37 for i in range(64)], [1 + (i % 5 == 0) * 50 for i in range(64)], 16, 2, 64, 64),
+    ([100, 0, 2047], [1, 1, 1], 9, 3, 64, 1),  # all decode through the extend kernel
+]
+
+
+@pytest.mark.parametrize("name", _impls("extend_attention"))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(
+    "shape", EXTEND_SHAPES, ids=lambda s: "b{}-h{}/{}-d{}-page{}".format(len(s[0]), *s[2:])
+)
+def test_extend_attention_matches_reference(name: str, dtype: torch.dtype, shape: tuple) -> None:
+    prefix, ext, hq, hkv, d, page = shape
+    c = paged_case(prefix, ext, hq, hkv, d, dtype, "cuda", page_size=page)
+    want = _ref("extend_attention")(*c.extend_args())
+    got = _fn("extend_attention", name)(*c.extend_args())
+    assert close_ratio(got, want, *TOLERANCE[dtype]) <= 1.0
+
+
+def test_triton_backend_is_the_cuda_choice_and_matches_the_torch_backend() -> None:
+    """Prefill, a mixed step and decode steps through both backends on one cache give the same outputs."""
+    from runtime.gpu.attention.torch_ref import TorchAttentionBackend
+    from runtime.gpu.attention.triton_backend import TritonAttentionBackend
+    from runtime.gpu.forward_batch import ForwardBatch
+    from runtime.gpu.kv_cache import KVCache
+
+    assert registry.select("decode_attention", "cuda").name != "reference"
+    hq, hkv, d, dtype = 32, 8, 128, torch.bfloat16
+    g = torch.Generator("cuda").manual_seed(0)
+    cache = KVCache(1, 20000, hkv, d, dtype, "cuda")
+    r2t = torch.zeros(8, 4096, dtype=torch.int64, device="cuda")
+    free = (torch.randperm(19999) + 1).tolist()
+    lens = dict.fromkeys(range(1, 6), 0)
+    steps = [{1: 1000, 2: 37}, {1: 1, 2: 1, 3: 513, 4: 1}, {1: 1, 2: 1, 3: 1, 4: 1, 5: 2000}]
+    steps += [dict.fromkeys(range(1, 6), 1)] * 3
+    for ext in steps:
+        rows = list(ext)
+        out_loc, positions = [], []
+        for row in rows:
+            slots = [free.pop() for _ in range(ext[row])]
+            r2t[row, lens[row] : lens[row] + ext[row]] = torch.tensor(slots, device="cuda")
+            out_loc += slots
+            positions += range(lens[row], lens[row] + ext[row])
+        t = len(out_loc)
+        q = torch.randn(t, hq, d, generator=g, device="cuda").to(dtype)
+        k = torch.randn(t, hkv, d, generator=g, device="cuda").to(dtype)
+        v = torch.randn(t, hkv, d, generator=g, device="cuda").to(dtype)
+        outs = []
+        for backend in (
+            TorchAttentionBackend(hq, hkv, d, d**-0.5),
+            TritonAttentionBackend(hq, hkv, d, d**-0.5),
+        ):
+            batch = ForwardBatch(
+                input_ids=torch.zeros(t, dtype=torch.int64, device="cuda"),
+                positions=torch.tensor(positions, device="cuda"),
+                out_loc=torch.tensor(out_loc, device="cuda"),
+                rows=torch.tensor(rows, device="cuda"),
+                rows_list=rows,
+                prefix_lens=[lens[r] for r in rows],
+                extend_lens=[ext[r] for r in rows],
+                req_to_token=r2t,
+                kv_cache=cache,
+                attn_backend=backend,
+            )
+            backend.prepare(batch)
+            outs.append(backend.forward(0, q, k, v, batch))
+        assert close_ratio(outs[1], outs[0], *TOLERANCE[dtype]) <= 1.0, ext
+        for row in rows:
+            lens[row] += ext[row]

@@ -1,0 +1,90 @@
+"""Fused RMSNorm(+residual), SwiGLU activation and RoPE implementations match their references on CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runtime.gpu.kernels import registry
+from runtime.gpu.kernels.testing import close_ratio
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+# Elementwise kernels round like the reference; allow one ulp of the dtype for fma/exp differences.
+ULP = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-3, 1e-3), torch.bfloat16: (8e-3, 8e-3)}
+
+
+def _pair(op: str) -> list[tuple]:
+    impls = registry.implementations(op)
+    ref = next(i for i in impls if i.name == "reference")
+    return [(i, ref) for i in impls if i.name != "reference"]
+
+
+def _load(impl):
+    if not impl.available(torch.device("cuda")):
+        pytest.skip(f"{impl.op}/{impl.name} not available here")
+    return impl.load()
+
+
+@pytest.mark.parametrize("impls", _pair("rms_norm"), ids=lambda p: p[0].name)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("tokens,hidden", [(1, 576), (7, 4096), (333, 5120), (2048, 8192), (3, 100)])
+@pytest.mark.parametrize("residual", [False, True])
+def test_rms_norm_matches_reference(impls, dtype, tokens: int, hidden: int, residual: bool) -> None:
+    fn, ref = _load(impls[0]), impls[1].load()
+    g = torch.Generator("cuda").manual_seed(tokens)
+    x, r = (torch.randn(tokens, hidden, generator=g, device="cuda").to(dtype) for _ in range(2))
+    w = (1 + 0.1 * torch.randn(hidden, generator=g, device="cuda")).to(dtype)
+    got = fn(x, w, 1e-5, r if residual else None)
+    want = ref(x, w, 1e-5, r if residual else None)
+    if residual:
+        assert close_ratio(got[1], want[1], *ULP[dtype]) <= 1.0
+        got, want = got[0], want[0]
+    assert close_ratio(got, want, *ULP[dtype]) <= 1.0
+
+
+@pytest.mark.parametrize("impls", _pair("silu_and_mul"), ids=lambda p: p[0].name)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("tokens,inter", [(1, 1536), (64, 14336), (1000, 1000)])
+def test_silu_and_mul_matches_reference_on_merged_gate_up_slices(
+    impls, dtype, tokens: int, inter: int
+) -> None:
+    fn, ref = _load(impls[0]), impls[1].load()
+    gu = (3 * torch.randn(tokens, 2 * inter, device="cuda")).to(dtype)
+    gate, up = gu.split(inter, dim=-1)
+    assert close_ratio(fn(gate, up), ref(gate, up), *ULP[dtype]) <= 1.0
+
+
+@pytest.mark.parametrize("impls", _pair("rope"), ids=lambda p: p[0].name)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(
+    "tokens,hq,hkv,d", [(1, 32, 8, 128), (100, 9, 3, 64), (4096, 32, 8, 128), (5, 4, 4, 80)]
+)
+def test_rope_matches_reference_on_qkv_slices(impls, dtype, tokens: int, hq: int, hkv: int, d: int) -> None:
+    from transformers import LlamaConfig
+
+    from runtime.gpu.layers.rotary import RotaryEmbedding
+
+    fn, ref = _load(impls[0]), impls[1].load()
+    config = LlamaConfig(
+        rope_theta=500000.0,
+        rope_scaling=dict(
+            rope_type="llama3",
+            factor=8.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=8192,
+        ),
+    )
+    rot = RotaryEmbedding(config, d, 32768)
+    rot.build("cuda")
+    qkv = torch.randn(tokens, (hq + 2 * hkv) * d, device="cuda").to(dtype)
+    q, k, _ = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+    q, k = q.view(tokens, hq, d), k.view(tokens, hkv, d)
+    pos = torch.randint(0, 32768, (tokens,), device="cuda")
+    got, want = fn(pos, q, k, rot.cos, rot.sin), ref(pos, q, k, rot.cos, rot.sin)
+    module = rot(pos, q, k)  # the layer the op replaces
+    for a, b, m in zip(got, want, module, strict=True):
+        assert close_ratio(a, b, *ULP[dtype]) <= 1.0
+        assert torch.equal(b, m)
