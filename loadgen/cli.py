@@ -103,6 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser("steps", help="time engine steps (prefill, decode) without HTTP")
         steps_args(p)
         p.set_defaults(func=_steps)
+    from loadgen import sched_bench
+
+    p = sub.add_parser("sched", help="scheduler planning cost per step with a null model (CPU)")
+    sched_bench.add_args(p)
+    p.set_defaults(func=sched_bench.main)
     return parser
 
 

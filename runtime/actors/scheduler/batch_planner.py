@@ -181,24 +181,17 @@ class BatchPlanner:
         out_loc: list[int] = []
         sample: list[bool] = []
         budget = self.token_budget
-        ps = self.page_size
 
-        # 1. decodes: one token each, fed back from the device
+        # 1. decodes: one token each, fed back from the device; pages for them in one allocation
         limit = self.max_model_len
-        decoding = [r for r in self.running if r.can_decode and r.kv_len < limit][:budget]
+        decoding = [
+            r
+            for r in self.running
+            if r.fill_len <= len(r.slots) < limit and r.planned_outputs < r.max_new_tokens and not r.finished
+        ][:budget]
         if decoding:
-            need = sum(1 for r in decoding if r.kv_len % ps == 0) if ps > 1 else len(decoding)
-            if not self._make_room(need):
-                decoding = self._retract_for(decoding)
+            self._plan_decodes(decoding, rows, reqs, prefix_lens, out_loc)
             self.new_token_ratio = max(self.min_new_token_ratio, self.new_token_ratio - self.ratio_decay)
-        for r in decoding:
-            if r.kv_len % ps == 0 and not self._make_room(1):
-                continue  # cannot happen after _retract_for; never crash on it
-            prefix_lens.append(r.kv_len)
-            out_loc.extend(self._alloc_slots(r, 1))
-            rows.append(r.row)
-            reqs.append(r)
-            r.planned_outputs += 1
         n_dec = len(rows)
         extend_lens.extend([1] * n_dec)
         use_last.extend([True] * n_dec)
@@ -247,6 +240,36 @@ class BatchPlanner:
         )
         self.released_rows = []
         return PlannedStep(plan, reqs, has_prefill)
+
+    def _plan_decodes(
+        self,
+        decoding: list[Req],
+        rows: list[int],
+        reqs: list[Req],
+        prefix_lens: list[int],
+        out_loc: list[int],
+    ) -> None:
+        ps = self.page_size
+        fresh = decoding if ps == 1 else [r for r in decoding if len(r.slots) % ps == 0]  # need a new page
+        if not self._make_room(len(fresh)):
+            decoding = self._retract_for(decoding)
+            fresh = decoding if ps == 1 else [r for r in decoding if len(r.slots) % ps == 0]
+            if not self._make_room(len(fresh)):  # cannot happen after _retract_for; never crash on it
+                keep = set(fresh[: self.allocator.free_pages])
+                decoding = [r for r in decoding if r in keep or r not in fresh]
+                fresh = [r for r in fresh if r in keep]
+        for r, page in zip(fresh, self.allocator.alloc(len(fresh)), strict=True):
+            r.pages.append(page)
+        for r in decoding:
+            slots = r.slots
+            kv = len(slots)
+            slot = r.pages[-1] if ps == 1 else r.pages[-1] * ps + kv % ps
+            prefix_lens.append(kv)
+            slots.append(slot)
+            out_loc.append(slot)
+            rows.append(r.row)
+            r.planned_outputs += 1
+        reqs.extend(decoding)
 
     def _admit_waiting(self, budget: int) -> list[Req]:
         """FCFS (or the configured policy) admission under the row, token and memory budgets."""
