@@ -1,0 +1,177 @@
+"""Kernel benchmark: time, achieved bandwidth and FLOP rate of every op implementation at Llama-3.1-8B
+shapes, against ceilings measured in the same run (device-to-device copy bandwidth, bf16 matmul peak).
+
+    python -m runtime.gpu.kernels.bench                      # all ops, all non-reference impls
+    python -m runtime.gpu.kernels.bench --ops decode_attention --reference
+    CONDUIT_KERNEL_DECODE_ATTENTION=reference ...            # (the registry's forcing also applies)
+
+On CUDA, times are triton.testing.do_bench medians. `--device cpu` runs the references with wall-clock
+timing, a smoke test of this script only."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from runtime.gpu.kernels import registry
+from runtime.gpu.kernels.testing import paged_case
+
+# Llama-3.1-8B
+HQ, HKV, HEAD_DIM, HIDDEN, FFN = 32, 8, 128, 4096, 14336
+
+
+@dataclass
+class Work:
+    op: str
+    label: str
+    args: tuple
+    kwargs: dict
+    bytes: float  # minimum bytes moved
+    flops: float
+    tokens: int = 1  # new tokens (the reference is skipped on long prefills: its scores would not fit)
+
+
+def bench_ms(fn: Callable[[], object], device: torch.device, graph: bool = False) -> float:
+    """Median ms. `graph`: replay a CUDA graph of the call, so host launch overhead is excluded (as in
+    the engine's graph-captured decode); falls back to plain launches if the call cannot be captured."""
+    if device.type == "cuda":
+        import triton.testing
+
+        if graph:
+            try:
+                return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
+            except Exception:  # e.g. a host sync inside: not capturable
+                torch.cuda.synchronize()
+        return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+    fn()
+    n, t0 = 0, time.perf_counter()
+    while n < 3 or time.perf_counter() - t0 < 0.2:
+        fn()
+        n += 1
+    return (time.perf_counter() - t0) / n * 1e3
+
+
+def ceilings(device: torch.device, small: bool) -> tuple[float, float]:
+    """(copy bytes/s counting read + write, bf16 matmul FLOP/s)."""
+    n = (64 if small else 2048) << 20
+    src = torch.empty(n, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    copy_bw = 2 * n / (bench_ms(lambda: dst.copy_(src), device) * 1e-3)
+    m = 1024 if small else 8192
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    a, b = (torch.randn(m, m, device=device).to(dtype) for _ in range(2))
+    peak = 2 * m**3 / (bench_ms(lambda: a @ b, device) * 1e-3)
+    return copy_bw, peak
+
+
+def _attention_bytes(c, hq: int, tokens: int) -> float:
+    kv = c.k_pool.shape[1] * c.k_pool.shape[2] * c.k_pool.element_size() * 2  # per token, K and V
+    q_o = 2 * tokens * hq * c.q.shape[2] * c.q.element_size()
+    seq = int(c.seq_lens.sum())
+    return seq * (kv + 8) + q_o  # + the int64 slot index of each token
+
+
+def workloads(ops: list[str], device: torch.device, small: bool, page: int) -> Iterator[Work]:
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    scale = 16 if small else 1
+    if "decode_attention" in ops:
+        for batch in (1, 8, 32, 128, 256):
+            for ctx in (1024, 4096, 32768):
+                if batch * ctx > (1 << 20) or (small and batch * ctx > 8192):
+                    continue
+                c = paged_case([ctx - 1] * batch, [1] * batch, HQ, HKV, HEAD_DIM, dtype, device, page, False)
+                flops = 4 * batch * HQ * ctx * HEAD_DIM
+                yield Work(
+                    "decode_attention",
+                    f"B={batch} ctx={ctx}",
+                    c.decode_args(),
+                    {},
+                    _attention_bytes(c, HQ, batch),
+                    flops,
+                )
+                del c
+    if "extend_attention" in ops:
+        for prefix, ext in ((0, 1024), (0, 8192), (0, 32768), (4096, 4096)):
+            prefix, ext = prefix // scale, ext // scale
+            c = paged_case([prefix], [ext], HQ, HKV, HEAD_DIM, dtype, device, page, True)
+            flops = 4 * HQ * HEAD_DIM * (ext * prefix + ext * (ext + 1) / 2)
+            yield Work(
+                "extend_attention",
+                f"prefix={prefix} new={ext}",
+                c.extend_args(),
+                {},
+                _attention_bytes(c, HQ, ext),
+                flops,
+            )
+            del c
+    elem = torch.empty((), dtype=dtype).element_size()
+    for tokens in (1, 256, 8192 // scale):
+        x = torch.randn(tokens, HIDDEN, device=device).to(dtype)
+        if "rms_norm" in ops:
+            w = torch.ones(HIDDEN, device=device, dtype=dtype)
+            r = torch.randn_like(x)
+            yield Work(
+                "rms_norm", f"T={tokens} H={HIDDEN} +residual", (x, w, 1e-5, r), {}, 4 * x.numel() * elem, 0
+            )
+        if "silu_and_mul" in ops:
+            gu = torch.randn(tokens, 2 * FFN, device=device).to(dtype)
+            g, u = gu.split(FFN, dim=-1)
+            yield Work("silu_and_mul", f"T={tokens} I={FFN}", (g, u), {}, 3 * g.numel() * elem, 0)
+        if "rope" in ops:
+            qkv = torch.randn(tokens, (HQ + 2 * HKV) * HEAD_DIM, device=device).to(dtype)
+            q, k, _ = qkv.split([HQ * HEAD_DIM, HKV * HEAD_DIM, HKV * HEAD_DIM], dim=-1)
+            q, k = q.view(tokens, HQ, HEAD_DIM), k.view(tokens, HKV, HEAD_DIM)
+            table = torch.randn(32768, HEAD_DIM, device=device)
+            pos = torch.randint(0, 32768, (tokens,), device=device)
+            nbytes = 2 * tokens * (HQ + HKV) * HEAD_DIM * elem + 2 * tokens * HEAD_DIM * 4
+            yield Work("rope", f"T={tokens} heads={HQ}+{HKV}", (pos, q, k, table, table), {}, nbytes, 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--ops", nargs="*", default=None, help=f"subset of {registry.ops()}")
+    p.add_argument(
+        "--reference", action="store_true", help="also time the PyTorch references (slow; not over 8K tokens)"
+    )
+    p.add_argument("--page-size", type=int, default=16, help="slots are shuffled a page at a time")
+    p.add_argument("--small", action="store_true", help="small shapes (smoke test)")
+    p.add_argument("--no-graph", action="store_true", help="time plain launches, not CUDA graph replays")
+    a = p.parse_args(argv)
+    device = torch.device(a.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        sys.stderr.write("no CUDA device; use --device cpu --small for a smoke test\n")
+        return 2
+    small = a.small or device.type != "cuda"
+    ops = a.ops or registry.ops()
+    copy_bw, peak = ceilings(device, small)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"# {name}  torch {torch.__version__}")
+    print(f"# ceilings: copy {copy_bw / 1e9:.0f} GB/s (read+write), matmul {peak / 1e12:.1f} TFLOP/s")
+    print(
+        f"{'op':<18} {'impl':<10} {'shape':<26} {'us':>9} {'GB/s':>8} {'%copy':>6} {'TFLOP/s':>8} {'%mm':>5}"
+    )
+    for w in workloads(ops, device, small, a.page_size):
+        for impl in registry.implementations(w.op):
+            is_ref = impl.name == "reference"
+            if not impl.available(device) or (is_ref and not (a.reference and w.tokens <= 8192)):
+                continue
+            fn = impl.load()
+            graph = not (is_ref or a.no_graph)
+            ms = bench_ms(lambda fn=fn, w=w: fn(*w.args, **w.kwargs), device, graph)
+            bw, fl = w.bytes / (ms * 1e-3), w.flops / (ms * 1e-3)
+            print(
+                f"{w.op:<18} {impl.name:<10} {w.label:<26} {ms * 1e3:9.1f} {bw / 1e9:8.0f} "
+                f"{100 * bw / copy_bw:5.0f}% {fl / 1e12:8.2f} {100 * fl / peak:4.0f}%",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
