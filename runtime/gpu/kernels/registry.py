@@ -3,7 +3,8 @@
 An implementation is a name, a `module:function` target (imported only when chosen) and an
 `available(device)` check. Order is the preference: DeepSeek libraries (flash_mla, deep_gemm, deep_ep)
 when importable, then ours (TileLang, Triton), then the PyTorch reference, which is always available.
-`$CONDUIT_KERNEL_<OP>=<name>` (see `runtime.envs.forced_kernel`) forces one, for comparisons."""
+`$CONDUIT_KERNEL_<OP>=<name>` (see `runtime.envs.forced_kernel`) forces one, for comparisons; it is read
+at the op's first use (`clear_cache()` re-reads it)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,14 @@ def register(op: str, name: str, target: str, available: Callable[[torch.device]
     if any(i.name == name for i in impls):
         raise ValueError(f"{op}: implementation {name!r} registered twice")
     impls.append(Impl(op, name, target, available))
+    clear_cache()
+
+
+def clear_cache() -> None:
+    """Forget the choices made so far and re-read CONDUIT_KERNEL_* (after registering; in tests)."""
     _select_cached.cache_clear()
+    _get_cached.cache_clear()
+    _forced.cache_clear()
 
 
 # ------------------------------------------------------------------ availability checks
@@ -85,7 +93,8 @@ def implementations(op: str) -> list[Impl]:
 
 def select(op: str, device: torch.device | str) -> Impl:
     """The implementation `op` uses on `device`: the forced one, else the first available."""
-    return _select_cached(op, torch.device(device), envs.forced_kernel(op))
+    device = device if isinstance(device, torch.device) else torch.device(device)
+    return _select_cached(op, device, _forced(op))
 
 
 @cache
@@ -105,8 +114,20 @@ def _select_cached(op: str, device: torch.device, forced: str | None) -> Impl:
 
 
 def get(op: str, device: torch.device | str) -> Callable[..., Any]:
-    """The function to call for `op` on `device`."""
-    return select(op, device).load()
+    """The function to call for `op` on `device` (cheap enough to call per layer: a cached lookup)."""
+    device = device if isinstance(device, torch.device) else torch.device(device)
+    return _get_cached(op, device, _forced(op))
+
+
+@cache
+def _forced(op: str) -> str | None:
+    # read once per process (an environ lookup costs microseconds, and layers ask on every call)
+    return envs.forced_kernel(op)
+
+
+@cache
+def _get_cached(op: str, device: torch.device, forced: str | None) -> Callable[..., Any]:
+    return _select_cached(op, device, forced).load()
 
 
 def describe(device: torch.device | str) -> dict[str, str]:

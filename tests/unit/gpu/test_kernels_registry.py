@@ -25,22 +25,28 @@ def test_cpu_uses_the_references() -> None:
 
 def test_cuda_prefers_triton_when_it_is_installed(monkeypatch) -> None:
     monkeypatch.setattr(registry, "has_module", lambda name: name == "triton")
-    registry._select_cached.cache_clear()
+    registry.clear_cache()
     try:
         assert registry.select("decode_attention", "cuda").name == "triton"
     finally:
-        registry._select_cached.cache_clear()
+        registry.clear_cache()
 
 
 def test_forcing_an_implementation_by_environment(monkeypatch) -> None:
     monkeypatch.setenv("CONDUIT_KERNEL_RMS_NORM", "reference")
+    registry.clear_cache()
     assert registry.select("rms_norm", "cuda").name == "reference"
     monkeypatch.setenv("CONDUIT_KERNEL_RMS_NORM", "triton")
+    registry.clear_cache()
     with pytest.raises(RuntimeError, match="not available"):
         registry.select("rms_norm", "cpu")
     monkeypatch.setenv("CONDUIT_KERNEL_RMS_NORM", "nope")
+    registry.clear_cache()
     with pytest.raises(ValueError, match="choose from"):
         registry.select("rms_norm", "cpu")
+    monkeypatch.delenv("CONDUIT_KERNEL_RMS_NORM")
+    registry.clear_cache()
+    assert registry.select("rms_norm", "cpu").name == "reference"
 
 
 def test_get_returns_the_callable_of_the_chosen_implementation() -> None:
