@@ -1,0 +1,116 @@
+"""Multi-head latent attention (MLA, DeepSeek V2/V3) in plain PyTorch over the paged latent cache.
+
+Each token caches one row `[c (kv_lora_rank) | k_pe (qk_rope_head_dim)]` (`LatentKVCache`). Per head h,
+keys are `[W_UK[h] c | k_pe]` and values `W_UV[h] c`, with W_UK/W_UV the two halves of `kv_b_proj`.
+
+- Prefill rows: expanded form. The latents of the row are expanded to per-head K and V and attended
+  like ordinary multi-head attention (compute-bound, few keys per query).
+- Decode rows: absorbed form. `q_nope W_UK[h]` maps each query into the latent space, so every head
+  attends the same single-"head" latent rows (MQA, d_qk = r + d_rope, d_v = r), and `W_UV` is applied
+  to the attention output: the cache is read once per step, never expanded.
+
+Both give the same result (`tests/unit/gpu/test_deepseek_v3_mla.py`). Step metadata is the reference
+backend's (`TorchAttentionBackend.prepare`)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from runtime.gpu.attention.torch_ref import TorchAttentionBackend
+from runtime.gpu.forward_batch import ForwardBatch
+
+
+def mla_expanded(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    latent: torch.Tensor,
+    w_uk: torch.Tensor,
+    w_uv: torch.Tensor,
+    scale: float,
+    mask: torch.Tensor | None = None,
+    causal: bool = False,
+) -> torch.Tensor:
+    """q_nope [L, H, dn], q_pe [L, H, dr]; latent [S, r + dr]; w_uk [H, dn, r], w_uv [H, dv, r].
+    mask: [L, S] bool (True = attend) or None; `causal` when L == S and there is no mask. -> [L, H, dv]"""
+    r = w_uk.shape[-1]
+    c, k_pe = latent[:, :r], latent[:, r:]
+    k_nope = torch.einsum("sr,hdr->hsd", c, w_uk)
+    v = torch.einsum("sr,hvr->hsv", c, w_uv)
+    k = torch.cat([k_nope, k_pe.unsqueeze(0).expand(k_nope.shape[0], -1, -1)], dim=-1)
+    q = torch.cat([q_nope, q_pe], dim=-1).transpose(0, 1)
+    o = F.scaled_dot_product_attention(
+        q.unsqueeze(0),
+        k.unsqueeze(0),
+        v.unsqueeze(0),
+        attn_mask=mask,
+        is_causal=causal and mask is None,
+        scale=scale,
+    )
+    return o[0].transpose(0, 1)
+
+
+def mla_absorbed(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    latents: torch.Tensor,
+    w_uk: torch.Tensor,
+    w_uv: torch.Tensor,
+    scale: float,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One query per row. q_nope [B, H, dn], q_pe [B, H, dr]; latents [B, S, r + dr];
+    mask [B, 1, 1, S] bool or None. -> [B, H, dv]"""
+    r = w_uk.shape[-1]
+    q_lat = torch.einsum("bhd,hdr->bhr", q_nope, w_uk)
+    q = torch.cat([q_lat, q_pe], dim=-1).unsqueeze(2)  # [B, H, 1, r + dr]
+    k = latents.unsqueeze(1)  # [B, 1, S, r + dr]: one latent "head" shared by all query heads
+    o = F.scaled_dot_product_attention(q, k, k[..., :r], attn_mask=mask, scale=scale, enable_gqa=True)
+    return torch.einsum("bhr,hvr->bhv", o.squeeze(2), w_uv)
+
+
+class TorchMLABackend(TorchAttentionBackend):
+    """The reference MLA backend. Models call `forward_mla`; `forward` (separate K and V) does not apply.
+
+    Not captured in CUDA graphs: the PyTorch MoE forward reads expert counts on the host."""
+
+    supports_cuda_graph = False
+
+    def __init__(self, num_heads: int, kv_lora_rank: int, rope_dim: int, scale: float) -> None:
+        super().__init__(num_heads, 1, kv_lora_rank + rope_dim, scale)
+        self.kv_lora_rank = kv_lora_rank
+
+    def forward(self, layer, q, k, v, batch):  # noqa: ANN001 - the MHA entry point
+        raise NotImplementedError("MLA layers call forward_mla")
+
+    def forward_mla(
+        self,
+        layer: int,
+        q_nope: torch.Tensor,
+        q_pe: torch.Tensor,
+        latent: torch.Tensor,
+        w_uk: torch.Tensor,
+        w_uv: torch.Tensor,
+        batch: ForwardBatch,
+    ) -> torch.Tensor:
+        """q_nope [T, H, dn], q_pe [T, H, dr]; latent [T, 1, r + dr] of the new tokens (stored here);
+        w_uk [H, dn, r], w_uv [H, dv, r]. Returns [T, H, dv]."""
+        cache, meta = batch.kv_cache, batch.attn_meta
+        cache.store(layer, batch.out_loc, latent)
+        pool = cache.kv[layer][:, 0]  # [slots, r + dr]
+        out = q_nope.new_empty(*q_nope.shape[:2], w_uv.shape[1])
+        if meta.decode_tokens is not None:
+            qn = q_nope if meta.decode_all else q_nope[meta.decode_tokens]
+            qp = q_pe if meta.decode_all else q_pe[meta.decode_tokens]
+            lat = pool.index_select(0, meta.decode_slots).view(*meta.decode_shape, pool.shape[-1])
+            o = mla_absorbed(qn, qp, lat, w_uk, w_uv, self.scale, meta.decode_mask)
+            if meta.decode_all:
+                return o
+            out[meta.decode_tokens] = o
+        for p in meta.prefills:
+            end = p.start + p.length
+            lat = latent[p.start : end, 0] if p.slots is None else pool.index_select(0, p.slots)
+            out[p.start : end] = mla_expanded(
+                q_nope[p.start : end], q_pe[p.start : end], lat, w_uk, w_uv, self.scale, p.mask, causal=True
+            )
+        return out

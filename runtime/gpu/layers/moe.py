@@ -1,0 +1,99 @@
+"""DeepSeekMoE: a router picking top-k routed experts per token, and the routed experts themselves.
+
+The experts' weights are stacked ([E, 2I, D] gate|up and [E, D, I] down) so grouped kernels can take
+them as they are; the PyTorch forward sorts the (token, expert) pairs by expert and runs one matmul
+pair per expert over its contiguous segment (no Python loop over tokens)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class TopkRouter(nn.Module):
+    """Scores (sigmoid, or softmax for V2), group-limited top-k on scores + correction bias, weights
+    from the plain scores, optionally normalised, times `routed_scaling_factor`.
+
+    Kept in float32 whatever the model dtype (like the reference's `_keep_in_fp32_modules_strict`):
+    selection is decided by small differences of the correction bias."""
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.num_experts = config.n_routed_experts
+        self.top_k = config.num_experts_per_tok
+        self.num_groups = getattr(config, "n_group", None) or 1
+        self.topk_group = getattr(config, "topk_group", None) or self.num_groups
+        self.scaling = getattr(config, "routed_scaling_factor", 1.0)
+        self.scoring = getattr(config, "scoring_func", "sigmoid")
+        self.weight = nn.Parameter(torch.zeros(self.num_experts, config.hidden_size, dtype=torch.float32))
+        # V2 routers have no correction bias (`topk_method` "greedy" / "group_limited_greedy").
+        self.has_bias = getattr(config, "topk_method", "noaux_tc") == "noaux_tc"
+        if self.has_bias:
+            self.e_score_correction_bias = nn.Parameter(torch.zeros(self.num_experts, dtype=torch.float32))
+        self.norm_topk_prob = bool(getattr(config, "norm_topk_prob", self.has_bias))
+
+    def _apply(self, fn, recurse=True):
+        # `.to(bfloat16)` on the model must not demote the router; moves and `to_empty` still apply.
+        return super()._apply(lambda t: fn(t).float() if t.is_floating_point() else fn(t), recurse)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: [T, D] -> (weights [T, k] float32, expert ids [T, k])."""
+        logits = F.linear(x.float(), self.weight)
+        scores = logits.sigmoid() if self.scoring == "sigmoid" else logits.softmax(-1)
+        choice = scores + self.e_score_correction_bias if self.has_bias else scores
+        if self.num_groups > 1:
+            grouped = choice.view(-1, self.num_groups, self.num_experts // self.num_groups)
+            if self.has_bias:
+                group_scores = grouped.topk(2, dim=-1)[0].sum(-1)
+            else:
+                group_scores = grouped.amax(-1)
+            group_idx = group_scores.topk(self.topk_group, dim=-1, sorted=False)[1]
+            keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, group_idx, True)
+            choice = grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).view_as(choice)
+        ids = choice.topk(self.top_k, dim=-1, sorted=False)[1]
+        weights = scores.gather(1, ids)
+        if self.norm_topk_prob and self.top_k > 1:
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        return weights * self.scaling, ids
+
+
+class RoutedExperts(nn.Module):
+    """E SwiGLU experts with stacked weights; checkpoint tensors `experts.{e}.{gate,up,down}_proj.weight`
+    land in slices of them (see `checkpoint_slice`)."""
+
+    def __init__(self, num_experts: int, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.num_experts, self.intermediate = num_experts, intermediate
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
+
+    PARTS = ("gate_proj", "up_proj", "down_proj")
+
+    def checkpoint_slice(self, expert: int, part: str) -> tuple[str, torch.Tensor]:
+        """(our parameter leaf, the view of it that `experts.{expert}.{part}.weight` fills)."""
+        i = self.intermediate
+        if part == "down_proj":
+            return "down_proj", self.down_proj.data[expert]
+        off = 0 if part == "gate_proj" else i
+        return "gate_up_proj", self.gate_up_proj.data[expert, off : off + i]
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """x: [T, D]; weights, ids: [T, k]. Returns sum_k weights[t, k] * expert_{ids[t, k]}(x[t])."""
+        num_tokens, k = ids.shape
+        flat = ids.reshape(-1)
+        order = flat.argsort(stable=True)
+        token_of = order // k
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()  # one host sync per layer
+        xs = x.index_select(0, token_of)
+        out = torch.empty_like(xs)
+        start = 0
+        for e, n in enumerate(counts):
+            if n == 0:
+                continue
+            seg = xs[start : start + n]
+            gate, up = F.linear(seg, self.gate_up_proj[e]).chunk(2, dim=-1)
+            out[start : start + n] = F.linear(F.silu(gate) * up, self.down_proj[e])
+            start += n
+        out = out * weights.reshape(-1)[order].unsqueeze(-1).to(out.dtype)
+        return torch.zeros_like(x).index_add_(0, token_of, out)

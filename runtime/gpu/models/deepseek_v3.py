@@ -1,0 +1,314 @@
+"""DeepSeek-V3 / R1: multi-head latent attention (MLA), DeepSeekMoE, multi-token-prediction (MTP) layers.
+
+Exact against transformers' `deepseek_v3` (tests/unit/gpu/test_deepseek_v3_parity.py). A layer is
+`x + MLA(norm(x))`, then `x + FFN(norm(x))` where the FFN is a dense SwiGLU for the first
+`first_k_dense_replace` layers and DeepSeekMoE after. How MLA attends over the paged latent cache
+(expanded for prefill, absorbed for decode) lives in the attention backend (`attention/mla_ref.py`).
+
+MTP layers are `model.layers.{num_hidden_layers + i}` in checkpoints; they are loaded when present and
+run through `mtp_forward`, but decoding does not use them yet."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator
+
+import structlog
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from runtime.gpu import loader
+from runtime.gpu.attention.mla_ref import TorchMLABackend
+from runtime.gpu.forward_batch import ForwardBatch
+from runtime.gpu.kv_cache import LatentKVCache
+from runtime.gpu.layers import MergedLinear, RMSNorm, RotaryEmbedding
+from runtime.gpu.layers.moe import RoutedExperts, TopkRouter
+from runtime.gpu.layers.rotary import rope_parameters
+from runtime.gpu.quant import fp8
+
+log = structlog.get_logger(__name__)
+
+_EXPERT_TENSOR = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+
+
+def softmax_scale(config) -> float:
+    """1/sqrt(d_qk), times mscale(factor, mscale_all_dim)^2 under YaRN (as transformers and DeepSeek do)."""
+    scale = (config.qk_nope_head_dim + config.qk_rope_head_dim) ** -0.5
+    p = rope_parameters(config)
+    if p["rope_type"] != "default" and p.get("mscale_all_dim"):
+        factor = p["factor"]
+        mscale = 0.1 * p["mscale_all_dim"] * math.log(factor) + 1.0 if factor > 1 else 1.0
+        scale *= mscale * mscale
+    return scale
+
+
+def _deinterleave(x: torch.Tensor) -> torch.Tensor:
+    """Pairs (x0, x1), (x2, x3)... -> [x0, x2, ... | x1, x3, ...]: interleaved RoPE becomes rotate-half.
+    q and k get the same permutation, so their dot products (all attention sees) are unchanged."""
+    return torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)
+
+
+class DeepseekV3Attention(nn.Module):
+    """MLA: q from a low-rank (or direct) projection; one latent c and one roped key k_pe per token."""
+
+    def __init__(self, config, layer_id: int, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads = config.num_attention_heads
+        self.nope_dim, self.rope_dim = config.qk_nope_head_dim, config.qk_rope_head_dim
+        self.v_dim, self.kv_lora_rank = config.v_head_dim, config.kv_lora_rank
+        self.interleave = getattr(config, "rope_interleave", True)
+        hidden, qk_dim = config.hidden_size, self.nope_dim + self.rope_dim
+        bias = getattr(config, "attention_bias", False)
+        self.q_lora_rank = config.q_lora_rank
+        if self.q_lora_rank is None:
+            self.q_proj = nn.Linear(hidden, self.num_heads * qk_dim, bias=False)
+        else:
+            self.q_a_proj = nn.Linear(hidden, self.q_lora_rank, bias=bias)
+            self.q_a_layernorm = RMSNorm(self.q_lora_rank)  # eps 1e-6 in the reference, not rms_norm_eps
+            self.q_b_proj = nn.Linear(self.q_lora_rank, self.num_heads * qk_dim, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(hidden, self.kv_lora_rank + self.rope_dim, bias=bias)
+        self.kv_a_layernorm = RMSNorm(self.kv_lora_rank)
+        self.kv_b_proj = nn.Linear(
+            self.kv_lora_rank, self.num_heads * (self.nope_dim + self.v_dim), bias=False
+        )
+        self.o_proj = nn.Linear(self.num_heads * self.v_dim, hidden, bias=bias)
+        self.rotary = rotary
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        q = (
+            self.q_proj(x)
+            if self.q_lora_rank is None
+            else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        )
+        q_nope, q_pe = q.view(-1, self.num_heads, self.nope_dim + self.rope_dim).split(
+            [self.nope_dim, self.rope_dim], dim=-1
+        )
+        c, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
+        c, k_pe = self.kv_a_layernorm(c), k_pe.unsqueeze(1)
+        if self.interleave:
+            q_pe, k_pe = _deinterleave(q_pe), _deinterleave(k_pe)
+        q_pe, k_pe = self.rotary(positions, q_pe, k_pe)
+        latent = torch.cat([c.unsqueeze(1), k_pe], dim=-1)  # [T, 1, r + dr]: what the cache holds
+        w_uk, w_uv = self.up_projections()
+        o = batch.attn_backend.forward_mla(self.layer_id, q_nope, q_pe, latent, w_uk, w_uv, batch)
+        return self.o_proj(o.reshape(-1, self.num_heads * self.v_dim))
+
+    def up_projections(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """W_UK [H, dn, r] and W_UV [H, dv, r]: views of kv_b_proj (latent -> per-head k_nope | v)."""
+        w = self.kv_b_proj.weight.view(self.num_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
+        return w[:, : self.nope_dim], w[:, self.nope_dim :]
+
+
+class DeepseekV3MLP(nn.Module):
+    """SwiGLU: the dense FFN of the first layers, and the shared experts."""
+
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_up_proj = MergedLinear(hidden, [intermediate, intermediate], ["gate_proj", "up_proj"])
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DeepseekV3MoE(nn.Module):
+    """Routed experts (top-k of n_routed_experts, weighted) plus always-on shared experts."""
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        inter = config.moe_intermediate_size
+        self.gate = TopkRouter(config)
+        self.experts = RoutedExperts(config.n_routed_experts, config.hidden_size, inter)
+        n_shared = getattr(config, "n_shared_experts", 0) or 0
+        self.shared_experts = DeepseekV3MLP(config.hidden_size, inter * n_shared) if n_shared else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.gate(x)
+        out = self.experts(x, weights, ids)
+        return out if self.shared_experts is None else out + self.shared_experts(x)
+
+
+class DeepseekV3DecoderLayer(nn.Module):
+    def __init__(self, config, layer_id: int, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = DeepseekV3Attention(config, layer_id, rotary)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        dense = layer_id < (getattr(config, "first_k_dense_replace", 0) or 0)
+        self.mlp = (
+            DeepseekV3MLP(config.hidden_size, config.intermediate_size) if dense else DeepseekV3MoE(config)
+        )
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, batch)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class SharedHead(nn.Module):
+    """The MTP layer's final norm; its `head` is the main model's lm_head (not stored twice)."""
+
+    def __init__(self, hidden: int, eps: float) -> None:
+        super().__init__()
+        self.norm = RMSNorm(hidden, eps)
+
+
+class DeepseekV3MTPLayer(DeepseekV3DecoderLayer):
+    """Predicts token t+2 from token t+1's embedding and the main model's hidden state at t:
+    `h = layer(eh_proj([enorm(embed(t+1)) ; hnorm(h_t)]))`, logits = lm_head(shared_head.norm(h))."""
+
+    def __init__(self, config, layer_id: int, rotary: RotaryEmbedding) -> None:
+        super().__init__(config, layer_id, rotary)
+        d, eps = config.hidden_size, config.rms_norm_eps
+        self.enorm, self.hnorm = RMSNorm(d, eps), RMSNorm(d, eps)
+        self.eh_proj = nn.Linear(2 * d, d, bias=False)
+        self.shared_head = SharedHead(d, eps)
+
+    def predict(
+        self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
+    ) -> torch.Tensor:
+        x = self.eh_proj(torch.cat([self.enorm(embeds), self.hnorm(hidden)], dim=-1))
+        return self.shared_head.norm(super().forward(x, positions, batch))
+
+
+class DeepseekV3Model(nn.Module):
+    def __init__(self, config, max_positions: int) -> None:
+        super().__init__()
+        self.num_layers = config.num_hidden_layers
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        rotary = RotaryEmbedding(config, config.qk_rope_head_dim, max_positions)
+        n_mtp = getattr(config, "num_nextn_predict_layers", 0) or 0
+        layers = [DeepseekV3DecoderLayer(config, i, rotary) for i in range(self.num_layers)]
+        layers += [DeepseekV3MTPLayer(config, self.num_layers + i, rotary) for i in range(n_mtp)]
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers[: self.num_layers]:
+            x = layer(x, positions, batch)
+        return self.norm(x)
+
+
+class DeepseekV3ForCausalLM(nn.Module):
+    def __init__(self, config, max_positions: int | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.model = DeepseekV3Model(config, max_positions or config.max_position_embeddings)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        if getattr(self.config, "tie_word_embeddings", False):
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    num_kv_heads = 1  # one latent "head" per token
+
+    @property
+    def mtp_layers(self) -> list[DeepseekV3MTPLayer]:
+        return list(self.model.layers[self.model.num_layers :])
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """Final hidden states of every token, [T, hidden]."""
+        return self.model(input_ids, positions, batch)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+    def mtp_forward(
+        self,
+        k: int,
+        next_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        batch: ForwardBatch,
+    ) -> torch.Tensor:
+        """MTP layer k on the hidden states `hidden` [T, D] (pre-norm output of the previous stage) and
+        the next tokens `next_ids` [T]; returns its normed hidden states (logits: `compute_logits`)."""
+        return self.mtp_layers[k].predict(self.model.embed_tokens(next_ids), hidden, positions, batch)
+
+    # ------------------------------------------------------------------ serving hooks (ModelRunner)
+
+    def make_kv_cache(self, num_slots: int, dtype: torch.dtype, device: torch.device | str) -> LatentKVCache:
+        latent = self.config.kv_lora_rank + self.config.qk_rope_head_dim
+        return LatentKVCache(len(self.model.layers), num_slots, latent, dtype, device)
+
+    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
+        latent = self.config.kv_lora_rank + self.config.qk_rope_head_dim
+        return LatentKVCache.bytes_per_token(len(self.model.layers), latent, dtype)
+
+    def make_attention_backend(self, name: str) -> TorchMLABackend:
+        if name not in ("torch", "auto"):
+            log.info("no MLA kernel backend yet; using the PyTorch reference", requested=name)
+        c = self.config
+        return TorchMLABackend(c.num_attention_heads, c.kv_lora_rank, c.qk_rope_head_dim, softmax_scale(c))
+
+    def load_weights(self, tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
+        block = fp8.block_size(self.config)
+        _load(self, fp8.dequantize_stream(tensors, block) if block else tensors)
+
+
+def _load(model: DeepseekV3ForCausalLM, tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
+    """Checkpoint tensors by Hugging Face name into `model`. Expert tensors land in slices of the stacked
+    expert weights; MTP layers' copies of the embedding and head are skipped (shared with the main
+    model); MTP layers absent from the checkpoint are dropped. Anything else missing is an error."""
+    params = dict(model.named_parameters())
+    pending = {key for name in params for key in _keys_of(model, name)}
+    first_mtp = model.model.num_layers
+    mtp_keys = {k for k in pending if _layer_of(k[0]) >= first_mtp}
+    unknown = []
+    for name, tensor in tensors:
+        if name.endswith(("rotary_emb.inv_freq", ".embed_tokens.weight", ".shared_head.head.weight")) and (
+            _layer_of(name) >= first_mtp or name.endswith("inv_freq")
+        ):
+            continue
+        m = _EXPERT_TENSOR.match(name)
+        if m:
+            try:
+                experts = model.get_submodule(m[1])
+            except AttributeError:
+                unknown.append(name)
+                continue
+            leaf, dst = experts.checkpoint_slice(int(m[2]), m[3])
+            key = (f"{m[1]}.{leaf}", (int(m[2]), m[3]))
+        else:
+            target, shard = loader._target(model, name)
+            if target not in params:
+                unknown.append(name)
+                continue
+            dst, key = params[target].data, (target, shard)
+            if shard is not None:
+                off, size = model.get_submodule(target.rpartition(".")[0]).shard_offset(shard)
+                dst = dst.narrow(0, off, size)
+        if dst.shape != tensor.shape:
+            raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(dst.shape)}")
+        dst.copy_(tensor)
+        pending.discard(key)
+    if unknown:
+        log.warning("checkpoint tensors not used by the model", names=unknown[:20], count=len(unknown))
+    if mtp_keys and mtp_keys <= pending:
+        log.info("checkpoint has no MTP layers; dropping them", count=len(model.mtp_layers))
+        del model.model.layers[first_mtp:]
+        pending -= mtp_keys
+    if pending:
+        missing = sorted(f"{n}[{s}]" if s else n for n, s in pending)
+        raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:10]}")
+
+
+def _keys_of(model: nn.Module, param_name: str) -> list[tuple[str, object]]:
+    """What must be loaded for one parameter: whole, per merged shard, or per (expert, part)."""
+    module = model.get_submodule(param_name.rpartition(".")[0])
+    if isinstance(module, RoutedExperts):
+        parts = ("down_proj",) if param_name.endswith("down_proj") else ("gate_proj", "up_proj")
+        return [(param_name, (e, p)) for e in range(module.num_experts) for p in parts]
+    if isinstance(module, MergedLinear):
+        return [(param_name, s) for s in module.shard_names]
+    return [(param_name, None)]
+
+
+def _layer_of(name: str) -> int:
+    m = re.match(r"model\.layers\.(\d+)\.", name)
+    return int(m[1]) if m else -1

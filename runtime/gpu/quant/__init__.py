@@ -1,0 +1,1 @@
+"""Quantized weight formats read from checkpoints (FP8 block scales)."""
