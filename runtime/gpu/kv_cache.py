@@ -27,3 +27,22 @@ class KVCache:
     def store(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         self.k[layer][loc] = k
         self.v[layer][loc] = v
+
+
+class LatentKVCache:
+    """The MLA pool (DeepSeek V2/V3): per layer and token slot one "head" of `kv_lora_rank` latent
+    values followed by the `qk_rope_head_dim` roped shared key, the layout FlashMLA-style kernels read
+    (576 values per token at full size). Keys are the whole row, values its first `kv_lora_rank`."""
+
+    def __init__(
+        self, num_layers: int, num_slots: int, latent_dim: int, dtype: torch.dtype, device: torch.device | str
+    ) -> None:
+        self.kv = [torch.zeros((num_slots, 1, latent_dim), dtype=dtype, device=device) for _ in range(num_layers)]
+        self.num_slots = num_slots
+
+    @staticmethod
+    def bytes_per_token(num_layers: int, latent_dim: int, dtype: torch.dtype) -> int:
+        return num_layers * latent_dim * torch.empty((), dtype=dtype).element_size()
+
+    def store(self, layer: int, loc: torch.Tensor, latent: torch.Tensor) -> None:
+        self.kv[layer][loc] = latent

@@ -76,12 +76,16 @@ class ModelRunner:
         self.eos_token_ids: list[int] = _eos_ids(path, self.config)
         self.model = self._load_model(path)
 
-        n_layers, hd = self.config.num_hidden_layers, head_dim_of(self.config)
-        n_kv = self.model.num_kv_heads
-        self.kv_cache = KVCache(n_layers, cfg.num_kv_slots, n_kv, hd, self.dtype, self.device)
-        self.attn_backend = get_attention_backend(cfg.attention_backend)(
-            self.config.num_attention_heads, n_kv, hd, scale=hd**-0.5
-        )
+        if hasattr(self.model, "make_kv_cache"):  # models with their own KV layout (MLA's latent cache)
+            self.kv_cache = self.model.make_kv_cache(cfg.num_kv_slots, self.dtype, self.device)
+            self.attn_backend = self.model.make_attention_backend(cfg.attention_backend)
+        else:
+            n_layers, hd = self.config.num_hidden_layers, head_dim_of(self.config)
+            n_kv = self.model.num_kv_heads
+            self.kv_cache = KVCache(n_layers, cfg.num_kv_slots, n_kv, hd, self.dtype, self.device)
+            self.attn_backend = get_attention_backend(cfg.attention_backend)(
+                self.config.num_attention_heads, n_kv, hd, scale=hd**-0.5
+            )
         rows = cfg.max_reqs + 1
         self.req_to_token = torch.zeros(rows, cfg.max_model_len, dtype=torch.int64, device=self.device)
         self.last_token = torch.zeros(rows, dtype=torch.int64, device=self.device)
@@ -99,12 +103,18 @@ class ModelRunner:
         if self.cfg.load_format == "dummy":
             loader.init_dummy_weights(model, self.cfg.seed)
         elif self.cfg.load_format == "auto":
-            loader.load_weights(model, loader.iter_tensors(loader.safetensors_files(path)))
+            tensors = loader.iter_tensors(loader.safetensors_files(path))
+            if hasattr(model, "load_weights"):  # models with their own name mapping / quantized formats
+                model.load_weights(tensors)
+            else:
+                loader.load_weights(model, tensors)
         else:
             raise ValueError(f"unknown load_format {self.cfg.load_format!r} (auto | dummy)")
         return model.eval().requires_grad_(False)
 
     def kv_bytes_per_token(self) -> int:
+        if hasattr(self.model, "kv_bytes_per_token"):
+            return self.model.kv_bytes_per_token(self.dtype)
         return KVCache.bytes_per_token(
             self.config.num_hidden_layers, self.model.num_kv_heads, head_dim_of(self.config), self.dtype
         )

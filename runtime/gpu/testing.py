@@ -86,3 +86,120 @@ class PlanBuilder:
 
 def seq_start(row: int, prompt: list[int], params: SamplingParams = GREEDY, stop_ids=()) -> SeqStart:
     return SeqStart(row=row, params=params, prompt_ids=list(prompt), prefix_slots=[], stop_ids=list(stop_ids))
+
+
+# ---------------------------------------------------------------------------------------- DeepSeek-V3
+
+YARN_ROPE = dict(
+    rope_type="yarn",
+    rope_theta=10000.0,
+    factor=8.0,
+    original_max_position_embeddings=32,  # x 8 = max_position_embeddings
+    beta_fast=32.0,
+    beta_slow=1.0,
+    mscale=1.0,
+    mscale_all_dim=0.8,
+)
+
+
+def tiny_deepseek_v3_config(**overrides):
+    """Every V3 feature at toy sizes: q LoRA, interleaved rope, 1 dense + 2 MoE layers, 4 expert groups."""
+    from transformers import DeepseekV3Config
+
+    kw = dict(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=4,  # the reference's eager path repeats K/V heads // this
+        q_lora_rank=32,
+        kv_lora_rank=32,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        n_routed_experts=8,
+        n_shared_experts=1,
+        num_experts_per_tok=3,
+        n_group=4,
+        topk_group=2,
+        first_k_dense_replace=1,
+        routed_scaling_factor=2.5,
+        norm_topk_prob=True,
+        num_nextn_predict_layers=0,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        architectures=["DeepseekV3ForCausalLM"],
+    )
+    kw.update(overrides)
+    return DeepseekV3Config(**kw)
+
+
+def random_deepseek_v3(seed: int = 0, **overrides):
+    """transformers' DeepseekV3ForCausalLM (float32, eager attention) with every weight random, including
+    the norms, the router and its correction bias (zero by default, which would hide routing bugs)."""
+    from transformers import DeepseekV3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = tiny_deepseek_v3_config(**overrides)
+    config._attn_implementation = "eager"
+    model = DeepseekV3ForCausalLM(config).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+            elif name.endswith("gate.weight"):
+                p.normal_(0.0, 0.3)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.uniform_(-0.2, 0.2)
+    return model
+
+
+def save_tiny_deepseek_v3(path: Path, seed: int = 0, **overrides):
+    """A real checkpoint directory (config.json + model.safetensors, per-expert tensor names as the
+    released checkpoints) of a random tiny DeepSeek-V3; returns the transformers model."""
+    model = random_deepseek_v3(seed, **overrides)
+    model.save_pretrained(path)
+    return model
+
+
+def decode_scenario(runner, seed: int = 0) -> tuple[list[torch.Tensor], list[list[int]]]:
+    """Prefill rows of different lengths, then decode steps whose batch shrinks and grows (padded
+    buckets), mixing fed-back tokens (use_last) with explicit ones, and one mixed prefill+decode step.
+    Returns every decode step's float32 logits on the host and every step's greedy tokens."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = runner.vocab_size
+    prompts = {r: torch.randint(3, vocab, (n,), generator=g).tolist() for r, n in ((1, 5), (2, 9), (3, 13))}
+    pb = PlanBuilder()
+    lens = {r: len(p) for r, p in prompts.items()}
+    added = [seq_start(r, p) for r, p in prompts.items()]
+    out = runner.execute(
+        pb.plan(list(prompts), [0, 0, 0], list(lens.values()), sum(prompts.values(), []), added=added)
+    )
+    logits, tokens = [], [out.tokens]
+    schedule = [[1, 2, 3], [1, 2, 3], [1, 3], [2], [1, 2, 3], [1, 2, 3]]
+    for i, rows in enumerate(schedule):
+        use_last = [(r + i) % 2 == 0 for r in rows]
+        ids = [int(torch.randint(3, vocab, (1,), generator=g)) for last in use_last if not last]
+        plan = pb.plan(rows, [lens[r] for r in rows], [1] * len(rows), ids, use_last=use_last)
+        logits.append(runner.forward_logits(plan).float().cpu())
+        for r in rows:
+            lens[r] += 1
+    # a mixed step (row 4 prefills while the others decode) runs eagerly, then decoding resumes
+    new = torch.randint(3, vocab, (6,), generator=g).tolist()
+    rows = [1, 2, 3, 4]
+    out = runner.execute(pb.plan(rows, [lens[1], lens[2], lens[3], 0], [1, 1, 1, 6], new,
+                                 use_last=[True, True, True, False], added=[seq_start(4, new)]))  # fmt: skip
+    tokens.append(out.tokens)
+    lens.update({1: lens[1] + 1, 2: lens[2] + 1, 3: lens[3] + 1, 4: 6})
+    for _ in range(3):
+        out = runner.execute(pb.plan(rows, [lens[r] for r in rows], [1] * 4, [], use_last=[True] * 4))
+        tokens.append(out.tokens)
+        for r in rows:
+            lens[r] += 1
+    return logits, tokens

@@ -40,7 +40,8 @@ def inv_frequencies(config, head_dim: int) -> tuple[torch.Tensor, float]:
 
     if kind not in ROPE_INIT_FUNCTIONS or kind == "dynamic":
         raise NotImplementedError(f"rope_type {kind!r} is not supported")
-    inv, scale = ROPE_INIT_FUNCTIONS[kind](config, "cpu")
+    with torch.device("cpu"):  # models are built under `torch.device("meta")`; these tables are real
+        inv, scale = ROPE_INIT_FUNCTIONS[kind](config, "cpu")
     return inv.float(), float(scale)
 
 
@@ -55,7 +56,7 @@ class RotaryEmbedding(nn.Module):
     def build(self, device: torch.device | str | None) -> None:
         """(Re)compute the tables in float32, e.g. after the module was created on the meta device."""
         inv_freq, scale = inv_frequencies(self.config, self.head_dim)
-        t = torch.arange(self.max_positions, dtype=torch.float32)
+        t = torch.arange(self.max_positions, dtype=torch.float32, device=inv_freq.device)
         emb = torch.outer(t, inv_freq)
         emb = torch.cat([emb, emb], dim=-1).to(device)
         self.register_buffer("cos", emb.cos() * scale, persistent=False)
