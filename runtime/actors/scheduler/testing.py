@@ -30,16 +30,10 @@ from runtime.mailbox.messages import (
     TokenizedRequest,
 )
 
-_MOD = (1 << 61) - 1
-_MUL = 1_000_003
-
-
 def next_token(seq: list[int], vocab: int, eos: int | None = None, eos_every: int = 0) -> int:
-    """The fake model: a hash of the whole sequence. With `eos_every`, about 1 in `eos_every` positions
-    samples `eos`."""
-    h = 0
-    for t in seq:
-        h = (h * _MUL + t + 1) % _MOD
+    """The fake model: a hash of the whole sequence (tuple hashing of ints is deterministic). With
+    `eos_every`, about 1 in `eos_every` positions samples `eos`."""
+    h = hash(tuple(seq)) & 0xFFFF_FFFF_FFFF
     if eos is not None and eos_every and h % eos_every == 0:
         return eos
     return h % vocab
@@ -95,7 +89,8 @@ class HashRunner:
                 table[pos] = slot
                 self.kv[slot] = tok
             if sample:
-                seq = [self.kv[s] for s in table[: prefix + ext]]
+                kv = self.kv
+                seq = [kv[s] for s in table[: prefix + ext]]
                 assert None not in seq, f"row {row} reads an unwritten KV slot"
                 tok = next_token(seq, self.vocab, self.eos, self.eos_every)
                 self.last_token[row] = tok
