@@ -28,8 +28,11 @@ CONFIGS = {
 def runner(smollm2_path):
     from runtime.gpu.model_runner import ModelRunner, RunnerConfig
 
-    return ModelRunner(RunnerConfig(model_path=str(smollm2_path), num_kv_slots=SLOTS, max_reqs=16,
-                                    max_model_len=MAX_MODEL_LEN))
+    return ModelRunner(
+        RunnerConfig(
+            model_path=str(smollm2_path), num_kv_slots=SLOTS, max_reqs=16, max_model_len=MAX_MODEL_LEN
+        )
+    )
 
 
 def mixed_batch() -> list:

@@ -30,6 +30,7 @@ from runtime.mailbox.messages import (
     TokenizedRequest,
 )
 
+
 def next_token(seq: list[int], vocab: int, eos: int | None = None, eos_every: int = 0) -> int:
     """The fake model: a hash of the whole sequence (tuple hashing of ints is deterministic). With
     `eos_every`, about 1 in `eos_every` positions samples `eos`."""

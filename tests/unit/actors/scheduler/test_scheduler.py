@@ -30,9 +30,17 @@ def mixed(seed: int, n: int, plen: int, olen: int, shared: int = 0) -> list:
     pre = [rng.randrange(1000) for _ in range(shared)]
     reqs = []
     for i in range(n):
-        own = [rng.randrange(1000) for _ in range(max(1, plen - shared + rng.randrange(-plen // 4, plen // 4)))]
-        reqs.append(tokenized(f"r{i}", pre[: rng.randrange(shared + 1)] + own, max(1, olen - rng.randrange(olen // 2)),
-                              stop_ids=[EOS]))
+        own = [
+            rng.randrange(1000) for _ in range(max(1, plen - shared + rng.randrange(-plen // 4, plen // 4)))
+        ]
+        reqs.append(
+            tokenized(
+                f"r{i}",
+                pre[: rng.randrange(shared + 1)] + own,
+                max(1, olen - rng.randrange(olen // 2)),
+                stop_ids=[EOS],
+            )
+        )
     return reqs
 
 
@@ -78,10 +86,15 @@ def test_chunked_prefill_in_progress_is_retracted_instead_of_crashing():
     # Tiny pool, small chunks: decodes run dry while a prompt is half prefilled. The old planner only
     # retracted decoding requests and raised OutOfPages here.
     rng = random.Random(15)
-    reqs = [tokenized(f"r{i}", [rng.randrange(1000) for _ in range(rng.randrange(50, 290))], rng.randrange(20, 250))
-            for i in range(32)]
-    cfg = ServerConfig(max_total_tokens=600, chunked_prefill_size=64, max_running_requests=4,
-                       disable_radix_cache=True)
+    reqs = [
+        tokenized(
+            f"r{i}", [rng.randrange(1000) for _ in range(rng.randrange(50, 290))], rng.randrange(20, 250)
+        )
+        for i in range(32)
+    ]
+    cfg = ServerConfig(
+        max_total_tokens=600, chunked_prefill_size=64, max_running_requests=4, disable_radix_cache=True
+    )
     results, _ = run(cfg, reqs)
     assert_all_correct(results, reqs)
     assert results.stats.retractions > 0
@@ -92,9 +105,15 @@ def test_random_configurations_under_pressure(seed):
     rng = random.Random(seed)
     ps = rng.choice([1, 4, 16])
     pool = rng.choice([600, 1500])
-    cfg = ServerConfig(page_size=ps, max_total_tokens=pool, disable_overlap=rng.random() < 0.3,
-                       disable_radix_cache=rng.random() < 0.3, chunked_prefill_size=rng.choice([32, 256, 2048]),
-                       max_running_requests=rng.choice([4, 16, 64]), schedule_policy=rng.choice(["fcfs", "lpm"]))
+    cfg = ServerConfig(
+        page_size=ps,
+        max_total_tokens=pool,
+        disable_overlap=rng.random() < 0.3,
+        disable_radix_cache=rng.random() < 0.3,
+        chunked_prefill_size=rng.choice([32, 256, 2048]),
+        max_running_requests=rng.choice([4, 16, 64]),
+        schedule_policy=rng.choice(["fcfs", "lpm"]),
+    )
     reqs = [r for r in mixed(seed, 32, 150, 120, shared=100) if len(r.input_ids) + r.max_new_tokens < pool]
     results, _ = run(cfg, reqs, eos_every=300)
     assert_all_correct(results, reqs, eos_every=300)
@@ -134,7 +153,10 @@ def test_queue_cap_answers_429():
 def test_higher_priority_is_admitted_first():
     cfg = ServerConfig(max_running_requests=1)
     reqs = [tokenized("busy", [1, 2, 3], 20)]
-    reqs += [tokenized(f"p{p}", [5, 6, p + 10], 4, priority=p, arrival=float(i)) for i, p in enumerate([0, 5, 1, 9])]
+    reqs += [
+        tokenized(f"p{p}", [5, 6, p + 10], 4, priority=p, arrival=float(i))
+        for i, p in enumerate([0, 5, 1, 9])
+    ]
     results, _ = run(cfg, reqs)
     order = [rid for rid in results.finish if rid != "busy"]
     assert order == ["p9", "p5", "p1", "p0"]
