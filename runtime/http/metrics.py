@@ -88,6 +88,25 @@ class _EngineCollector(Collector):
         yield CounterMetricFamily(
             "conduit_engine_retractions", "Requests retracted for KV space", value=s.retractions
         )
+        yield GaugeMetricFamily(
+            "conduit_prefix_cache_hit_rate",
+            "Cached / admitted prompt tokens since start (engine)",
+            value=s.cached_tokens / max(1, s.prompt_tokens),
+        )
+        yield GaugeMetricFamily(
+            "conduit_radix_cache_evictable_tokens", "Cached tokens no request uses", value=s.evictable_tokens
+        )
+        yield GaugeMetricFamily(
+            "conduit_radix_cache_protected_tokens", "Cached tokens locked by running requests", value=s.protected_tokens
+        )
+        yield CounterMetricFamily("conduit_scheduler_steps", "Steps planned by the scheduler", value=s.steps)
+        for name, doc, value in (
+            ("conduit_scheduler_plan_seconds", "Scheduler time planning steps", s.plan_s),
+            ("conduit_scheduler_wait_seconds", "Scheduler time idle with steps in flight (waiting for the worker)",
+             s.wait_s),
+            ("conduit_scheduler_output_seconds", "Scheduler time processing step outputs", s.output_s),
+        ):
+            yield CounterMetricFamily(name, doc, value=value)
 
 
 class Metrics:
