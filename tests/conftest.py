@@ -114,3 +114,13 @@ def server(smollm2_path, tmp_path_factory) -> Iterator[Server]:
     """The default server: the embedded model on the CPU, default placement (frontend + engine process)."""
     with run_server(tmp_path_factory.mktemp("server")) as s:
         yield s
+
+
+@pytest.fixture
+def launch_server(smollm2_path, tmp_path):
+    """Start an extra server with its own flags: `with launch_server("--page-size", "16") as s: ...`."""
+
+    def launch(*args: str, timeout: float = 300.0):
+        return run_server(tmp_path, *args, timeout=timeout)
+
+    return launch
