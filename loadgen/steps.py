@@ -26,8 +26,8 @@ def _ints(s: str) -> list[int]:
 
 
 def add_args(p) -> None:
-    p.add_argument("--model-path", help="HF model directory (config.json is enough with dummy weights); "
-                   "default: a tiny Llama config")  # fmt: skip
+    p.add_argument("--model-path", help="HF model directory (config.json is enough with dummy weights) or a "
+                   "preset name (llama-3.1-8b); default: a tiny Llama config")  # fmt: skip
     p.add_argument("--load-format", choices=("dummy", "auto"), default="dummy")
     p.add_argument("--device", help="default: cuda if available, else cpu")
     p.add_argument("--dtype", help="default: bfloat16 on cuda, float32 on cpu")
@@ -44,6 +44,8 @@ def add_args(p) -> None:
     p.add_argument("--steps", type=int, default=10, help="timed steps per point (median reported)")
     p.add_argument("--warmup-steps", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cuda-graph", choices=("on", "off", "both"), default="on",
+                   help="decode with CUDA graphs, eagerly, or both side by side (rows `decode-e`: eager)")  # fmt: skip
 
 
 @dataclass
@@ -112,7 +114,8 @@ class _Bench:
         slots = 1 + max(max_b * self.per_row, prefill_need)
         self.max_len = max(self.per_row, prefill_need) + 1
         cfg = RunnerConfig(model_path=args.model_path, device=device, dtype=args.dtype, load_format=args.load_format,
-                           num_kv_slots=slots, max_reqs=max_b, max_model_len=self.max_len, seed=args.seed)  # fmt: skip
+                           num_kv_slots=slots, max_reqs=max_b, max_model_len=self.max_len, seed=args.seed,
+                           cuda_graph=args.cuda_graph != "off")  # fmt: skip
         self.runner = ModelRunner(cfg)
         c = self.runner.config
         self.layers, self.q_heads, self.head_dim = c.num_hidden_layers, c.num_attention_heads, head_dim_of(c)
@@ -155,7 +158,9 @@ class _Bench:
         released, self.live = self.live, list(rows)
         return added, released
 
-    def decode(self, b: int, k: int) -> Row:
+    def decode(self, b: int, k: int, graph: bool = True) -> Row:
+        if self.runner.graphs is not None:
+            self.runner.graphs.enabled = graph
         c, n = self.args.context_len, k + 1
         base = {r: 1 + (r - 1) * self.per_row for r in range(1, b + 1)}
         added, released = self._start(list(base), {r: list(range(s, s + c)) for r, s in base.items()})
@@ -173,7 +178,8 @@ class _Bench:
         kv_read = b * ctx * self.kv_per_token
         flops = 2 * self.matmul_params * b * n + self._attn_flops(ctx, n) * b
         tok = b * (1 if k == 0 else self.args.accept_len) / t
-        return self._row("decode", b, b * n, c, k, t, self.weight_bytes + kv_read, flops, tok)
+        phase = "decode" if graph or self.runner.graphs is None else "decode-e"
+        return self._row(phase, b, b * n, c, k, t, self.weight_bytes + kv_read, flops, tok)
 
     def prefill(self, n: int) -> Row:
         c = self.args.prefill_context
@@ -206,12 +212,14 @@ def table(rows: list[Row], bench: _Bench) -> str:
         f"weights {bench.weight_bytes / 1e9:.3f} GB, KV {bench.kv_per_token} B/token",
         f"measured: copy {bench.ceil.copy_bytes_per_s / 1e9:.1f} GB/s, matmul {bench.ceil.matmul_flops_per_s / 1e12:.2f} "
         f"TFLOP/s; median of {bench.args.steps} steps",
-        f"{'phase':<8}{'B':>5}{'tok/step':>9}{'ctx':>8}{'k':>3}{'step ms':>10}{'tok/s':>12}{'MBU':>8}{'MFU':>8}",
+        f"{'phase':<9}{'B':>5}{'tok/step':>9}{'ctx':>8}{'k':>3}{'step ms':>10}{'tok/s':>12}{'MBU':>8}{'MFU':>8}",
     ]
     lines = [*head, "-" * len(head[-1])]
     for x in rows:
-        lines.append(f"{x.phase:<8}{x.batch:>5}{x.new_tokens:>9}{x.context:>8}{x.k:>3}{x.step_s * 1e3:>10.3f}"
+        lines.append(f"{x.phase:<9}{x.batch:>5}{x.new_tokens:>9}{x.context:>8}{x.k:>3}{x.step_s * 1e3:>10.3f}"
                      f"{x.tokens_per_s:>12.1f}{x.mbu:>8.2%}{x.mfu:>8.2%}")  # fmt: skip
+    if any(x.phase == "decode-e" for x in rows):
+        lines.append("decode-e: the same decode steps run eagerly (CUDA graphs off)")
     if any(x.k for x in rows):
         lines.append(f"k > 0: tok/s = B x accept length {bench.args.accept_len} / step time")
     return "\n".join(lines)
@@ -238,7 +246,8 @@ def main(args) -> int:
             raise LoadgenError(
                 "out of device memory for the KV slots: lower --batch-sizes or --context-len"
             ) from None
-        rows = [bench.decode(b, k) for k in args.draft_tokens for b in args.batch_sizes]
+        modes = {"on": [True], "off": [False], "both": [True, False]}[args.cuda_graph]
+        rows = [bench.decode(b, k, g) for k in args.draft_tokens for b in args.batch_sizes for g in modes]
         rows += [bench.prefill(n) for n in args.prefill_tokens]
         print(table(rows, bench))
     return 0

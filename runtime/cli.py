@@ -12,7 +12,8 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     d = ServerConfig()
     g = p.add_argument_group("model")
     g.add_argument("--model", default=None,
-                   help="Hugging Face model directory (config.json + safetensors). Default: the embedded "
+                   help="Hugging Face model directory (config.json + safetensors), or with --load-format dummy "
+                        "a preset name (llama-3.1-8b, llama-3.2-1b). Default: the embedded "
                         "SmolLM2-135M-Instruct, converted from its GGUF file on first use")
     g.add_argument("--served-model-name", default=None, help="model id clients send (default: directory name)")
     g.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model directory)")
@@ -39,6 +40,14 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="admission order: first come first served, or longest cached prefix first")
     g.add_argument("--disable-overlap", action="store_true", help="plan each step only after the last one ended")
     g.add_argument("--disable-radix-cache", action="store_true", help="no prefix caching across requests")
+    g = p.add_argument_group("fast path")
+    g.add_argument("--disable-cuda-graph", action="store_true",
+                   help="run decode steps eagerly instead of replaying CUDA graphs (for comparison)")
+    g.add_argument("--cuda-graph-max-bs", type=int, default=None,
+                   help="largest decode batch captured as a CUDA graph (default: --max-running-requests)")
+    g.add_argument("--attention-backend", choices=["torch", "triton"], default=None,
+                   help="default: triton on cuda, torch (the reference) on cpu")
+    g = p.add_argument_group("placement")
     g.add_argument("--placement", choices=["multiprocess", "single"], default=d.placement,
                    help="actors in a frontend + an engine process, or all in this one")
 

@@ -11,7 +11,7 @@ class ServerConfig(msgspec.Struct, kw_only=True):
     model: str | None = None  # HF directory; None = the embedded default (SmolLM2-135M-Instruct)
     served_model_name: str | None = None
     tokenizer: str | None = None  # defaults to the model directory
-    load_format: str = "auto"  # "auto" | "dummy"
+    load_format: str = "auto"  # "auto" | "dummy" (random weights; `model` may then be a preset name)
     device: str = "cpu"
     dtype: str | None = None  # default: float32 on cpu, bfloat16 on cuda
     seed: int = 0
@@ -26,6 +26,10 @@ class ServerConfig(msgspec.Struct, kw_only=True):
     schedule_policy: str = "fcfs"
     disable_overlap: bool = False
     disable_radix_cache: bool = False
+    # fast path
+    disable_cuda_graph: bool = False
+    cuda_graph_max_bs: int | None = None  # largest decode batch captured; default max_running_requests
+    attention_backend: str | None = None  # default: triton on cuda, torch on cpu
     # serving
     host: str = "127.0.0.1"
     port: int = 30000

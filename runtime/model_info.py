@@ -30,6 +30,10 @@ class ModelInfo:
 def resolve_model_path(cfg: ServerConfig) -> str:
     """The model directory: the one given, or the embedded default converted on first use."""
     if cfg.model is not None:
+        from runtime.gpu import presets
+
+        if cfg.load_format == "dummy" and presets.is_preset(cfg.model) and not Path(cfg.model).exists():
+            return str(presets.preset_dir(cfg.model))
         path = Path(cfg.model)
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"--model {cfg.model}: no config.json there (expected a Hugging Face model "
@@ -53,6 +57,10 @@ def _eos_ids(path: Path, config: dict) -> tuple[int, ...]:
     return tuple(ids)
 
 
+def _has_tokenizer(path: Path) -> bool:
+    return any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
+
+
 def load_model_info(cfg: ServerConfig, path: str) -> ModelInfo:
     p = Path(path)
     config = json.loads((p / "config.json").read_text())
@@ -60,6 +68,10 @@ def load_model_info(cfg: ServerConfig, path: str) -> ModelInfo:
     native = int(text.get("max_position_embeddings", DEFAULT_MAX_MODEL_LEN))
     max_len = cfg.max_model_len or min(native, DEFAULT_MAX_MODEL_LEN)
     tok = cfg.tokenizer or path
+    if cfg.tokenizer is None and not _has_tokenizer(p) and cfg.load_format == "dummy":
+        from runtime.gpu.convert import default_model_path
+
+        tok = str(default_model_path())  # a preset or bare config: the embedded tokenizer (ids < 49152)
     eos = _eos_ids(p, text)
     if not eos:
         tok_cfg = Path(tok) / "tokenizer_config.json"

@@ -22,9 +22,12 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 def load_config(model_path: str | os.PathLike):
+    """The model's config; `model_path` is a Hugging Face directory or a preset name (runtime.gpu.presets)."""
     from transformers import AutoConfig
 
-    path = Path(model_path)
+    from runtime.gpu import presets
+
+    path = Path(presets.resolve(str(model_path)))
     if not path.is_dir():
         raise FileNotFoundError(f"model directory not found: {path} (Conduit never downloads models)")
     if not (path / "config.json").is_file():
@@ -112,14 +115,23 @@ def _shards_of(model: nn.Module, param_name: str) -> list[str | None]:
 
 
 def init_dummy_weights(model: nn.Module, seed: int = 0, std: float = 0.02) -> None:
-    """Random weights for performance work: small normals, norms at one."""
+    """Random weights for performance work: small normals, norms at one.
+
+    Drawn on the parameters' own device (an 8B model takes seconds on a GPU, minutes on a CPU), so the
+    values depend on the device; only the shapes matter here."""
     from runtime.gpu.layers import RMSNorm
 
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    gens: dict[torch.device, torch.Generator] = {}
     with torch.no_grad():
         for module in model.modules():
             for p in module.parameters(recurse=False):
                 if isinstance(module, RMSNorm):
                     p.fill_(1.0)
-                else:
+                    continue
+                gen = gens.get(p.device)
+                if gen is None:
+                    gen = gens[p.device] = torch.Generator(device=p.device).manual_seed(seed)
+                if p.device.type == "cpu":
                     p.copy_(torch.randn(p.shape, generator=gen) * std)
+                else:
+                    p.normal_(0.0, std, generator=gen)

@@ -3,7 +3,10 @@
 `execute(plan)` is the whole contract with the scheduler (see `StepPlan`). Per step the host builds
 all index tensors in one packed int64 tensor and moves it with one copy; rows that feed back their
 last sampled token (`use_last`) read it from the device table `last_token`, so a plan can be sent
-before the previous step's tokens reach the host."""
+before the previous step's tokens reach the host.
+
+Decode steps (every row one new token) run as CUDA graphs on CUDA (`runtime.gpu.cuda_graph`), unless
+`cuda_graph` is off; the step's tokens come back through one device-to-host copy."""
 
 from __future__ import annotations
 
@@ -14,8 +17,9 @@ from pathlib import Path
 
 import torch
 
-from runtime.gpu import loader
-from runtime.gpu.attention import get_attention_backend
+from runtime.gpu import loader, presets
+from runtime.gpu.attention import default_backend, get_attention_backend
+from runtime.gpu.cuda_graph import DecodeGraphs
 from runtime.gpu.forward_batch import ForwardBatch
 from runtime.gpu.kv_cache import KVCache
 from runtime.gpu.layers import RotaryEmbedding
@@ -36,7 +40,9 @@ class RunnerConfig:
     max_model_len: int = 8192
     page_size: int = 1
     seed: int = 0
-    attention_backend: str = "torch"
+    attention_backend: str | None = None  # None: "triton" on CUDA when Triton imports, else "torch"
+    cuda_graph: bool = True  # decode steps as CUDA graphs (CUDA only; needs a graph-safe backend)
+    cuda_graph_max_bs: int | None = None  # largest captured batch; None: max_reqs
     # torch intra-op threads for CPU runs (process-wide); None leaves torch's default. On a small, busy
     # machine 1 thread is far faster: with 2 threads on 2 shared cores every op waits on a barrier.
     cpu_threads: int | None = None
@@ -70,26 +76,30 @@ class ModelRunner:
         self.dtype = _resolve_dtype(cfg)
         if cfg.cpu_threads and self.device.type == "cpu":
             torch.set_num_threads(cfg.cpu_threads)
-        path = Path(cfg.model_path)
+        path = Path(presets.resolve(cfg.model_path))
         self.config = loader.load_config(path)
         self.vocab_size: int = self.config.vocab_size
         self.eos_token_ids: list[int] = _eos_ids(path, self.config)
         self.model = self._load_model(path)
 
+        backend = cfg.attention_backend or default_backend(self.device)
         if hasattr(self.model, "make_kv_cache"):  # models with their own KV layout (MLA's latent cache)
             self.kv_cache = self.model.make_kv_cache(cfg.num_kv_slots, self.dtype, self.device)
-            self.attn_backend = self.model.make_attention_backend(cfg.attention_backend)
+            self.attn_backend = self.model.make_attention_backend(backend)
         else:
             n_layers, hd = self.config.num_hidden_layers, head_dim_of(self.config)
             n_kv = self.model.num_kv_heads
             self.kv_cache = KVCache(n_layers, cfg.num_kv_slots, n_kv, hd, self.dtype, self.device)
-            self.attn_backend = get_attention_backend(cfg.attention_backend)(
+            self.attn_backend = get_attention_backend(backend)(
                 self.config.num_attention_heads, n_kv, hd, scale=hd**-0.5
             )
         rows = cfg.max_reqs + 1
         self.req_to_token = torch.zeros(rows, cfg.max_model_len, dtype=torch.int64, device=self.device)
         self.last_token = torch.zeros(rows, dtype=torch.int64, device=self.device)
         self.sampler = Sampler(cfg.max_reqs, self.vocab_size, self.device, cfg.seed)
+        self.graphs: DecodeGraphs | None = None
+        if cfg.cuda_graph and self.device.type == "cuda" and self.attn_backend.supports_cuda_graph:
+            self.graphs = DecodeGraphs(self, min(cfg.cuda_graph_max_bs or cfg.max_reqs, cfg.max_reqs))
 
     def _load_model(self, path: Path) -> torch.nn.Module:
         # Build on the meta device so no time goes into random init that loading overwrites.
@@ -135,7 +145,7 @@ class ModelRunner:
     def forward_logits(self, plan: StepPlan) -> torch.Tensor:
         """Logits of the sampled rows, without sampling (for tests and scoring)."""
         with torch.inference_mode():
-            return self._forward_plan(plan)[0]
+            return self._forward_plan(plan)[0].clone()  # a graph's logits buffer is reused next step
 
     def _forward_plan(self, plan: StepPlan) -> tuple[torch.Tensor, list[int], torch.Tensor]:
         _check_plan(plan, self.cfg)
@@ -143,6 +153,9 @@ class ModelRunner:
         sample_rows = [r for r, s in zip(plan.rows, plan.sample, strict=True) if s]
         if not plan.rows:
             return torch.empty(0, self.vocab_size, device=self.device), [], self.last_token[:0]
+        if self.graphs is not None and self.graphs.fits(plan):
+            logits, rows_t = self.graphs.run(plan)
+            return logits, sample_rows, rows_t
         batch, last_idx, sample_rows_t = self._build_batch(plan)
         hidden = self.model(batch.input_ids, batch.positions, batch)
         return self.model.compute_logits(hidden[last_idx]), sample_rows, sample_rows_t
@@ -199,12 +212,19 @@ class ModelRunner:
         return batch, last_idx_d, sample_rows_d
 
     def _output(self, step: int, rows: list[int], r: SampleResult) -> dict:
-        out = dict(step=step, rows=rows, tokens=r.tokens.tolist())
-        if r.logprobs is not None:
-            out["logprobs"] = r.logprobs.tolist()
+        # The step's one wait on the device: every result copied back, then a single stream sync.
+        parts = [r.tokens, r.logprobs, r.top_ids, r.top_logprobs]
+        tokens, logprobs, top_ids, top_lps = (
+            None if t is None else t.to("cpu", non_blocking=True) for t in parts
+        )
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        out = dict(step=step, rows=rows, tokens=tokens.tolist())
+        if logprobs is not None:
+            out["logprobs"] = logprobs.tolist()
             counts = r.top_counts or [0] * len(rows)
-            ids = r.top_ids.tolist() if r.top_ids is not None else [[] for _ in rows]
-            lps = r.top_logprobs.tolist() if r.top_logprobs is not None else [[] for _ in rows]
+            ids = top_ids.tolist() if top_ids is not None else [[] for _ in rows]
+            lps = top_lps.tolist() if top_lps is not None else [[] for _ in rows]
             out["top_ids"] = [x[:k] for x, k in zip(ids, counts, strict=True)]
             out["top_logprobs"] = [x[:k] for x, k in zip(lps, counts, strict=True)]
         return out

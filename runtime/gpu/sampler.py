@@ -7,7 +7,10 @@ tokens each row has produced (for min_tokens).
 
 Sampling uses the exponential race (argmax of p / Exp(1) noise), which draws from softmax exactly and
 lets each seeded row draw its noise from its own generator: a seeded request gives the same tokens
-whatever its batch neighbours are."""
+whatever its batch neighbours are.
+
+Nothing here waits on the device: host-side choices (which paths a step needs) come from host state,
+host-to-device copies are non-blocking, and the runner copies the tokens back once per step."""
 
 from __future__ import annotations
 
@@ -66,7 +69,7 @@ class Sampler:
         self.rows[start.row] = row
         values = [p.temperature, p.top_p, p.min_p, max(p.top_k, 0), p.repetition_penalty]
         values += [p.frequency_penalty, p.presence_penalty]
-        self.table[start.row] = torch.tensor(values, dtype=torch.float32).to(self.device)
+        self.table[start.row] = torch.tensor(values, dtype=torch.float32).to(self.device, non_blocking=True)
         if row.penalized:
             if self.counts is None:
                 shape = (self.table.shape[0], self.vocab_size)
@@ -75,7 +78,7 @@ class Sampler:
             self.counts[start.row].zero_()
             self.prompt_mask[start.row].zero_()
             if start.prompt_ids:
-                ids = torch.tensor(start.prompt_ids, dtype=torch.int64).to(self.device)
+                ids = torch.tensor(start.prompt_ids, dtype=torch.int64).to(self.device, non_blocking=True)
                 self.prompt_mask[start.row, ids] = True
 
     def release(self, row: int) -> None:
@@ -122,9 +125,9 @@ class Sampler:
             logits = logits - params[:, FREQ, None] * counts - params[:, PRES, None] * (counts > 0)
         bans = [(i, t) for i, s in enumerate(states) if s.n_out < s.params.min_tokens for t in s.stop_ids]
         if bans:
-            idx = torch.tensor(bans, dtype=torch.int64).to(logits.device)
+            idx = torch.tensor(bans, dtype=torch.int64).to(logits.device, non_blocking=True)
             logits = logits.index_put(
-                (idx[:, 0], idx[:, 1]), torch.tensor(float("-inf"), device=logits.device)
+                (idx[:, 0], idx[:, 1]), logits.new_full((), float("-inf"))
             )
         return logits
 

@@ -11,7 +11,17 @@ from runtime.gpu.attention.base import AttentionBackend
 
 _BACKENDS: dict[str, str] = {
     "torch": "runtime.gpu.attention.torch_ref:TorchAttentionBackend",
+    "triton": "runtime.gpu.attention.triton_backend:TritonAttentionBackend",
 }
+
+
+def default_backend(device: str | object) -> str:
+    """Triton kernels on CUDA when Triton imports; the PyTorch reference elsewhere."""
+    import torch
+
+    from runtime.gpu.kernels.registry import has_module
+
+    return "triton" if torch.device(device).type == "cuda" and has_module("triton") else "torch"
 
 
 def available_backends() -> list[str]:
@@ -25,4 +35,4 @@ def get_attention_backend(name: str) -> type[AttentionBackend]:
     return getattr(importlib.import_module(module), cls)
 
 
-__all__ = ["AttentionBackend", "available_backends", "get_attention_backend"]
+__all__ = ["AttentionBackend", "available_backends", "default_backend", "get_attention_backend"]

@@ -24,6 +24,17 @@ class AttentionBackend(ABC):
     def prepare(self, batch: ForwardBatch) -> None:
         """Build per-step metadata into `batch.attn_meta`."""
 
+    # True when `prepare_decode_graph` is implemented: all-decode steps can then run as CUDA graphs.
+    supports_cuda_graph: bool = False
+
+    def prepare_decode_graph(self, batch: ForwardBatch, seq_lens: torch.Tensor, max_seq_len: int) -> None:
+        """Metadata for an all-decode step from device tensors alone (no host reads, shapes fixed by the
+        batch size and `max_seq_len`), so the step can be captured in a CUDA graph and replayed.
+
+        `batch.rows` [B] and `seq_lens` [B] (prefix + 1) live in static buffers that change between
+        replays; padding rows use row 0 with length 1 (slot 0, never attended by real rows)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot run under CUDA graphs")
+
     @abstractmethod
     def forward(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch

@@ -60,6 +60,17 @@ class TorchAttentionBackend(AttentionBackend):
                 meta.decode_mask = valid[:, None, None, :]
         batch.attn_meta = meta
 
+    supports_cuda_graph = True
+
+    def prepare_decode_graph(self, batch: ForwardBatch, seq_lens: torch.Tensor, max_seq_len: int) -> None:
+        """All rows padded to `max_seq_len` keys and masked: slow for long contexts, but graph-safe."""
+        b = batch.rows.shape[0]
+        cols = torch.arange(max_seq_len, device=seq_lens.device)
+        meta = _Meta(cols[:b], True, None, (b, max_seq_len), None, [])
+        meta.decode_slots = batch.req_to_token[batch.rows, :max_seq_len].reshape(-1)
+        meta.decode_mask = (cols[None, :] < seq_lens[:, None])[:, None, None, :]
+        batch.attn_meta = meta
+
     @staticmethod
     def _prefill(batch: ForwardBatch, row: int, start: int, length: int, prefix: int) -> _Prefill:
         if prefix == 0:

@@ -57,6 +57,19 @@ class TritonAttentionBackend(AttentionBackend):
         splits = choose_num_splits(len(ext), self.num_kv_heads, max_len, device) if decode else 1
         batch.attn_meta = _Meta(decode, rows, prefix_t, ext_t, starts_t, seq_t, max(ext, default=0), splits)
 
+    supports_cuda_graph = True
+
+    def prepare_decode_graph(self, batch: ForwardBatch, seq_lens: torch.Tensor, max_seq_len: int) -> None:
+        """Split count fixed by the batch size and `max_seq_len`: the kernel reads lengths on the device."""
+        device = batch.input_ids.device
+        if self.decode_fn is None:
+            self.decode_fn = registry.get("decode_attention", device)
+        if self.extend_fn is None:
+            self.extend_fn = registry.get("extend_attention", device)
+        b = batch.rows.shape[0]
+        splits = choose_num_splits(b, self.num_kv_heads, max_seq_len, device)
+        batch.attn_meta = _Meta(True, batch.rows, seq_lens - 1, None, None, seq_lens, 1, splits)
+
     def forward(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:

@@ -6,10 +6,10 @@ sequence of its sublayers, applied to the flattened tokens of a step."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from runtime.gpu.forward_batch import ForwardBatch
+from runtime.gpu.kernels import registry
 from runtime.gpu.layers import MergedLinear, RMSNorm, RotaryEmbedding
 
 
@@ -51,7 +51,7 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(registry.get("silu_and_mul", x.device)(gate, up))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -62,9 +62,15 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, batch)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, batch: ForwardBatch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the last sublayer's output, not yet added to `residual` (None before the first layer); the
+        add is fused into the norm that follows it. Returns (this layer's MLP output, residual)."""
+        h, residual = (self.input_layernorm(x), x) if residual is None else self.input_layernorm(x, residual)
+        h = self.self_attn(h, positions, batch)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
 
 
 class LlamaModel(nn.Module):
@@ -79,10 +85,10 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
+        x, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
-            x = layer(x, positions, batch)
-        return self.norm(x)
+            x, residual = layer(x, residual, positions, batch)
+        return self.norm(x, residual)[0]
 
 
 class LlamaForCausalLM(nn.Module):
