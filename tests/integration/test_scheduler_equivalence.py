@@ -42,7 +42,7 @@ def mixed_batch() -> list:
     for i in range(20):
         own = [rng.randrange(100, 40000) for _ in range(rng.randrange(4, 60))]
         prompt = shared[: rng.choice([0, 17, 40])] + own
-        reqs.append(tokenized(f"r{i}", prompt, rng.randrange(2, 10)))
+        reqs.append(tokenized(f"r{i}", prompt, rng.randrange(2, 7)))
     return reqs
 
 
