@@ -143,23 +143,31 @@ class SchedulerActor(Actor):
     async def _on_output(self, out: StepOutput) -> None:
         done = self.inflight.popleft()
         assert done.plan.step == out.step, f"step {out.step} came back, expected {done.plan.step}"
-        sampled = iter(zip(out.tokens, range(len(out.tokens)), strict=True))
+        tokens, i = out.tokens, 0
+        want_lp = out.logprobs is not None
+        add = self.outputs.add
+        ended = []
         for req, did_sample in zip(done.reqs, done.plan.sample, strict=True):
             req.inflight -= 1
+            if req.finished:  # ended while this step ran (abort, or the overlap step's wasted token)
+                ended.append(req)
+                i += did_sample
+                continue
             if not did_sample:
                 continue
-            token, i = next(sampled)
-            if req.finished:
-                continue  # the overlap step's wasted token for a request that already ended
-            lp = self.outputs.logprob_of(out, i, req)
+            token = tokens[i]
+            i += 1
+            lp = self.outputs.logprob_of(out, i - 1, req) if want_lp else None
             req.output_ids.append(token)
             reason = self._stop_reason(req, token)
             if reason is not None:
                 self._finish(req, reason)
-            self.outputs.add(req, [] if reason == "stop" and token in req.stop_ids else [token], reason, lp)
-        for req in done.reqs:
-            if req.finished and not req.inflight and req.rid in self.reqs:
-                del self.reqs[req.rid]
+                ended.append(req)
+            add(req, [] if reason == "stop" and token in req.stop_ids else [token], reason, lp)
+        assert i == len(tokens), f"step {out.step}: {len(tokens)} tokens for {i} sampled rows"
+        for req in ended:
+            if not req.inflight:
+                self.reqs.pop(req.rid, None)
         await self._flush_outputs()
 
     async def _on_worker_failed(self, msg: WorkerFailed) -> None:

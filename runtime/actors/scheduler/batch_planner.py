@@ -47,6 +47,7 @@ class BatchPlanner:
     init_new_token_ratio: float = 0.7
     waiting: deque[Req] = field(default_factory=deque)
     running: dict[Req, None] = field(default_factory=dict)  # an ordered set: admission order
+    filling: dict[Req, None] = field(default_factory=dict)  # the running requests still prefilling
     released_rows: list[int] = field(default_factory=list)
     retractions: int = 0
 
@@ -128,6 +129,7 @@ class BatchPlanner:
             req.row = 0
             req.slots = []
         self.running.pop(req, None)
+        self.filling.pop(req, None)
 
     def _admit(self, req: Req) -> None:
         req.row = self.free_rows.pop()
@@ -142,6 +144,7 @@ class BatchPlanner:
         if not req.retractions:
             req.reported_cached = req.cached_len
         self.running[req] = None
+        self.filling[req] = None
 
     def _retract_for(self, decoding: list[Req]) -> list[Req]:
         """Retract the requests with the least progress until the rest can decode this step. Candidates
@@ -201,7 +204,7 @@ class BatchPlanner:
         # 2. prefill chunks: resident requests still filling, then admissions from the queue
         has_prefill = False
         if allow_prefill and budget > 0:
-            filling = [r for r in self.running if r.prefilling]
+            filling = list(self.filling)
             admitted = self._admit_waiting(budget - sum(r.fill_len - r.kv_len for r in filling))
             for r in admitted:
                 added.append(SeqStart(r.row, r.params, r.prompt_ids, list(r.slots), sorted(r.stop_ids)))
@@ -217,6 +220,8 @@ class BatchPlanner:
                 extend_lens.append(n)
                 use_last.append(False)
                 done = not r.prefilling
+                if done:
+                    del self.filling[r]
                 sample.append(done)
                 r.planned_outputs += int(done)
                 budget -= n
