@@ -1,6 +1,10 @@
-"""The GPU worker actor: runs each StepPlan on its model runner in one dedicated thread, so the event
-loop stays free to receive the next plan (and the transport keeps flowing) while the device computes.
-Steps run strictly in arrival order, which is what makes overlap scheduling safe."""
+"""The GPU worker actor: runs StepPlans on its model runner, off the event loop, strictly in order.
+
+Two threads make overlap real on the device: the launch thread enqueues step N+1's work as soon as its
+plan arrives, while the collect thread waits for step N's results (only N's copy, not the device queue)
+and hands them back. So the GPU always has the next step queued behind the running one, and the host
+work of planning, launching and output processing hides under device time. Steps launch in arrival
+order and their outputs return in the same order, which is what makes overlap scheduling safe."""
 
 from __future__ import annotations
 
@@ -23,28 +27,51 @@ class GpuWorkerActor(Actor):
         super().__init__()
         self.runner_config = runner_config
         self.runner = None
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpu-worker")
+        self._launch = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpu-launch")
+        self._collect = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpu-collect")
+        self._outputs: asyncio.Queue = asyncio.Queue()
+        self._sender: asyncio.Task | None = None
         self.failed: str | None = None
 
     async def on_start(self) -> None:
         from runtime.gpu.model_runner import ModelRunner
 
         loop = asyncio.get_running_loop()
-        self.runner = await loop.run_in_executor(self._thread, ModelRunner, self.runner_config)
+        self.runner = await loop.run_in_executor(self._launch, ModelRunner, self.runner_config)
+        self._sender = asyncio.create_task(self._send_outputs(), name="worker-outputs")
 
     async def on_stop(self) -> None:
-        self._thread.shutdown(wait=True)
+        if self._sender is not None:
+            self._sender.cancel()
+        self._launch.shutdown(wait=True)
+        self._collect.shutdown(wait=True)
 
     async def handle(self, msg: Message) -> None:
         if not isinstance(msg, StepPlan) or self.failed:
             return
         loop = asyncio.get_running_loop()
         try:
-            out = await loop.run_in_executor(self._thread, self.runner.execute, msg)
+            pending = await loop.run_in_executor(self._launch, self.runner.launch, msg)
         except Exception as exc:
-            # a failed step leaves the device state unknown: fail everything, mark the engine unhealthy
-            self.failed = f"{type(exc).__name__}: {exc}"
-            log.error("step_failed", step=msg.step, error=self.failed, trace=traceback.format_exc())
-            await self.send("scheduler", WorkerFailed(msg.step, self.failed))
+            await self._fail(msg.step, exc)
             return
-        await self.send("scheduler", out)
+        await self._outputs.put((msg.step, loop.run_in_executor(self._collect, pending.result)))
+
+    async def _send_outputs(self) -> None:
+        while True:
+            step, fut = await self._outputs.get()
+            try:
+                out = await fut
+            except Exception as exc:
+                await self._fail(step, exc)
+                continue
+            if not self.failed:
+                await self.send("scheduler", out)
+
+    async def _fail(self, step: int, exc: Exception) -> None:
+        # a failed step leaves the device state unknown: fail everything, mark the engine unhealthy
+        if self.failed:
+            return
+        self.failed = f"{type(exc).__name__}: {exc}"
+        log.error("step_failed", step=step, error=self.failed, trace=traceback.format_exc())
+        await self.send("scheduler", WorkerFailed(step, self.failed))

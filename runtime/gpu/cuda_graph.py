@@ -46,8 +46,11 @@ class DecodeGraphs:
         self.capture_graphs = capture and runner.device.type == "cuda"
         self.enabled = True  # switched off at run time for side-by-side comparisons
         dev, pinned = runner.device, runner.device.type == "cuda"
-        self.host = torch.zeros(len(_PAD), max_bs, dtype=torch.int64, pin_memory=pinned)
-        self.host_np = self.host.numpy()
+        # Two pinned host buffers, alternating: with overlap the next step is filled while this step's
+        # copy may still be queued behind the running one; an event guards each buffer's reuse.
+        self.hosts = [torch.zeros(len(_PAD), max_bs, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
+        self.copied: list[torch.cuda.Event | None] = [None, None]
+        self.turn = 0
         self.inputs = torch.zeros(len(_PAD), max_bs, dtype=torch.int64, device=dev)
         self.logits = torch.zeros(max_bs, runner.vocab_size, dtype=torch.float32, device=dev)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -78,8 +81,11 @@ class DecodeGraphs:
         return self.logits[:n], self.inputs[ROWS, :n]
 
     def _fill(self, plan: StepPlan, bs: int) -> None:
-        # The pinned buffer is free: every graph step ends with the runner's sync on its sampled tokens.
-        h, n = self.host_np, len(plan.rows)
+        self.turn ^= 1
+        host, done = self.hosts[self.turn], self.copied[self.turn]
+        if done is not None:
+            done.synchronize()  # the copy that last read this buffer has run
+        h, n = host.numpy(), len(plan.rows)
         for field, pad in enumerate(_PAD):
             h[field, n:bs] = pad
         if all(plan.use_last):
@@ -93,7 +99,10 @@ class DecodeGraphs:
         h[SEQ_LENS, :n] = plan.prefix_lens
         h[SEQ_LENS, :n] += 1
         h[USE_LAST, :n] = plan.use_last
-        self.inputs.copy_(self.host, non_blocking=True)
+        self.inputs.copy_(host, non_blocking=True)
+        if self.capture_graphs:
+            self.copied[self.turn] = torch.cuda.Event()
+            self.copied[self.turn].record()
 
     def _forward(self, bs: int) -> None:
         r = self.runner
@@ -118,8 +127,8 @@ class DecodeGraphs:
 
     def _capture(self) -> None:
         t0 = time.perf_counter()
-        self.host_np[:] = torch.tensor(_PAD)[:, None].numpy()
-        self.inputs.copy_(self.host)
+        self.hosts[0].numpy()[:] = torch.tensor(_PAD)[:, None].numpy()
+        self.inputs.copy_(self.hosts[0])
         pool = None
         with torch.inference_mode():
             for bs in reversed(self.buckets):  # largest first: smaller graphs reuse its pool memory

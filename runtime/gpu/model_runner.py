@@ -25,7 +25,8 @@ from runtime.gpu.kv_cache import KVCache
 from runtime.gpu.layers import RotaryEmbedding
 from runtime.gpu.models import get_model_class
 from runtime.gpu.models.llama import head_dim_of
-from runtime.gpu.sampler import Sampler, SampleResult
+from runtime.gpu.pending import PendingStep
+from runtime.gpu.sampler import Sampler
 from runtime.mailbox.messages import StepOutput, StepPlan
 
 
@@ -97,6 +98,7 @@ class ModelRunner:
         self.req_to_token = torch.zeros(rows, cfg.max_model_len, dtype=torch.int64, device=self.device)
         self.last_token = torch.zeros(rows, dtype=torch.int64, device=self.device)
         self.sampler = Sampler(cfg.max_reqs, self.vocab_size, self.device, cfg.seed)
+        self._t_ref: torch.cuda.Event | None = None
         self.graphs: DecodeGraphs | None = None
         if cfg.cuda_graph and self.device.type == "cuda" and self.attn_backend.supports_cuda_graph:
             self.graphs = DecodeGraphs(self, min(cfg.cuda_graph_max_bs or cfg.max_reqs, cfg.max_reqs))
@@ -132,15 +134,34 @@ class ModelRunner:
     # ------------------------------------------------------------------ step
 
     def execute(self, plan: StepPlan) -> StepOutput:
+        return self.launch(plan).result()
+
+    def launch(self, plan: StepPlan) -> PendingStep:
+        """Enqueue the step's device work and the copy of its results; return without waiting for them.
+        The worker launches step N+1 while N's results are still in flight (overlap scheduling)."""
         t0 = time.perf_counter()
         with torch.inference_mode():
+            start = self._timing_event()
             logits, sample_rows, sample_rows_t = self._forward_plan(plan)
             if not sample_rows:
-                return StepOutput(plan.step, [], [], forward_s=time.perf_counter() - t0)
+                return PendingStep(plan.step, [], [], None, start, self._timing_event(), t0, self._t_ref)
             result = self.sampler.sample(logits, sample_rows, sample_rows_t)
             self.last_token[sample_rows_t] = result.tokens
-            out = self._output(plan.step, sample_rows, result)
-        return StepOutput(**out, forward_s=time.perf_counter() - t0)
+            parts = [result.tokens, result.logprobs, result.top_ids, result.top_logprobs]
+            copies = [None if t is None else t.to("cpu", non_blocking=True) for t in parts]
+        return PendingStep(plan.step, sample_rows, copies, result.top_counts, start, self._timing_event(), t0,
+                           self._t_ref)
+
+    def _timing_event(self) -> torch.cuda.Event | None:
+        """A recorded CUDA event (None on CPU). The first one is the reference the step times count from,
+        so the scheduler can see the device's idle gaps between steps."""
+        if self.device.type != "cuda":
+            return None
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        if self._t_ref is None:
+            self._t_ref = ev
+        return ev
 
     def forward_logits(self, plan: StepPlan) -> torch.Tensor:
         """Logits of the sampled rows, without sampling (for tests and scoring)."""
@@ -210,25 +231,6 @@ class ModelRunner:
         )
         self.attn_backend.prepare(batch)
         return batch, last_idx_d, sample_rows_d
-
-    def _output(self, step: int, rows: list[int], r: SampleResult) -> dict:
-        # The step's one wait on the device: every result copied back, then a single stream sync.
-        parts = [r.tokens, r.logprobs, r.top_ids, r.top_logprobs]
-        tokens, logprobs, top_ids, top_lps = (
-            None if t is None else t.to("cpu", non_blocking=True) for t in parts
-        )
-        if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()
-        out = dict(step=step, rows=rows, tokens=tokens.tolist())
-        if logprobs is not None:
-            out["logprobs"] = logprobs.tolist()
-            counts = r.top_counts or [0] * len(rows)
-            ids = top_ids.tolist() if top_ids is not None else [[] for _ in rows]
-            lps = top_lps.tolist() if top_lps is not None else [[] for _ in rows]
-            out["top_ids"] = [x[:k] for x, k in zip(ids, counts, strict=True)]
-            out["top_logprobs"] = [x[:k] for x, k in zip(lps, counts, strict=True)]
-        return out
-
 
 def _check_plan(plan: StepPlan, cfg: RunnerConfig) -> None:
     """Host-side checks that turn a malformed plan into a clear error instead of a device fault."""

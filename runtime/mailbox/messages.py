@@ -131,7 +131,9 @@ class StepOutput(Struct, frozen=True, tag=True, array_like=True):
     logprobs: list[float] | None = None  # chosen token's logprob, where any row asked for logprobs
     top_ids: list[list[int]] | None = None
     top_logprobs: list[list[float]] | None = None
-    forward_s: float = 0.0  # worker time for the step, for metrics
+    forward_s: float = 0.0  # host time from launch to results, for metrics
+    gpu_start: float = 0.0  # device time the step began / ended, seconds since the worker's first step
+    gpu_end: float = 0.0  # (CUDA only): the gaps between steps are device idle time
 
 
 class WorkerFailed(Struct, frozen=True, tag=True, array_like=True):
