@@ -160,3 +160,16 @@ def test_higher_priority_is_admitted_first():
     results, _ = run(cfg, reqs)
     order = [rid for rid in results.finish if rid != "busy"]
     assert order == ["p9", "p5", "p1", "p0"]
+
+
+def test_abort_with_steps_in_flight_frees_everything():
+    from runtime.mailbox.messages import AbortRequest
+
+    long_prompt = list(range(1, 400))
+    reqs = [tokenized("a", long_prompt, 50), tokenized("b", [5, 6, 7, 8], 50)]
+    # chunked prefill of "a" is in flight when its abort arrives; "b" decodes when its abort arrives
+    cfg = ServerConfig(chunked_prefill_size=64, max_total_tokens=1024)
+    results, sched = run(cfg, [*reqs, AbortRequest("a"), AbortRequest("b")])
+    assert results.finish == {"a": "abort", "b": "abort"}
+    assert results.stats.kv_pages_used == 0 and results.stats.protected_tokens == 0
+    assert not sched.reqs and not sched.planner.running and not sched.planner.waiting
