@@ -76,8 +76,8 @@ def paged_case(
         if batch
         else torch.zeros(0, dtype=torch.int64)
     )
-    k_pool[used] = torch.randn(len(used), num_kv_heads, head_dim, generator=gen).to(dtype)
-    v_pool[used] = torch.randn(len(used), num_kv_heads, head_dim, generator=gen).to(dtype)
+    k_pool[used] = torch.randn(len(used), num_kv_heads, head_dim, generator=gen, device=dev).to(dtype)
+    v_pool[used] = torch.randn(len(used), num_kv_heads, head_dim, generator=gen, device=dev).to(dtype)
     tokens = sum(extend_lens)
     if q_strided:  # the q slice of a fused qkv projection output
         width_qkv = (num_q_heads + 2 * num_kv_heads) * head_dim
