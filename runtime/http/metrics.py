@@ -105,6 +105,8 @@ class _EngineCollector(Collector):
             ("conduit_scheduler_wait_seconds", "Scheduler time idle with steps in flight (waiting for the worker)",
              s.wait_s),
             ("conduit_scheduler_output_seconds", "Scheduler time processing step outputs", s.output_s),
+            ("conduit_gpu_busy_seconds", "Device time inside steps (CUDA)", s.gpu_busy_s),
+            ("conduit_gpu_idle_seconds", "Device idle time between consecutive steps (CUDA)", s.gpu_idle_s),
         ):
             yield CounterMetricFamily(name, doc, value=value)
 

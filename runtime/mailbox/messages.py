@@ -215,6 +215,8 @@ class EngineStats(Struct, frozen=True, tag=True, array_like=True, kw_only=True):
     protected_tokens: int = 0
     wait_s: float = 0.0  # cumulative scheduler time idle with steps in flight (waiting for the worker)
     output_s: float = 0.0  # cumulative scheduler time processing step outputs
+    gpu_busy_s: float = 0.0  # cumulative device time inside steps (CUDA)
+    gpu_idle_s: float = 0.0  # cumulative device idle time between consecutive steps (CUDA)
 
 
 class FlushCache(Struct, frozen=True, tag=True, array_like=True):

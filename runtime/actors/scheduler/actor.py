@@ -65,6 +65,9 @@ class SchedulerActor(Actor):
         self.plan_s = 0.0  # planning steps
         self.wait_s = 0.0  # idle with steps in flight until a StepOutput arrived: waiting for the worker
         self.output_s = 0.0  # turning StepOutputs into TokenBatches
+        self.gpu_busy_s = 0.0
+        self.gpu_idle_s = 0.0
+        self._gpu_last_end: float | None = None  # None between busy periods: no gap to count
         self._idle_from: float | None = None
         self.prompt_tokens = 0
         self.cached_tokens = 0
@@ -140,7 +143,18 @@ class SchedulerActor(Actor):
         self.outputs.add(req, [], req.finished)
         await self._flush_outputs()
 
+    def _account_device(self, out: StepOutput) -> None:
+        """Device busy time, and device idle time between consecutive steps of a busy period (the gaps
+        overlap scheduling exists to close). CUDA only: CPU steps report no device times."""
+        if not out.gpu_end:
+            return
+        self.gpu_busy_s += out.gpu_end - out.gpu_start
+        if self._gpu_last_end is not None:
+            self.gpu_idle_s += max(0.0, out.gpu_start - self._gpu_last_end)
+        self._gpu_last_end = out.gpu_end
+
     async def _on_output(self, out: StepOutput) -> None:
+        self._account_device(out)
         done = self.inflight.popleft()
         assert done.plan.step == out.step, f"step {out.step} came back, expected {done.plan.step}"
         tokens, i = out.tokens, 0
@@ -227,6 +241,8 @@ class SchedulerActor(Actor):
             planned.t_planned = time.perf_counter()
             self.inflight.append(planned)
             await self.send("worker", planned.plan)
+        if not self.inflight:
+            self._gpu_last_end = None  # the engine went idle: the next gap is not the pipeline's
         await self._send_stats()
 
     def _count_admissions(self, planned: PlannedStep) -> None:
@@ -258,6 +274,8 @@ class SchedulerActor(Actor):
             plan_s=self.plan_s,
             wait_s=self.wait_s,
             output_s=self.output_s,
+            gpu_busy_s=self.gpu_busy_s,
+            gpu_idle_s=self.gpu_idle_s,
             cached_tokens=self.cached_tokens,
             prompt_tokens=self.prompt_tokens,
             retractions=self.planner.retractions,
