@@ -23,9 +23,10 @@ log = structlog.get_logger(__name__)
 class GpuWorkerActor(Actor):
     name = "worker"
 
-    def __init__(self, runner_config) -> None:
+    def __init__(self, runner_config, runner_factory=None) -> None:
         super().__init__()
         self.runner_config = runner_config
+        self.runner_factory = runner_factory  # None: the ModelRunner (tests pass a fake's factory)
         self.runner = None
         self._launch = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpu-launch")
         self._collect = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpu-collect")
@@ -34,10 +35,11 @@ class GpuWorkerActor(Actor):
         self.failed: str | None = None
 
     async def on_start(self) -> None:
-        from runtime.gpu.model_runner import ModelRunner
-
+        factory = self.runner_factory
+        if factory is None:
+            from runtime.gpu.model_runner import ModelRunner as factory
         loop = asyncio.get_running_loop()
-        self.runner = await loop.run_in_executor(self._launch, ModelRunner, self.runner_config)
+        self.runner = await loop.run_in_executor(self._launch, factory, self.runner_config)
         self._sender = asyncio.create_task(self._send_outputs(), name="worker-outputs")
 
     async def on_stop(self) -> None:

@@ -58,6 +58,16 @@ def expected_tokens(
     return out
 
 
+@dataclass
+class Ready:
+    """A fake runner's launched step: its output is already there."""
+
+    out: StepOutput
+
+    def result(self) -> StepOutput:
+        return self.out
+
+
 class HashRunner:
     def __init__(
         self,
@@ -72,6 +82,9 @@ class HashRunner:
         self.req_to_token = [[0] * max_model_len for _ in range(max_reqs + 1)]
         self.last_token = [0] * (max_reqs + 1)
         self.vocab, self.eos, self.eos_every = vocab, eos, eos_every
+
+    def launch(self, plan: StepPlan) -> Ready:
+        return Ready(self.execute(plan))
 
     def execute(self, plan: StepPlan) -> StepOutput:
         for start in plan.added:
@@ -103,6 +116,9 @@ class HashRunner:
 class NullRunner:
     """Samples token 1 for every row; no KV, no table: what is left is the scheduler's own cost."""
 
+    def launch(self, plan: StepPlan) -> Ready:
+        return Ready(self.execute(plan))
+
     def execute(self, plan: StepPlan) -> StepOutput:
         rows = [r for r, s in zip(plan.rows, plan.sample, strict=True) if s]
         return StepOutput(plan.step, rows, [1] * len(rows))
@@ -110,11 +126,7 @@ class NullRunner:
 
 class FakeWorker(GpuWorkerActor):
     def __init__(self, runner) -> None:
-        super().__init__(None)
-        self._fake = runner
-
-    async def on_start(self) -> None:
-        self.runner = self._fake
+        super().__init__(None, runner_factory=lambda _cfg: runner)
 
 
 class _Sink(Actor):
