@@ -65,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     s.add_argument("--host", default="127.0.0.1", help="address to listen on")
     s.add_argument("--port", type=int, default=30000, help="port to listen on")
+    s.add_argument("--kernels", action="store_true",
+                   help="print which implementation each kernel op uses on --device, then exit")
     add_engine_flags(s)
 
     g = sub.add_parser("generate", help="generate offline (the same actors, no HTTP)",
@@ -86,6 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     from runtime.logging import setup_logging
 
     setup_logging()
+    if args.command == "serve" and args.kernels:
+        from runtime.gpu.kernels import registry
+
+        for op, impl in registry.describe(args.device).items():
+            print(f"{op:24s} {impl}")
+        return 0
     if args.command == "serve":
         import uvloop
 
