@@ -4,6 +4,7 @@ Used by the gpu tests, and handy for integration tests that need a real (tiny, f
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import torch
@@ -203,3 +204,15 @@ def decode_scenario(runner, seed: int = 0) -> tuple[list[torch.Tensor], list[lis
         for r in rows:
             lens[r] += 1
     return logits, tokens
+
+
+def shuffled_slots(seed: int, num_slots: int = 1024) -> list[int]:
+    """KV slots 1..num_slots-1 in a seeded random order: tests must not rely on contiguous KV."""
+    slots = list(range(1, num_slots))
+    random.Random(seed).shuffle(slots)
+    return slots
+
+
+def random_prompt(n: int, seed: int, vocab: int = 128) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab, (n,), generator=g).tolist()

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
 from runtime.gpu.model_runner import ModelRunner, RunnerConfig
-from runtime.gpu.testing import YARN_ROPE, PlanBuilder, reference_logits, save_tiny_deepseek_v3, seq_start
+from runtime.gpu.testing import (
+    YARN_ROPE,
+    PlanBuilder,
+    reference_logits,
+    save_tiny_deepseek_v3,
+    seq_start,
+    shuffled_slots,
+)
+from runtime.gpu.testing import random_prompt as prompt
 
 TOL = 1e-4
 CONFIGS = {
@@ -42,17 +48,6 @@ def tiny(request, tmp_path_factory):
     ref = save_tiny_deepseek_v3(path, seed=7, **CONFIGS[request.param])
     runner = ModelRunner(RunnerConfig(str(path), num_kv_slots=1024, max_reqs=8, max_model_len=256))
     return ref, runner
-
-
-def shuffled_slots(seed: int) -> list[int]:
-    slots = list(range(1, 1024))
-    random.Random(seed).shuffle(slots)
-    return slots
-
-
-def prompt(n: int, seed: int) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(3, 128, (n,), generator=g).tolist()
 
 
 def test_full_prefill_matches_reference_at_every_position(tiny):
