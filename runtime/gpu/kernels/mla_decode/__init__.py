@@ -1,0 +1,14 @@
+"""MLA decode (DeepSeek-V2/V3, absorbed form) on the paged latent cache: q [B, Hq, r + rope] against
+one latent row per token, out [B, Hq, r]. FlashMLA when importable, then ours, then the reference.
+`api.flash_mla_with_kvcache` is the FlashMLA call signature over the same choice."""
+
+from runtime.gpu.kernels.registry import always, module_on_cuda, register, triton_on_cuda
+
+register(
+    "mla_decode",
+    "flash_mla",
+    "runtime.gpu.kernels.mla_decode.flash_mla:mla_decode",
+    module_on_cuda("flash_mla"),
+)
+register("mla_decode", "triton", "runtime.gpu.kernels.mla_decode.triton:mla_decode", triton_on_cuda)
+register("mla_decode", "reference", "runtime.gpu.kernels.mla_decode.reference:mla_decode", always)

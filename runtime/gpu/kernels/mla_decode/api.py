@@ -1,0 +1,75 @@
+"""A FlashMLA-signature front end: code written against `flash_mla` runs on whichever `mla_decode`
+implementation the registry picks (FlashMLA itself when importable, else our Triton kernel, else the
+PyTorch reference), so the two are interchangeable.
+
+    meta, splits = get_mla_metadata(cache_seqlens, s_q * h_q // h_kv, h_kv)
+    out, lse = flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, 512, meta, splits,
+                                      softmax_scale=scale, causal=True)
+
+q [b, s_q, h_q, 576], k_cache [num_pages, page, 1, 576] (any page size for ours; 64 for FlashMLA),
+block_table [b, max_pages] int32, cache_seqlens [b] int32. Returns out [b, s_q, h_q, 512] and lse
+[b, h_q, s_q] float32 (natural log). With s_q > 1 and `causal`, query i of a row sees the first
+cache_seqlens - (s_q - 1 - i) tokens (speculative / MTP decode), as in FlashMLA. Dense bf16/fp16 KV only:
+FP8 KV and sparse (`indices`) calls go to FlashMLA or fail."""
+
+from __future__ import annotations
+
+import torch
+
+from runtime.gpu.kernels import registry
+from runtime.gpu.kernels.mla_decode import flash_mla as fm_adapter
+
+OP = "mla_decode"
+
+
+def _impl(device: torch.device) -> str:
+    return registry.select(OP, device).name
+
+
+def get_mla_metadata(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int, num_heads_k: int = 1):
+    """(tile scheduler metadata, num_splits): FlashMLA's when it is the chosen implementation; ours need
+    none (the split count is chosen per call on the host) and get (None, None)."""
+    if _impl(cache_seqlens.device) == "flash_mla":
+        return fm_adapter.scheduler_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k)
+    return None, None
+
+
+def flash_mla_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    head_dim_v: int,
+    tile_scheduler_metadata=None,
+    num_splits=None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    b, s_q, h_q, dim = q.shape
+    assert k_cache.dim() == 4 and k_cache.shape[2] == 1, "one latent head per token"
+    scale = dim**-0.5 if softmax_scale is None else softmax_scale
+    impl = _impl(q.device)
+    if impl == "flash_mla":
+        return fm_adapter.call(
+            q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
+            scale, causal, **kwargs,
+        )  # fmt: skip
+    if any(v is not None and v is not False for v in kwargs.values()):
+        raise NotImplementedError(f"{impl} mla_decode: only dense bf16/fp16 KV; got {sorted(kwargs)}")
+    page = k_cache.shape[1]
+    pool = k_cache.view(-1, dim)
+    rows = torch.arange(b, device=q.device).repeat_interleave(s_q)
+    lens = cache_seqlens.to(torch.int64).repeat_interleave(s_q)
+    if causal and s_q > 1:
+        lens = (lens - (s_q - 1 - torch.arange(s_q, device=q.device)).repeat(b)).clamp(min=0)
+    qf = q.reshape(b * s_q, h_q, dim)
+    if impl == "triton":
+        from runtime.gpu.kernels.mla_decode.triton import mla_decode_paged
+
+        out, lse = mla_decode_paged(qf, pool, block_table, rows, lens, scale, head_dim_v, page)
+    else:  # the reference takes a per-token table
+        pos = torch.arange(block_table.shape[1] * page, device=q.device)
+        r2t = block_table.to(torch.int64)[:, pos // page] * page + pos % page
+        out, lse = registry.get(OP, q.device)(qf, pool, r2t, rows, lens, scale, head_dim_v, return_lse=True)
+    return out.view(b, s_q, h_q, head_dim_v), lse.view(b, s_q, h_q).transpose(1, 2)

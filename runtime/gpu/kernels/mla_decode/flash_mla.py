@@ -1,0 +1,75 @@
+"""Adapters to DeepSeek's FlashMLA (`flash_mla`, built from source; not a working PyPI build).
+
+`mla_decode` is the op signature (req_to_token rows) mapped onto `flash_mla_with_kvcache`. FlashMLA
+reads the pool as pages of 64 tokens through a block table, so this needs the engine's allocator to
+hand out page-aligned slots: token p of a row lives in slot `page * 64 + p % 64` of its p // 64-th page
+(true for `testing.mla_case(page_size=64)`). The block table is derived from req_to_token on the
+device (every 64th slot // 64); nothing syncs.
+
+Both FlashMLA API generations are handled: v1 (`get_mla_metadata(cache_seqlens, h_q, 1)` returning
+(tile metadata, num_splits)) and the current one (`get_mla_metadata()` returning a scheduling object
+filled on first use, `num_splits` None)."""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from runtime.gpu.kernels.mla_decode.reference import pool_2d
+
+FLASH_MLA_PAGE = 64
+
+
+def _module():
+    import flash_mla
+
+    return flash_mla
+
+
+def scheduler_metadata(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int, num_heads_k: int = 1):
+    """(tile scheduler metadata, num_splits) for either FlashMLA API generation."""
+    fm = _module()
+    params = inspect.signature(fm.get_mla_metadata).parameters.values()
+    if any(p.default is inspect.Parameter.empty and p.kind != p.VAR_POSITIONAL for p in params):
+        return fm.get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k)  # v1
+    return fm.get_mla_metadata(), None
+
+
+def call(q4, k_cache, block_table, cache_seqlens, head_dim_v, meta, num_splits, scale, causal, **kw):
+    """flash_mla.flash_mla_with_kvcache with the metadata of either API generation -> (out, lse)."""
+    extra = {} if num_splits is None else {"num_splits": num_splits}
+    return _module().flash_mla_with_kvcache(
+        q4, k_cache, block_table, cache_seqlens, head_dim_v, meta,
+        softmax_scale=scale, causal=causal, **extra, **kw,
+    )  # fmt: skip
+
+
+def mla_decode(
+    q: torch.Tensor,
+    latent_pool: torch.Tensor,
+    req_to_token: torch.Tensor,
+    rows: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    kv_lora_rank: int = 512,
+    num_splits: int | None = None,
+    out: torch.Tensor | None = None,
+    return_lse: bool = False,
+):
+    """The op through FlashMLA (page-aligned slots, see the module doc). `num_splits` is FlashMLA's
+    business (its scheduler metadata) and is ignored."""
+    pool = pool_2d(latent_pool)
+    batch, num_heads, dim = q.shape
+    k_cache = pool.view(-1, FLASH_MLA_PAGE, 1, dim)
+    block_table = (req_to_token.index_select(0, rows)[:, ::FLASH_MLA_PAGE] // FLASH_MLA_PAGE).to(torch.int32)
+    cache_seqlens = seq_lens.to(torch.int32)
+    meta, splits = scheduler_metadata(cache_seqlens, num_heads, 1)
+    o, lse = call(
+        q.unsqueeze(1), k_cache, block_table, cache_seqlens, kv_lora_rank, meta, splits, scale, False
+    )
+    o = o[:, 0]
+    if out is not None:
+        out.copy_(o)
+        o = out
+    return (o, lse[:, :, 0]) if return_lse else o

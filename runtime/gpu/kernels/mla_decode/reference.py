@@ -1,0 +1,53 @@
+"""MLA decode (absorbed form) over the paged latent cache in plain PyTorch, row by row in float32: the
+truth for the kernels.
+
+Every query head attends the same latent rows `[c (kv_lora_rank) | k_pe (rope)]` (one latent "head",
+d_qk = kv_lora_rank + rope, 576 for DeepSeek-V2/V3); the values are the first kv_lora_rank dims of the
+same rows (d_v = 512)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def pool_2d(latent_pool: torch.Tensor) -> torch.Tensor:
+    """[slots, D] or [slots, 1, D] (`LatentKVCache.kv[layer]`) -> a [slots, D] view."""
+    if latent_pool.dim() == 3:
+        assert latent_pool.shape[1] == 1, "the latent pool has one head"
+        return latent_pool[:, 0]
+    return latent_pool
+
+
+def mla_decode(
+    q: torch.Tensor,
+    latent_pool: torch.Tensor,
+    req_to_token: torch.Tensor,
+    rows: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    kv_lora_rank: int = 512,
+    num_splits: int | None = None,
+    out: torch.Tensor | None = None,
+    return_lse: bool = False,
+):
+    """q: [B, Hq, kv_lora_rank + rope] (q_nope already multiplied by W_UK); row b attends the slots
+    req_to_token[rows[b], :seq_lens[b]] of latent_pool ([slots, D] or [slots, 1, D]).
+    Returns out [B, Hq, kv_lora_rank] in q's dtype, and with `return_lse` also the natural-log
+    log-sum-exp of the scaled scores [B, Hq] float32 (-inf for an empty row; its output is 0).
+    `num_splits` is ignored."""
+    pool = pool_2d(latent_pool)
+    batch, hq, _ = q.shape
+    out = q.new_empty(batch, hq, kv_lora_rank) if out is None else out
+    lse = torch.empty(batch, hq, dtype=torch.float32, device=q.device)
+    for b, (row, n) in enumerate(zip(rows.tolist(), seq_lens.tolist(), strict=True)):
+        if n == 0:
+            out[b] = 0
+            lse[b] = -math.inf
+            continue
+        lat = pool[req_to_token[row, :n]].float()  # [S, D]
+        s = (q[b].float() @ lat.T) * scale  # [Hq, S]
+        lse[b] = torch.logsumexp(s, dim=-1)
+        out[b] = (torch.softmax(s, dim=-1) @ lat[:, :kv_lora_rank]).to(out.dtype)
+    return (out, lse) if return_lse else out
