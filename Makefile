@@ -22,15 +22,15 @@ serve: $(STAMP)
 	$(VENV)/bin/conduit serve $(ARGS)
 
 test: $(STAMP)
-	$(VENV)/bin/ruff check runtime loadgen tests
-	$(VENV)/bin/pytest -q $(ARGS)
+	$(PY) -m ruff check runtime loadgen tests
+	$(PY) -m pytest -q $(ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check runtime loadgen tests
-	$(VENV)/bin/ruff format --check runtime loadgen tests
+	$(PY) -m ruff check runtime loadgen tests
+	$(PY) -m ruff format --check runtime loadgen tests
 
 format: $(STAMP)
-	$(VENV)/bin/ruff format runtime loadgen tests
+	$(PY) -m ruff format runtime loadgen tests
 
 clean:
 	rm -rf $(VENV)
