@@ -6,6 +6,7 @@ that registers them in preference order. Importing this package registers every 
 from runtime.gpu.kernels import (  # noqa: F401  (imported to register their implementations)
     decode_attention,
     extend_attention,
+    fp8_gemm,
     mla_decode,
     rms_norm,
     rope,

@@ -211,6 +211,103 @@ def triton_backend_matches_torch_backend_mixed_then_decode():
     return max(ratios)
 
 
+# ------------------------------------------------------------------ DeepSeek ops (issue 8)
+
+
+def _mla(lens: list[int], hq: int, page: int, dtype, splits=None, block_table: bool = False) -> float:
+    """Small MLA (r 64 + rope 16) so the interpreter is quick; the kernel is shape-generic."""
+    from runtime.gpu.kernels.mla_decode import reference, triton
+    from runtime.gpu.kernels.mla_decode.testing import mla_case
+    from runtime.gpu.kernels.testing import close_ratio
+
+    c = mla_case(lens, hq, dtype, "cpu", page_size=page, kv_lora_rank=64, rope_dim=16, seed=len(lens) + hq)
+    want, want_lse = reference.mla_decode(*c.args(), return_lse=True)
+    if block_table:  # the FlashMLA layout: pages through block_table, PAGE = page
+        rows = torch.arange(len(lens))
+        got, lse = triton.mla_decode_paged(
+            c.q, c.pool[:, 0], c.block_table, rows, c.seq_lens, c.scale, 64, page, splits
+        )
+    else:
+        got, lse = triton.mla_decode(*c.args(), num_splits=splits, return_lse=True)
+    if not torch.equal(lse.isinf(), want_lse.isinf()):
+        return float("inf")
+    fin = want_lse.isfinite()
+    return max(close_ratio(got, want, *_tol(dtype)), close_ratio(lse[fin], want_lse[fin], 1e-4, 1e-4))
+
+
+@case
+def mla_decode_fp32_split3_page16_empty_row():
+    return _mla([37, 1, 0, 100], 20, 16, torch.float32, splits=3)
+
+
+@case
+def mla_decode_bf16_page64_direct():
+    return _mla([70, 5], 16, 64, torch.bfloat16, splits=1)
+
+
+@case
+def mla_decode_bf16_block_table_page16_split2():
+    return _mla([50, 17, 33], 16, 16, torch.bfloat16, splits=2, block_table=True)
+
+
+@case
+def mla_flash_mla_signature_causal_sq2():
+    """The FlashMLA-signature front end on our Triton kernel (s_q 2, causal) vs on the reference."""
+    from runtime.gpu.kernels.mla_decode import api
+    from runtime.gpu.kernels.mla_decode.testing import mla_case
+    from runtime.gpu.kernels.testing import close_ratio
+
+    c = mla_case([40, 9], 16, torch.float32, "cpu", page_size=16, kv_lora_rank=64, rope_dim=16, seed=5)
+    q = torch.randn(2, 2, 16, 80, generator=torch.Generator().manual_seed(6))
+    res, chosen = {}, api._impl
+    try:
+        for impl in ("triton", "reference"):
+            api._impl = lambda device, impl=impl: impl
+            args = (q, c.k_cache(), c.block_table, c.cache_seqlens, 64, None, None, c.scale, True)
+            res[impl] = api.flash_mla_with_kvcache(*args)
+    finally:
+        api._impl = chosen
+    (o, lse), (wo, wlse) = res["triton"], res["reference"]
+    return max(close_ratio(o, wo, 1e-4, 1e-4), close_ratio(lse, wlse, 1e-4, 1e-4))
+
+
+@case
+def fp8_act_quant_bf16_ragged_k():
+    """Scales exact; e4m3 values identical (the launcher rounds to e4m3 in torch under the interpreter)."""
+    from runtime.gpu.kernels.fp8_gemm import reference, triton
+
+    x = (torch.randn(5, 300, generator=torch.Generator().manual_seed(7)) * 3).to(torch.bfloat16)
+    x[1, 128:256] = 0  # an all-zero group
+    q, s = triton.fp8_act_quant(x)
+    qr, sr = reference.act_quant(x)
+    same = torch.equal(q.view(torch.uint8), qr.view(torch.uint8))
+    return (s - sr).abs().max().item() / 1e-12 if same else float("inf")
+
+
+def _fp8_gemm(m: int, n: int, k: int, split: int) -> float:
+    from runtime.gpu.kernels.fp8_gemm import reference, triton
+    from runtime.gpu.kernels.testing import close_ratio
+    from runtime.gpu.quant.fp8 import quantize
+
+    g = torch.Generator().manual_seed(m + n + k)
+    xq, xs = reference.act_quant(torch.randn(m, k, generator=g))
+    wq, ws = quantize(torch.randn(n, k, generator=g), (128, 128))
+    cfg = triton.GemmConfig(block_m=16, block_n=32, split_k=split, num_warps=1, num_stages=1)
+    got = triton.fp8_block_gemm(xq, xs, wq, ws, config=cfg)
+    want = reference.fp8_block_gemm(xq, xs, wq, ws)
+    return close_ratio(got, want, 1e-2 * want.abs().max().item(), 1.6e-2)
+
+
+@case
+def fp8_block_gemm_ragged_m_n_k():
+    return _fp8_gemm(5, 100, 300, 1)
+
+
+@case
+def fp8_block_gemm_split_k3():
+    return _fp8_gemm(17, 160, 384, 3)
+
+
 # ------------------------------------------------------------------ the pytest side
 
 _HAS_TRITON = importlib.util.find_spec("triton") is not None
