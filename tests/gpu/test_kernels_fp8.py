@@ -1,0 +1,95 @@
+"""FP8 block GEMM (op `fp8_block_gemm`) and the activation quantizer (`fp8_act_quant`) on CUDA: every
+implementation vs the PyTorch reference (dequantize + float32 matmul) at DeepSeek-V3 shapes (M 1, 64,
+128, 4096; N x K 7168x2048, 4096x7168, 2112x7168) and ragged ones. Both sides use the same quantized
+inputs, so the tolerance only covers accumulation order and the bf16 output rounding; `pytest -s` also
+prints the error of the whole fp8 path against the unquantized bf16 matmul (information)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runtime.gpu.kernels import registry
+from runtime.gpu.kernels.fp8_gemm import reference
+from runtime.gpu.kernels.testing import close_ratio
+from runtime.gpu.quant.fp8 import quantize
+
+pytestmark = pytest.mark.gpu
+
+
+def _impls(op: str) -> list[str]:
+    return [i.name for i in registry.implementations(op) if i.name != "reference"]
+
+
+def _fn(op: str, name: str):
+    impl = next(i for i in registry.implementations(op) if i.name == name)
+    if not impl.available(torch.device("cuda")):
+        pytest.skip(f"{op}/{name} not available here")
+    return impl.load()
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp(min=1e-30)).item()
+
+
+NK = [(7168, 2048), (4096, 7168), (2112, 7168)]
+SHAPES = [(m, n, k) for m in (1, 64, 128, 4096) for n, k in NK] + [
+    (5, 100, 300),
+    (33, 2112, 7168),
+    (300, 257, 1000),
+]
+
+
+@pytest.mark.parametrize("name", _impls("fp8_block_gemm"))
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "m{}-n{}-k{}".format(*s))
+def test_fp8_block_gemm_matches_reference(name: str, shape: tuple) -> None:
+    m, n, k = shape
+    if name == "deep_gemm" and (n % 64 or k % 128):
+        pytest.skip("DeepGEMM needs N % 64 == 0 and K % 128 == 0")
+    g = torch.Generator("cuda").manual_seed(m + n + k)
+    x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
+    w = (torch.randn(n, k, device="cuda", generator=g) * 0.05).to(torch.bfloat16)
+    xq, xs = reference.act_quant(x)
+    wq, ws = quantize(w, (128, 128))
+    want = reference.fp8_block_gemm(xq, xs, wq, ws)
+    got = _fn("fp8_block_gemm", name)(xq, xs, wq, ws)
+    ratio = close_ratio(got, want, 2e-3 * want.abs().max().item(), 1e-2)
+    print(
+        f"\n  {name} {shape}: {ratio:.3f}x tol; fp8 path vs bf16 matmul rel. error {_rel(got, x @ w.T):.4f}"
+    )
+    assert got.dtype == torch.bfloat16 and ratio <= 1.0
+
+
+@pytest.mark.parametrize("name", _impls("fp8_act_quant"))
+@pytest.mark.parametrize("shape", [(1, 7168), (64, 2048), (4096, 7168), (7, 300)], ids=str)
+def test_fp8_act_quant_matches_reference(name: str, shape: tuple) -> None:
+    x = (torch.randn(*shape, device="cuda") * 4).to(torch.bfloat16)
+    x[0, : min(128, shape[1])] = 0  # an all-zero group
+    q, s = _fn("fp8_act_quant", name)(x)
+    qr, sr = reference.act_quant(x)
+    assert q.dtype == torch.float8_e4m3fn and s.dtype == torch.float32 and s.shape == sr.shape
+    scale_err = ((s - sr).abs() / sr).max().item()
+    mismatch = (q.view(torch.uint8) != qr.view(torch.uint8)).float().mean().item()
+    # x / scale may differ by an ulp of float32 (division vs reciprocal): e4m3 values then differ by
+    # at most one step, and only at rounding ties
+    deq_ratio = close_ratio(reference.dequant_act(q, s), reference.dequant_act(qr, sr), 1e-6, 0.126)
+    print(
+        f"\n  {name} {shape}: scale rel err {scale_err:.2e}, e4m3 mismatch {mismatch:.2e}, deq {deq_ratio:.3f}"
+    )
+    assert scale_err <= 1e-6 and mismatch <= 1e-3 and deq_ratio <= 1.0
+
+
+def test_fp8_linear_end_to_end() -> None:
+    """The registry's quantizer + GEMM on a bf16 activation vs the bf16 matmul of the dequantized weight."""
+    from runtime.gpu.kernels.fp8_gemm.linear import fp8_linear
+
+    x = torch.randn(2, 64, 7168, device="cuda").to(torch.bfloat16)
+    wq, ws = quantize(torch.randn(2112, 7168, device="cuda") * 0.05, (128, 128))
+    w = reference.dequant_weight(wq, ws)
+    y = fp8_linear(x, wq, ws)
+    rel = _rel(y, x.float() @ w.T)
+    print(
+        f"\n  fp8_linear (quant={registry.select('fp8_act_quant', 'cuda').name}, "
+        f"gemm={registry.select('fp8_block_gemm', 'cuda').name}): rel. error vs bf16 {rel:.4f}"
+    )
+    assert y.shape == (2, 64, 2112) and rel < 0.06
