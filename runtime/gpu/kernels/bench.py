@@ -11,6 +11,7 @@ timing, a smoke test of this script only."""
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -142,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--page-size", type=int, default=16, help="slots are shuffled a page at a time")
     p.add_argument("--small", action="store_true", help="small shapes (smoke test)")
     p.add_argument("--no-graph", action="store_true", help="time plain launches, not CUDA graph replays")
+    p.add_argument("--sweep", action="store_true", help="also time the Triton kernels' alternative configs")
     a = p.parse_args(argv)
     device = torch.device(a.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -156,21 +158,153 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{'op':<18} {'impl':<10} {'shape':<26} {'us':>9} {'GB/s':>8} {'%copy':>6} {'TFLOP/s':>8} {'%mm':>5}"
     )
-    for w in workloads(ops, device, small, a.page_size):
+    fp8_peak = None
+    for w in itertools.chain(
+        workloads(ops, device, small, a.page_size), deepseek_workloads(ops, device, small)
+    ):
+        w_peak = peak
+        if w.op.startswith("fp8"):  # against the FP8 matmul peak (torch._scaled_mm), measured once
+            fp8_peak = fp8_peak or fp8_ceiling(device, small)
+            w_peak = fp8_peak or peak
         for impl in registry.implementations(w.op):
             is_ref = impl.name == "reference"
             if not impl.available(device) or (is_ref and not (a.reference and w.tokens <= 8192)):
                 continue
             fn = impl.load()
             graph = not (is_ref or a.no_graph)
-            ms = bench_ms(lambda fn=fn, w=w: fn(*w.args, **w.kwargs), device, graph)
-            bw, fl = w.bytes / (ms * 1e-3), w.flops / (ms * 1e-3)
-            print(
-                f"{w.op:<18} {impl.name:<10} {w.label:<26} {ms * 1e3:9.1f} {bw / 1e9:8.0f} "
-                f"{100 * bw / copy_bw:5.0f}% {fl / 1e12:8.2f} {100 * fl / peak:4.0f}%",
-                flush=True,
-            )
+            variants = [(impl.name, {})]
+            if a.sweep and impl.name == "triton" and w.op in SWEEPS:
+                variants += [(f"triton:{_cfg_label(c)}", {"config": c}) for c in SWEEPS[w.op](w)]
+            for label, extra in variants:
+                kw = {**w.kwargs, **extra}
+                ms = bench_ms(lambda fn=fn, w=w, kw=kw: fn(*w.args, **kw), device, graph)
+                bw, fl = w.bytes / (ms * 1e-3), w.flops / (ms * 1e-3)
+                print(
+                    f"{w.op:<18} {label:<10} {w.label:<26} {ms * 1e3:9.1f} {bw / 1e9:8.0f} "
+                    f"{100 * bw / copy_bw:5.0f}% {fl / 1e12:8.2f} {100 * fl / w_peak:4.0f}%",
+                    flush=True,
+                )
     return 0
+
+
+# ------------------------------------------------------------------ DeepSeek ops (issue 8)
+
+# FlashMLA's dense decode kernel on this H200 kind (issue 8), median of triton do_bench
+FLASH_MLA_H200 = {
+    (128, 64): {1024: "446 TF", 4096: "578 TF", 16384: "570 TF", 32768: "588 TF"},
+    (128, 128): {1024: "469 TF", 4096: "575 TF", 16384: "537 TF", 32768: "525 TF"},
+    (16, 128): {4096: "3.56 TB/s", 32768: "4.11 TB/s"},
+}
+# DeepGEMM's published H800 figures (README @327ec92), dense 1x128 / 128x128 FP8
+DEEP_GEMM_H800 = {
+    (64, 2112, 7168): "206 TF",
+    (128, 2112, 7168): "352 TF",
+}  # (the other shapes' figures: DeepGEMM README @327ec92; M=4096 ranges 775-1520 TF over its table)
+
+
+def fp8_ceiling(device: torch.device, small: bool) -> float | None:
+    """FP8 e4m3 matmul FLOP/s (torch._scaled_mm, per-tensor scales, 8192^3); None where unsupported."""
+    if device.type != "cuda":
+        return None
+    try:
+        m = 1024 if small else 8192
+        a = torch.randn(m, m, device=device).to(torch.float8_e4m3fn)
+        b = torch.randn(m, m, device=device).to(torch.float8_e4m3fn).T
+        one = torch.ones((), device=device)
+        ms = bench_ms(lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16), device)
+        f = 2 * m**3 / (ms * 1e-3)
+        print(
+            f"# ceilings: fp8 matmul {f / 1e12:.1f} TFLOP/s (torch._scaled_mm, %mm of fp8 ops is against this)"
+        )
+        return f
+    except Exception as e:  # noqa: BLE001 - an old torch / GPU: fall back to the bf16 peak
+        print(f"# fp8 matmul ceiling unavailable ({type(e).__name__}); fp8 %mm is against bf16")
+        return None
+
+
+def _cfg_label(c) -> str:
+    if hasattr(c, "block_h"):
+        return f"h{c.block_h}n{c.block_n}w{c.num_warps}s{c.num_stages}"
+    return f"{c.block_m}x{c.block_n}k{c.split_k}w{c.num_warps}s{c.num_stages}"
+
+
+def _mla_sweep(w: Work) -> list:
+    from runtime.gpu.kernels.mla_decode.triton import MLAConfig
+
+    return [
+        MLAConfig(h, n, warps, stages)
+        for h, n, warps, stages in (
+            (16, 16, 4, 2), (16, 64, 4, 2), (16, 32, 4, 3), (16, 32, 8, 2),
+            (32, 32, 8, 2), (32, 16, 4, 2), (64, 32, 8, 2), (64, 16, 8, 1),
+        )
+    ]  # fmt: skip
+
+
+def _fp8_sweep(w: Work) -> list:
+    from runtime.gpu.kernels.fp8_gemm.triton import GemmConfig
+
+    m = w.args[0].shape[0]
+    if m <= 128:
+        return [
+            GemmConfig(bm, bn, sk, 8, warps, st)
+            for bm, bn, sk, warps, st in (
+                (16, 64, 1, 4, 4), (16, 64, 4, 4, 4), (16, 128, 2, 4, 4), (32, 64, 2, 4, 4),
+                (64, 64, 2, 4, 3), (64, 128, 1, 4, 3), (64, 128, 2, 4, 4), (16, 32, 4, 2, 5),
+            )
+        ]  # fmt: skip
+    return [
+        GemmConfig(bm, bn, 1, gm, warps, st)
+        for bm, bn, gm, warps, st in (
+            (64, 128, 8, 4, 3), (64, 128, 32, 4, 4), (128, 128, 8, 8, 3), (128, 128, 8, 4, 3),
+            (128, 256, 8, 8, 3), (128, 64, 8, 4, 4), (64, 256, 8, 8, 3), (128, 128, 16, 8, 4),
+        )
+    ]  # fmt: skip
+
+
+SWEEPS = {"mla_decode": _mla_sweep, "fp8_block_gemm": _fp8_sweep}
+
+
+def deepseek_workloads(ops: list[str], device: torch.device, small: bool) -> Iterator[Work]:
+    """MLA decode (bf16 latent pool, page 64, FlashMLA FLOP/byte accounting: FLOPs = 2 * sum(seqlen) *
+    h_q * (576 + 512), bytes = KV + Q + O) at h_q 128/16, batch 64/128, contexts 1K..32K; FP8 block GEMM
+    and the activation quantizer at DeepSeek-V3 shapes. Labels carry the anchor to compare with."""
+    if "mla_decode" in ops:
+        from runtime.gpu.kernels.mla_decode.testing import mla_case
+
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        r, dpe = (64, 16) if small else (512, 64)
+        for hq in (128, 16):
+            for batch in (2,) if small else (64, 128):
+                for ctx in (300,) if small else (1024, 4096, 16384, 32768):
+                    c = mla_case([ctx] * batch, hq, dtype, device, 64, r, dpe, nan_fill=False)
+                    elem = c.pool.element_size()
+                    nbytes = (c.kv_tokens * (r + dpe) + batch * hq * (2 * r + dpe)) * elem
+                    flops = 2 * c.kv_tokens * hq * (2 * r + dpe)
+                    anchor = FLASH_MLA_H200.get((hq, batch), {}).get(ctx, "")
+                    label = f"h={hq} B={batch} ctx={ctx}" + (f" [FlashMLA {anchor}]" if anchor else "")
+                    yield Work("mla_decode", label, c.args(), {}, nbytes, flops, tokens=c.kv_tokens)
+                    del c
+    shapes = [(m, n, k) for m in (1, 64, 128, 4096) for n, k in ((7168, 2048), (4096, 7168), (2112, 7168))]
+    if small:
+        shapes = [(4, 256, 512), (64, 256, 384)]
+    if "fp8_block_gemm" in ops:
+        from runtime.gpu.kernels.fp8_gemm.reference import act_quant
+        from runtime.gpu.quant.fp8 import quantize
+
+        for m, n, k in shapes:
+            xq, xs = act_quant(torch.randn(m, k, device=device))
+            wq, ws = quantize(torch.randn(n, k, device=device) * 0.05, (128, 128))
+            nbytes = m * k + n * k + 4 * (xs.numel() + ws.numel()) + 2 * m * n
+            anchor = DEEP_GEMM_H800.get((m, n, k))
+            label = f"M={m} N={n} K={k}" + (f" [DeepGEMM H800 {anchor}]" if anchor else "")
+            yield Work("fp8_block_gemm", label, (xq, xs, wq, ws), {}, nbytes, 2 * m * n * k, tokens=m)
+    if "fp8_act_quant" in ops:
+        for m, k in ((64, 7168), (4096, 7168)) if not small else ((4, 300),):
+            x = torch.randn(m, k, device=device).to(
+                torch.bfloat16 if device.type == "cuda" else torch.float32
+            )
+            nbytes = m * k * (x.element_size() + 1) + 4 * m * -(-k // 128)
+            yield Work("fp8_act_quant", f"M={m} K={k}", (x,), {}, nbytes, 0, tokens=m)
 
 
 if __name__ == "__main__":
