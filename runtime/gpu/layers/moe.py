@@ -11,6 +11,15 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def score(logits: torch.Tensor, scoring: str) -> torch.Tensor:
+    """Router scores: sigmoid (V3), softmax (V2) or sqrt(softplus) (V4)."""
+    if scoring == "sigmoid":
+        return logits.sigmoid()
+    if scoring == "sqrtsoftplus":
+        return F.softplus(logits).sqrt()
+    return logits.softmax(-1)
+
+
 class TopkRouter(nn.Module):
     """Scores (sigmoid, or softmax for V2), group-limited top-k on scores + correction bias, weights
     from the plain scores, optionally normalised, times `routed_scaling_factor`.
@@ -40,7 +49,7 @@ class TopkRouter(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [T, D] -> (weights [T, k] float32, expert ids [T, k])."""
         logits = F.linear(x.float(), self.weight)
-        scores = logits.sigmoid() if self.scoring == "sigmoid" else logits.softmax(-1)
+        scores = score(logits, self.scoring)
         choice = scores + self.e_score_correction_bias if self.has_bias else scores
         if self.num_groups > 1:
             grouped = choice.view(-1, self.num_groups, self.num_experts // self.num_groups)
@@ -62,9 +71,12 @@ class RoutedExperts(nn.Module):
     """E SwiGLU experts with stacked weights; checkpoint tensors `experts.{e}.{gate,up,down}_proj.weight`
     land in slices of them (see `checkpoint_slice`)."""
 
-    def __init__(self, num_experts: int, hidden: int, intermediate: int) -> None:
+    def __init__(
+        self, num_experts: int, hidden: int, intermediate: int, swiglu_limit: float | None = None
+    ) -> None:
         super().__init__()
         self.num_experts, self.intermediate = num_experts, intermediate
+        self.swiglu_limit = swiglu_limit  # V4: silu(min(gate, L)) * clamp(up, -L, L)
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
 
@@ -93,7 +105,39 @@ class RoutedExperts(nn.Module):
                 continue
             seg = xs[start : start + n]
             gate, up = F.linear(seg, self.gate_up_proj[e]).chunk(2, dim=-1)
-            out[start : start + n] = F.linear(F.silu(gate) * up, self.down_proj[e])
+            out[start : start + n] = F.linear(swiglu(gate, up, self.swiglu_limit), self.down_proj[e])
             start += n
         out = out * weights.reshape(-1)[order].unsqueeze(-1).to(out.dtype)
         return torch.zeros_like(x).index_add_(0, token_of, out)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None = None) -> torch.Tensor:
+    """silu(gate) * up; with `limit` (V4) gate is clamped above and up on both sides first."""
+    if limit is not None:
+        gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+    return F.silu(gate) * up
+
+
+class HashRouter(nn.Module):
+    """V4's first layers: experts fixed per token id (`tid2eid[input_id]`), weighted by the learned
+    scores of those experts (normalised, times `routed_scaling_factor`). Float32 like TopkRouter."""
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.num_experts, self.top_k = config.n_routed_experts, config.num_experts_per_tok
+        self.scaling = getattr(config, "routed_scaling_factor", 1.0)
+        self.scoring = getattr(config, "scoring_func", "sqrtsoftplus")
+        self.weight = nn.Parameter(torch.zeros(self.num_experts, config.hidden_size, dtype=torch.float32))
+        tid2eid = torch.zeros(config.vocab_size, self.top_k, dtype=torch.int64)
+        self.tid2eid = nn.Parameter(tid2eid, requires_grad=False)  # a parameter so the loader demands it
+
+    def _apply(self, fn, recurse=True):
+        return super()._apply(lambda t: fn(t).float() if t.is_floating_point() else fn(t), recurse)
+
+    def forward(self, x: torch.Tensor, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: [T, D], input_ids: [T] -> (weights [T, k] float32, expert ids [T, k])."""
+        scores = score(F.linear(x.float(), self.weight), self.scoring)
+        ids = self.tid2eid[input_ids].long()
+        weights = scores.gather(1, ids)
+        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        return weights * self.scaling, ids
