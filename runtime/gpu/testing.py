@@ -216,3 +216,88 @@ def shuffled_slots(seed: int, num_slots: int = 1024) -> list[int]:
 def random_prompt(n: int, seed: int, vocab: int = 128) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(3, vocab, (n,), generator=g).tolist()
+
+
+# ---------------------------------------------------------------------------------------- DeepSeek-V4
+
+V4_LAYERS = ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention",
+             "compressed_sparse_attention"]  # fmt: skip
+
+
+def tiny_deepseek_v4_config(**overrides):
+    """V4 at toy sizes with every layer kind: sliding, CSA (rate 4, top-2 of the indexer), HCA (rate 8),
+    a hash-routed MoE layer first; window 8, 2 mHC streams."""
+    from transformers import DeepseekV4Config
+
+    kw = dict(
+        vocab_size=128,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        num_hidden_layers=4,
+        head_dim=32,
+        partial_rotary_factor=0.25,
+        q_lora_rank=32,
+        o_groups=2,
+        o_lora_rank=16,
+        sliding_window=8,
+        hc_mult=2,
+        hc_sinkhorn_iters=3,
+        index_n_heads=16,  # ReLU scores tie at exactly 0 when every head is negative: keep that rare
+        index_head_dim=16,
+        index_topk=2,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        layer_types=V4_LAYERS,
+        mlp_layer_types=["hash_moe", "moe", "moe", "moe"],
+        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+        num_nextn_predict_layers=0,
+        max_position_embeddings=256,
+        swiglu_limit=0.5,  # small enough that the clamps bite at these sizes
+        bos_token_id=1,
+        eos_token_id=2,
+        architectures=["DeepseekV4ForCausalLM"],
+    )
+    kw.update(overrides)
+    return DeepseekV4Config(**kw)
+
+
+def random_deepseek_v4(seed: int = 0, **overrides):
+    """transformers' DeepseekV4ForCausalLM (float32) with every weight random, including what its init
+    leaves at zero or one: sinks, position biases, mHC base/scale, correction bias, and `tid2eid`."""
+    from transformers import DeepseekV4ForCausalLM
+
+    torch.manual_seed(seed)
+    config = tiny_deepseek_v4_config(**overrides)
+    model = DeepseekV4ForCausalLM(config).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            leaf = name.rsplit(".", 1)[-1]
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+            elif leaf in ("sinks", "position_bias"):
+                p.normal_(0.0, 1.0)
+            elif leaf in ("base", "hc_base"):
+                p.normal_(0.0, 0.5)
+            elif leaf in ("scale", "hc_scale"):
+                p.uniform_(0.5, 1.5)
+            elif leaf in ("fn", "hc_fn") or name.endswith("gate.weight"):
+                p.normal_(0.0, 0.3)
+            elif p.dim() >= 2:
+                p.normal_(0.0, 0.1)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.uniform_(-0.2, 0.2)
+            elif name.endswith("tid2eid"):
+                experts = torch.rand(b.shape[0], config.n_routed_experts).argsort(-1)
+                b.copy_(experts[:, : b.shape[1]])
+    return model
+
+
+def save_tiny_deepseek_v4(path: Path, seed: int = 0, **overrides):
+    """A real checkpoint directory of a random tiny DeepSeek-V4 (transformers saves the upstream tensor
+    names: `attn.wq_a`, `ffn.experts.N.w1`, `hc_attn_fn`...); returns the transformers model."""
+    model = random_deepseek_v4(seed, **overrides)
+    model.save_pretrained(path)
+    return model

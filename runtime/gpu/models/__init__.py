@@ -9,6 +9,7 @@ from torch import nn
 _MODELS: dict[str, str] = {
     "LlamaForCausalLM": "runtime.gpu.models.llama:LlamaForCausalLM",
     "DeepseekV3ForCausalLM": "runtime.gpu.models.deepseek_v3:DeepseekV3ForCausalLM",
+    "DeepseekV4ForCausalLM": "runtime.gpu.models.deepseek_v4:DeepseekV4ForCausalLM",
 }
 
 

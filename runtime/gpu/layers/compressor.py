@@ -1,0 +1,98 @@
+"""V4's KV compressors and the Lightning Indexer (the math; state across steps is the backend's).
+
+A compressor turns every window of `rate` tokens into one entry: per channel, a softmax over the
+window's tokens of `gate + position_bias` weights their `kv`; the sum is RMS-normed and roped ("compress"
+table) at the window's first position. HCA (rate 128) uses disjoint windows. CSA (rate 4) overlaps:
+`kv_proj` / `gate_proj` give two series [Ca | Cb], and entry w pools Ca of window w-1 with Cb of window
+w (2 * rate slots; window 0's Ca half is empty). The indexer is a CSA compressor at `index_head_dim`
+plus a scorer that picks, per query, the `index_topk` entries CSA attends."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from runtime.gpu.layers.interleaved_rope import InterleavedRope
+from runtime.gpu.layers.norm import RMSNorm
+
+
+class Compressor(nn.Module):
+    def __init__(self, hidden: int, dim: int, rate: int, overlap: bool, eps: float) -> None:
+        super().__init__()
+        self.dim, self.rate, self.overlap = dim, rate, overlap
+        width = 2 * dim if overlap else dim
+        self.kv_proj = nn.Linear(hidden, width, bias=False)
+        self.gate_proj = nn.Linear(hidden, width, bias=False)
+        self.position_bias = nn.Parameter(torch.zeros(rate, width, dtype=torch.float32))
+        self.kv_norm = RMSNorm(dim, eps)
+        self.indexer: Indexer | None = None  # CSA's Lightning Indexer
+
+    @property
+    def tail_len(self) -> int:
+        """Raw tokens a request must keep between steps: the open window, plus the last closed one
+        when windows overlap (its Ca half feeds the next entry)."""
+        return 2 * self.rate if self.overlap else self.rate
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, D] -> raw (kv, gate) [T, width]: what a request keeps for its open window."""
+        return self.kv_proj(x), self.gate_proj(x)
+
+    def pool(
+        self, kv: torch.Tensor, gate: torch.Tensor, first_window: int, rope: InterleavedRope
+    ) -> torch.Tensor:
+        """Raw kv/gate of whole windows first_window.. [n * rate, width] -> entries [n, dim]. With
+        overlap, the first window pools its Cb half alone (callers that have its predecessor pass it
+        first and drop that entry)."""
+        m, d = self.rate, self.dim
+        n = kv.shape[0] // m
+        kv = kv.view(n, m, -1)
+        gate = gate.view(n, m, -1) + self.position_bias
+        if self.overlap:
+            slots_kv = kv.new_zeros(n, 2 * m, d)
+            slots_gate = gate.new_full((n, 2 * m, d), float("-inf"))
+            slots_kv[:, m:], slots_gate[:, m:] = kv[..., d:], gate[..., d:]
+            slots_kv[1:, :m], slots_gate[1:, :m] = kv[:-1, :, :d], gate[:-1, :, :d]
+            kv, gate = slots_kv, slots_gate
+        pooled = (kv * gate.softmax(dim=1, dtype=torch.float32).to(kv.dtype)).sum(1)
+        positions = (first_window + torch.arange(n, device=kv.device)) * m
+        return rope(self.kv_norm(pooled), positions)
+
+
+class IndexerScorer(nn.Module):
+    def __init__(self, hidden: int, n_heads: int) -> None:
+        super().__init__()
+        self.weights_proj = nn.Linear(hidden, n_heads, bias=False)
+
+
+class Indexer(Compressor):
+    """Lightning Indexer: score[t, w] = sum_h w_h(x_t) n_I^-1/2 ReLU(q_{t,h} . K_w) c^-1/2."""
+
+    def __init__(self, config) -> None:
+        rate = config.compress_rates["compressed_sparse_attention"]
+        super().__init__(config.hidden_size, config.index_head_dim, rate, True, config.rms_norm_eps)
+        self.n_heads, self.topk = config.index_n_heads, config.index_topk
+        self.q_b_proj = nn.Linear(config.q_lora_rank, self.n_heads * self.dim, bias=False)
+        self.scorer = IndexerScorer(config.hidden_size, self.n_heads)
+
+    def select(
+        self,
+        x: torch.Tensor,
+        qr: torch.Tensor,
+        positions: torch.Tensor,
+        keys: torch.Tensor,
+        rope: InterleavedRope,
+    ) -> torch.Tensor:
+        """x [L, D], qr [L, q_lora_rank] of one request's queries at `positions`; keys [N, c] its indexer
+        entries so far. -> [L, N] bool: the top-k entries each query may attend (causal ones only)."""
+        q = rope(self.q_b_proj(qr).view(-1, self.n_heads, self.dim), positions)
+        scores = F.relu(torch.einsum("lhc,nc->lhn", q.float(), keys.float())) * self.dim**-0.5
+        weights = self.scorer.weights_proj(x).float() * self.n_heads**-0.5
+        scores = (scores * weights.unsqueeze(-1)).sum(1)  # [L, N]
+        causal = (
+            torch.arange(keys.shape[0], device=x.device)[None, :] < ((positions + 1) // self.rate)[:, None]
+        )
+        scores = scores.masked_fill(~causal, float("-inf"))
+        picked = scores.topk(min(self.topk, keys.shape[0]), dim=-1).indices
+        chosen = torch.zeros_like(causal).scatter_(1, picked, True)
+        return chosen & causal

@@ -1,0 +1,47 @@
+"""DeepSeek-V4's RoPE: interleaved pairs (x[2i], x[2i+1]) on the last `rope_dim` channels of a head.
+
+V4 has two tables: "main" (sliding-window layers) and "compress" (CSA/HCA layers, their compressed
+entries and the indexer; YaRN in the released configs). cos/sin are computed from the positions on the
+fly (float32), so there is no table to rebuild after building the model on the meta device."""
+
+from __future__ import annotations
+
+import torch
+
+
+def inv_frequencies(config, rope_kind: str) -> tuple[torch.Tensor, float]:
+    """(inv_freq [rope_dim / 2], attention scaling) of table `rope_kind` ("main" | "compress")."""
+    params = config.rope_parameters[rope_kind]
+    rope_dim = int(config.head_dim * params.get("partial_rotary_factor", config.partial_rotary_factor))
+    with torch.device("cpu"):  # models are built under `torch.device("meta")`; this table is real
+        if params.get("rope_type", "default") == "default":
+            inv = 1.0 / (
+                params["rope_theta"] ** (torch.arange(0, rope_dim, 2, dtype=torch.float32) / rope_dim)
+            )
+            return inv, 1.0
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        inv, scale = ROPE_INIT_FUNCTIONS[params["rope_type"]](config, "cpu", layer_type=rope_kind)
+        return inv.float(), float(scale)
+
+
+class InterleavedRope:
+    """Rotates the trailing `2 * len(inv_freq)` channels of x [..., H, d] (or [..., d]) by position."""
+
+    def __init__(self, config, rope_kind: str) -> None:
+        self.inv_freq, self.scaling = inv_frequencies(config, rope_kind)
+        self.rope_dim = 2 * self.inv_freq.numel()
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+        """x [T, ..., d], positions [T]; `inverse` rotates by -position (V4's attention output)."""
+        freqs = positions.float()[:, None] * self.inv_freq.to(positions.device)
+        cos = (freqs.cos() * self.scaling).repeat_interleave(2, -1)
+        sin = (freqs.sin() * self.scaling).repeat_interleave(2, -1)
+        if inverse:
+            sin = -sin
+        shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (self.rope_dim,)
+        cos, sin = cos.view(shape), sin.view(shape)
+        nope, rope = x[..., : -self.rope_dim], x[..., -self.rope_dim :]
+        rotated = torch.stack((-rope[..., 1::2], rope[..., 0::2]), dim=-1).flatten(-2)
+        out = rope.float() * cos + rotated.float() * sin
+        return torch.cat([nope, out.to(x.dtype)], dim=-1)

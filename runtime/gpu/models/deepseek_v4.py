@@ -1,0 +1,293 @@
+"""DeepSeek-V4: mHC residual streams, shared-KV MQA over a sliding window plus compressed KV (CSA / HCA),
+hash-routed then learned-routed MoE with clamped SwiGLU.
+
+Exact against transformers' `deepseek_v4` (tests/unit/gpu/test_deepseek_v4_parity.py). A layer is
+`attn_hc -> input_layernorm -> attention -> mix`, then `ffn_hc -> post_attention_layernorm -> MoE -> mix`
+on `hc_mult` streams (layers/mhc.py). Attention per layer type: `sliding_attention` sees the last
+`sliding_window` tokens; CSA adds 4x compressed entries picked by the Lightning Indexer; HCA adds all
+128x compressed entries (layers/compressor.py). How queries attend over the window ring and the
+compressed entries, across steps, is the backend's (attention/v4_ref.py, state in kv_cache_v4.py).
+
+Loads Hugging Face names and the upstream ones (`attn.wq_a`, `ffn.experts.N.w1`, `hc_attn_fn`...).
+The MTP block (`mtp.*`) is not built yet: its tensors are skipped with a log line."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import structlog
+import torch
+from torch import nn
+
+from runtime.gpu.attention.v4_ref import TorchV4Backend
+from runtime.gpu.forward_batch import ForwardBatch
+from runtime.gpu.kv_cache_v4 import V4StateCache
+from runtime.gpu.layers import MergedLinear, RMSNorm
+from runtime.gpu.layers.compressor import Compressor, Indexer
+from runtime.gpu.layers.interleaved_rope import InterleavedRope
+from runtime.gpu.layers.mhc import HyperConnection, HyperHead
+from runtime.gpu.layers.moe import HashRouter, RoutedExperts, TopkRouter, swiglu
+from runtime.gpu.quant import fp8
+
+log = structlog.get_logger(__name__)
+
+CSA, HCA = "compressed_sparse_attention", "heavily_compressed_attention"
+
+
+def _unit_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)
+
+
+class GroupedLinear(nn.Linear):
+    """Block-diagonal projection: input [T, g, in/g], group i through rows [i*out/g, (i+1)*out/g)."""
+
+    def __init__(self, in_per_group: int, out_features: int, groups: int) -> None:
+        super().__init__(in_per_group, out_features, bias=False)
+        self.groups = groups
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight.view(self.groups, -1, self.in_features)
+        return torch.einsum("tgi,goi->tgo", x, w)
+
+
+class DeepseekV4Attention(nn.Module):
+    """Shared-KV MQA: q through a normed low-rank projection and a per-head unit RMS norm; one K=V head,
+    roped on its last `qk_rope_head_dim` channels, so the output is rotated back before the grouped
+    low-rank output projection."""
+
+    def __init__(self, config, layer_id: int) -> None:
+        super().__init__()
+        self.layer_id, self.layer_type = layer_id, config.layer_types[layer_id]
+        self.num_heads, self.head_dim, self.eps = (
+            config.num_attention_heads,
+            config.head_dim,
+            config.rms_norm_eps,
+        )
+        hidden, eps = config.hidden_size, config.rms_norm_eps
+        self.rope = InterleavedRope(config, "main" if self.layer_type == "sliding_attention" else "compress")
+        self.q_a_proj = nn.Linear(hidden, config.q_lora_rank, bias=False)
+        self.q_a_norm = RMSNorm(config.q_lora_rank, eps)
+        self.q_b_proj = nn.Linear(config.q_lora_rank, self.num_heads * self.head_dim, bias=False)
+        self.kv_proj = nn.Linear(hidden, self.head_dim, bias=False)
+        self.kv_norm = RMSNorm(self.head_dim, eps)
+        self.o_groups = config.o_groups
+        per_group = self.num_heads * self.head_dim // config.o_groups
+        self.o_a_proj = GroupedLinear(per_group, config.o_groups * config.o_lora_rank, config.o_groups)
+        self.o_b_proj = nn.Linear(config.o_groups * config.o_lora_rank, hidden, bias=False)
+        self.sinks = nn.Parameter(torch.zeros(self.num_heads, dtype=torch.float32))
+        self.compressor: Compressor | None = None
+        if self.layer_type in (CSA, HCA):
+            csa = self.layer_type == CSA
+            rate = config.compress_rates[self.layer_type]
+            self.compressor = Compressor(hidden, self.head_dim, rate, overlap=csa, eps=eps)
+            if csa:
+                self.compressor.indexer = Indexer(config)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        qr = self.q_a_norm(self.q_a_proj(x))
+        q = _unit_rms(self.q_b_proj(qr).view(-1, self.num_heads, self.head_dim), self.eps)
+        q = self.rope(q, positions)
+        kv = self.rope(self.kv_norm(self.kv_proj(x)), positions)
+        o = batch.attn_backend.forward_v4(self, q, kv, x, qr, batch)
+        o = self.rope(o, positions, inverse=True)
+        return self.o_b_proj(
+            self.o_a_proj(o.reshape(-1, self.o_groups, o.shape[1] * o.shape[2] // self.o_groups)).flatten(1)
+        )
+
+
+class DeepseekV4MLP(nn.Module):
+    """The shared expert: SwiGLU with V4's clamp."""
+
+    def __init__(self, hidden: int, intermediate: int, limit: float | None) -> None:
+        super().__init__()
+        self.gate_up_proj = MergedLinear(hidden, [intermediate, intermediate], ["gate_proj", "up_proj"])
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.limit = limit
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x)
+        return self.down_proj(swiglu(gate, up, self.limit))
+
+
+class DeepseekV4MoE(nn.Module):
+    """Routed experts (hash-routed by token id in `hash_moe` layers, else top-k of sqrt-softplus scores
+    plus correction bias) plus the shared expert."""
+
+    def __init__(self, config, layer_id: int) -> None:
+        super().__init__()
+        self.hashed = config.mlp_layer_types[layer_id] == "hash_moe"
+        self.gate = HashRouter(config) if self.hashed else TopkRouter(config)
+        limit, inter = config.swiglu_limit, config.moe_intermediate_size
+        self.experts = RoutedExperts(config.n_routed_experts, config.hidden_size, inter, limit)
+        self.shared_experts = DeepseekV4MLP(config.hidden_size, inter * (config.n_shared_experts or 1), limit)
+
+    def forward(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.gate(x, input_ids) if self.hashed else self.gate(x)
+        return self.experts(x, weights, ids) + self.shared_experts(x)
+
+
+class DeepseekV4DecoderLayer(nn.Module):
+    def __init__(self, config, layer_id: int) -> None:
+        super().__init__()
+        hc = (
+            config.hc_mult,
+            config.hidden_size,
+            config.hc_sinkhorn_iters,
+            config.hc_eps,
+            config.rms_norm_eps,
+        )
+        self.attn_hc, self.ffn_hc = HyperConnection(*hc), HyperConnection(*hc)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = DeepseekV4Attention(config, layer_id)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = DeepseekV4MoE(config, layer_id)
+
+    def forward(
+        self, h: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
+    ) -> torch.Tensor:
+        """h: the residual streams [T, hc_mult, D]."""
+        x, post, comb = self.attn_hc(h)
+        h = HyperConnection.merge(h, self.self_attn(self.input_layernorm(x), positions, batch), post, comb)
+        x, post, comb = self.ffn_hc(h)
+        return HyperConnection.merge(h, self.mlp(self.post_attention_layernorm(x), input_ids), post, comb)
+
+
+class DeepseekV4Model(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.hc_mult, self.num_layers = config.hc_mult, config.num_hidden_layers
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            DeepseekV4DecoderLayer(config, i) for i in range(config.num_hidden_layers)
+        )
+        self.hc_head = HyperHead(config.hc_mult, config.hidden_size, config.hc_eps, config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        h = self.embed_tokens(input_ids).unsqueeze(1).expand(-1, self.hc_mult, -1).contiguous()
+        for layer in self.layers:
+            h = layer(h, input_ids, positions, batch)
+        return self.norm(self.hc_head(h))
+
+
+class DeepseekV4ForCausalLM(nn.Module):
+    def __init__(self, config, max_positions: int | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.max_positions = max_positions or config.max_position_embeddings
+        self.model = DeepseekV4Model(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        if getattr(self.config, "tie_word_embeddings", False):
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    num_kv_heads = 1
+
+    def attention_layers(self) -> list[DeepseekV4Attention]:
+        return [layer.self_attn for layer in self.model.layers]
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        return self.model(input_ids, positions, batch)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+    # ------------------------------------------------------------------ serving hooks (ModelRunner)
+
+    def make_kv_cache(self, num_slots: int, dtype: torch.dtype, device: torch.device | str) -> V4StateCache:
+        return V4StateCache(self, self.max_positions, dtype, device)
+
+    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
+        return V4StateCache.bytes_per_token(self.config, dtype)
+
+    def make_attention_backend(self, name: str) -> TorchV4Backend:
+        if name not in ("torch", "auto"):
+            log.info("no V4 attention kernels yet; using the PyTorch reference", requested=name)
+        c = self.config
+        return TorchV4Backend(c.num_attention_heads, c.head_dim, c.sliding_window)
+
+    def load_weights(self, tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
+        from runtime.gpu.models.deepseek_v3 import _load
+
+        block = fp8.block_size(self.config)
+        stream = fp8.dequantize_stream(tensors, block) if block else tensors
+        _load(self, _per_expert(hf_names(stream)))
+
+    @property
+    def mtp_layers(self) -> list[nn.Module]:
+        return []
+
+
+# ---------------------------------------------------------------------------------------- checkpoint names
+
+_ATTN_LEAVES = {
+    "wq_a": "q_a_proj", "wq_b": "q_b_proj", "wkv": "kv_proj", "wo_a": "o_a_proj", "wo_b": "o_b_proj",
+    "q_norm": "q_a_norm", "norm": "kv_norm", "attn_sink": "sinks", "ape": "position_bias", "wgate": "gate_proj",
+}  # fmt: skip
+_UPSTREAM = [
+    (r"^embed\.", "embed_tokens."),
+    (r"^head\.", "lm_head."),
+    (r"^hc_head_(fn|base|scale)$", r"hc_head.hc_\1"),
+    (r"\.hc_attn_(fn|base|scale)$", r".attn_hc.\1"),
+    (r"\.hc_ffn_(fn|base|scale)$", r".ffn_hc.\1"),
+    (r"\.attn_norm\.", ".input_layernorm."),
+    (r"\.ffn_norm\.", ".post_attention_layernorm."),
+    (r"\.attn\.indexer\.compressor\.", ".attn.compressor.indexer."),
+    (r"\.attn\.indexer\.wq_b\.", ".attn.compressor.indexer.q_b_proj."),
+    (r"\.attn\.indexer\.weights_proj\.", ".attn.compressor.indexer.scorer.weights_proj."),
+    (r"\.attn\.", ".self_attn."),
+    (r"\.ffn\.", ".mlp."),
+    (r"\.gate\.bias$", ".gate.e_score_correction_bias"),
+    (r"\.experts\.(\d+)\.w1\.", r".experts.\1.gate_proj."),
+    (r"\.experts\.(\d+)\.w3\.", r".experts.\1.up_proj."),
+    (r"\.experts\.(\d+)\.w2\.", r".experts.\1.down_proj."),
+    (r"\.shared_experts\.w1\.", ".shared_experts.gate_proj."),
+    (r"\.shared_experts\.w3\.", ".shared_experts.up_proj."),
+    (r"\.shared_experts\.w2\.", ".shared_experts.down_proj."),
+]
+
+
+def hf_name(name: str) -> str | None:
+    """Upstream or Hugging Face checkpoint name -> our (Hugging Face) parameter name; None to skip."""
+    name = name.removeprefix("model.")
+    if name.startswith("mtp."):
+        return None
+    for pattern, repl in _UPSTREAM:
+        name = re.sub(pattern, repl, name)
+    parts = name.split(".")
+    if "self_attn" in parts:
+        i = parts.index("self_attn")
+        parts[i + 1 :] = [_ATTN_LEAVES.get(p, p) for p in parts[i + 1 :]]
+    name = ".".join(parts)
+    return name if name.startswith("lm_head.") else f"model.{name}"
+
+
+def hf_names(tensors: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    skipped = 0
+    for name, tensor in tensors:
+        ours = hf_name(name)
+        if ours is None:
+            skipped += 1
+            continue
+        yield ours, tensor
+    if skipped:
+        log.info("V4 MTP tensors skipped (MTP block not built yet)", count=skipped)
+
+
+def _per_expert(tensors: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Stacked `experts.gate_up_proj` [E, 2I, D] / `experts.down_proj` [E, D, I] -> per-expert names."""
+    for name, tensor in tensors:
+        m = re.match(r"^(.*\.experts)\.(gate_up_proj|down_proj)$", name)
+        if not m:
+            yield name, tensor
+            continue
+        for e in range(tensor.shape[0]):
+            if m[2] == "down_proj":
+                yield f"{m[1]}.{e}.down_proj.weight", tensor[e]
+            else:
+                gate, up = tensor[e].chunk(2, dim=0)
+                yield f"{m[1]}.{e}.gate_proj.weight", gate
+                yield f"{m[1]}.{e}.up_proj.weight", up
