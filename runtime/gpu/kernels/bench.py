@@ -306,6 +306,20 @@ def deepseek_workloads(ops: list[str], device: torch.device, small: bool) -> Ite
             nbytes = m * k * (x.element_size() + 1) + 4 * m * -(-k // 128)
             yield Work("fp8_act_quant", f"M={m} K={k}", (x,), {}, nbytes, 0, tokens=m)
 
+    if "moe_grouped_gemm" in ops:
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        for tokens, experts, n, k in ((4,) * 2 + (64, 96),) if small else (
+            (128, 8, 4096, 7168), (4096, 8, 4096, 7168), (8192, 8, 7168, 2048), (32768, 32, 4096, 7168)
+        ):  # fmt: skip
+            offsets = torch.arange(experts + 1, device=device) * (tokens // experts)
+            x = torch.randn(tokens, k, device=device).to(dtype)
+            w = torch.randn(experts, n, k, device=device).to(dtype)
+            nbytes = (x.numel() + w.numel() + tokens * n) * x.element_size()
+            yield Work(
+                "moe_grouped_gemm", f"T={tokens} E={experts} N={n} K={k}", (x, w, offsets), {}, nbytes,
+                2 * tokens * n * k, tokens=tokens,
+            )  # fmt: skip
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -308,6 +308,20 @@ def fp8_block_gemm_split_k3():
     return _fp8_gemm(17, 160, 384, 3)
 
 
+@case
+def moe_grouped_gemm_bf16_empty_and_ragged_experts():
+    from runtime.gpu.kernels.moe_grouped_gemm import reference, triton
+    from runtime.gpu.kernels.testing import close_ratio
+
+    g = torch.Generator().manual_seed(8)
+    counts = torch.tensor([5, 0, 17, 1, 40])
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
+    x = torch.randn(int(counts.sum()), 70, generator=g).to(torch.bfloat16)
+    w = torch.randn(5, 50, 70, generator=g).to(torch.bfloat16)
+    got = triton.moe_grouped_gemm(x, w, offsets)
+    return close_ratio(got, reference.moe_grouped_gemm(x, w, offsets), *_tol(torch.bfloat16))
+
+
 # ------------------------------------------------------------------ the pytest side
 
 _HAS_TRITON = importlib.util.find_spec("triton") is not None

@@ -1,0 +1,21 @@
+"""Grouped MoE GEMM, contiguous layout, in plain PyTorch (float32 math): the truth.
+
+Tokens are sorted by expert: rows offsets[e] .. offsets[e+1] of x go through expert e. y = x W_e^T."""
+
+from __future__ import annotations
+
+import torch
+
+
+def moe_grouped_gemm(
+    x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x [T, K] sorted by expert; w [E, N, K]; offsets [E + 1] (int, offsets[0] = 0, offsets[E] = T).
+    Returns y [T, N] in x's dtype."""
+    out = x.new_empty(x.shape[0], w.shape[1]) if out is None else out
+    bounds = offsets.tolist()
+    for e in range(w.shape[0]):
+        lo, hi = bounds[e], bounds[e + 1]
+        if hi > lo:
+            out[lo:hi] = (x[lo:hi].float() @ w[e].float().T).to(out.dtype)
+    return out
