@@ -9,7 +9,8 @@ on `hc_mult` streams (layers/mhc.py). Attention per layer type: `sliding_attenti
 compressed entries, across steps, is the backend's (attention/v4_ref.py, state in kv_cache_v4.py).
 
 Loads Hugging Face names and the upstream ones (`attn.wq_a`, `ffn.experts.N.w1`, `hc_attn_fn`...).
-The MTP block (`mtp.*`) is not built yet: its tensors are skipped with a log line."""
+The MTP block (`mtp.{i}.*`, official code only) loads as `layers.{n + i}` and runs through
+`mtp_forward`; decoding does not use it yet. Checkpoints without it drop it."""
 
 from __future__ import annotations
 
@@ -56,9 +57,9 @@ class DeepseekV4Attention(nn.Module):
     roped on its last `qk_rope_head_dim` channels, so the output is rotated back before the grouped
     low-rank output projection."""
 
-    def __init__(self, config, layer_id: int) -> None:
+    def __init__(self, config, layer_id: int, layer_type: str) -> None:
         super().__init__()
-        self.layer_id, self.layer_type = layer_id, config.layer_types[layer_id]
+        self.layer_id, self.layer_type = layer_id, layer_type
         self.num_heads, self.head_dim, self.eps = (
             config.num_attention_heads,
             config.head_dim,
@@ -114,9 +115,9 @@ class DeepseekV4MoE(nn.Module):
     """Routed experts (hash-routed by token id in `hash_moe` layers, else top-k of sqrt-softplus scores
     plus correction bias) plus the shared expert."""
 
-    def __init__(self, config, layer_id: int) -> None:
+    def __init__(self, config, hashed: bool) -> None:
         super().__init__()
-        self.hashed = config.mlp_layer_types[layer_id] == "hash_moe"
+        self.hashed = hashed
         self.gate = HashRouter(config) if self.hashed else TopkRouter(config)
         limit, inter = config.swiglu_limit, config.moe_intermediate_size
         self.experts = RoutedExperts(config.n_routed_experts, config.hidden_size, inter, limit)
@@ -128,8 +129,12 @@ class DeepseekV4MoE(nn.Module):
 
 
 class DeepseekV4DecoderLayer(nn.Module):
-    def __init__(self, config, layer_id: int) -> None:
+    def __init__(
+        self, config, layer_id: int, layer_type: str | None = None, mlp_type: str | None = None
+    ) -> None:
         super().__init__()
+        layer_type = layer_type or config.layer_types[layer_id]
+        mlp_type = mlp_type or config.mlp_layer_types[layer_id]
         hc = (
             config.hc_mult,
             config.hidden_size,
@@ -139,9 +144,9 @@ class DeepseekV4DecoderLayer(nn.Module):
         )
         self.attn_hc, self.ffn_hc = HyperConnection(*hc), HyperConnection(*hc)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = DeepseekV4Attention(config, layer_id)
+        self.self_attn = DeepseekV4Attention(config, layer_id, layer_type)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = DeepseekV4MoE(config, layer_id)
+        self.mlp = DeepseekV4MoE(config, mlp_type == "hash_moe")
 
     def forward(
         self, h: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
@@ -153,20 +158,47 @@ class DeepseekV4DecoderLayer(nn.Module):
         return HyperConnection.merge(h, self.mlp(self.post_attention_layernorm(x), input_ids), post, comb)
 
 
+class DeepseekV4MTPBlock(DeepseekV4DecoderLayer):
+    """Multi-token prediction (official code; transformers drops it): a sliding-window V4 block on
+    `e_proj(enorm(embed(t+1))) + h_proj(hnorm(h_t))` per stream, with its own hyper-head and norm;
+    the embedding and lm_head are the main model's."""
+
+    def __init__(self, config, layer_id: int) -> None:
+        super().__init__(config, layer_id, "sliding_attention", "moe")
+        d, eps = config.hidden_size, config.rms_norm_eps
+        self.enorm, self.hnorm = RMSNorm(d, eps), RMSNorm(d, eps)
+        self.e_proj, self.h_proj = nn.Linear(d, d, bias=False), nn.Linear(d, d, bias=False)
+        self.hc_head = HyperHead(config.hc_mult, d, config.hc_eps, eps)
+        self.norm = RMSNorm(d, eps)
+
+    def predict(
+        self,
+        embeds: torch.Tensor,
+        streams: torch.Tensor,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        batch: ForwardBatch,
+    ) -> torch.Tensor:
+        """embeds [T, D] of the next tokens, streams [T, n, D] of the main model's last layer -> [T, D]."""
+        h = self.e_proj(self.enorm(embeds)).unsqueeze(1) + self.h_proj(self.hnorm(streams))
+        return self.norm(self.hc_head(super().forward(h, input_ids, positions, batch)))
+
+
 class DeepseekV4Model(nn.Module):
     def __init__(self, config) -> None:
         super().__init__()
         self.hc_mult, self.num_layers = config.hc_mult, config.num_hidden_layers
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(
-            DeepseekV4DecoderLayer(config, i) for i in range(config.num_hidden_layers)
-        )
+        n_mtp = getattr(config, "num_nextn_predict_layers", 0) or 0
+        layers = [DeepseekV4DecoderLayer(config, i) for i in range(self.num_layers)]
+        layers += [DeepseekV4MTPBlock(config, self.num_layers + i) for i in range(n_mtp)]
+        self.layers = nn.ModuleList(layers)  # MTP blocks last, as `layers.{n + i}`
         self.hc_head = HyperHead(config.hc_mult, config.hidden_size, config.hc_eps, config.rms_norm_eps)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         h = self.embed_tokens(input_ids).unsqueeze(1).expand(-1, self.hc_mult, -1).contiguous()
-        for layer in self.layers:
+        for layer in self.layers[: self.num_layers]:
             h = layer(h, input_ids, positions, batch)
         return self.norm(self.hc_head(h))
 
@@ -214,11 +246,24 @@ class DeepseekV4ForCausalLM(nn.Module):
 
         block = fp8.block_size(self.config)
         stream = fp8.dequantize_stream(tensors, block) if block else tensors
-        _load(self, _per_expert(hf_names(stream)))
+        _load(self, _per_expert(hf_names(stream, self.model.num_layers)))
 
     @property
-    def mtp_layers(self) -> list[nn.Module]:
-        return []
+    def mtp_layers(self) -> list[DeepseekV4MTPBlock]:
+        return list(self.model.layers[self.model.num_layers :])
+
+    def mtp_forward(
+        self,
+        k: int,
+        next_ids: torch.Tensor,
+        streams: torch.Tensor,
+        positions: torch.Tensor,
+        batch: ForwardBatch,
+    ) -> torch.Tensor:
+        """MTP block k on the main model's last streams [T, n, D] (before the hyper-head) and the next
+        tokens [T]; its normed hidden states (logits: `compute_logits`). Decoding does not use it yet."""
+        embeds = self.model.embed_tokens(next_ids)
+        return self.mtp_layers[k].predict(embeds, streams, next_ids, positions, batch)
 
 
 # ---------------------------------------------------------------------------------------- checkpoint names
@@ -231,6 +276,7 @@ _UPSTREAM = [
     (r"^embed\.", "embed_tokens."),
     (r"^head\.", "lm_head."),
     (r"^hc_head_(fn|base|scale)$", r"hc_head.hc_\1"),
+    (r"\.hc_head_(fn|base|scale)$", r".hc_head.hc_\1"),
     (r"\.hc_attn_(fn|base|scale)$", r".attn_hc.\1"),
     (r"\.hc_ffn_(fn|base|scale)$", r".ffn_hc.\1"),
     (r"\.attn_norm\.", ".input_layernorm."),
@@ -250,11 +296,15 @@ _UPSTREAM = [
 ]
 
 
-def hf_name(name: str) -> str | None:
-    """Upstream or Hugging Face checkpoint name -> our (Hugging Face) parameter name; None to skip."""
+def hf_name(name: str, num_layers: int) -> str | None:
+    """Upstream or Hugging Face checkpoint name -> our (Hugging Face) parameter name; None to skip.
+    MTP block i (`mtp.{i}.*`) is our `layers.{num_layers + i}`; its copies of embed/head are skipped."""
     name = name.removeprefix("model.")
-    if name.startswith("mtp."):
-        return None
+    mtp = re.match(r"^mtp\.(\d+)\.(.*)$", name)
+    if mtp:
+        if mtp[2].startswith(("emb", "head")):
+            return None
+        name = f"layers.{num_layers + int(mtp[1])}.{mtp[2]}"
     for pattern, repl in _UPSTREAM:
         name = re.sub(pattern, repl, name)
     parts = name.split(".")
@@ -265,16 +315,13 @@ def hf_name(name: str) -> str | None:
     return name if name.startswith("lm_head.") else f"model.{name}"
 
 
-def hf_names(tensors: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-    skipped = 0
+def hf_names(
+    tensors: Iterator[tuple[str, torch.Tensor]], num_layers: int
+) -> Iterator[tuple[str, torch.Tensor]]:
     for name, tensor in tensors:
-        ours = hf_name(name)
-        if ours is None:
-            skipped += 1
-            continue
-        yield ours, tensor
-    if skipped:
-        log.info("V4 MTP tensors skipped (MTP block not built yet)", count=skipped)
+        ours = hf_name(name, num_layers)
+        if ours is not None:
+            yield ours, tensor
 
 
 def _per_expert(tensors: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:

@@ -92,3 +92,42 @@ def test_mixed_batch_and_row_reuse(tiny):
     logits = runner.forward_logits(plan)
     expected = torch.stack([oracle(ref, s)[-1] for s in (a, c, b)])
     torch.testing.assert_close(logits, expected, atol=TOL, rtol=0)
+
+
+def test_mtp_block_loads_from_upstream_names_and_runs(tmp_path):
+    """transformers drops MTP, so the block is checked for loading (upstream `mtp.0.*` names land in
+    `layers.{n}`) and for running, not against an oracle; the main model's logits are unaffected."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    ref = save_tiny_deepseek_v4(tmp_path, seed=6, num_nextn_predict_layers=1)
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        main = {k: f.get_tensor(k) for k in f.keys()}
+    g = torch.Generator().manual_seed(0)
+    mtp = {}
+    for k, t in main.items():  # a sliding-attention block (layer 0) with a learned-routing MoE (layer 1)
+        if k.startswith("model.layers.0.") and ".ffn." not in k:
+            mtp["mtp.0." + k.removeprefix("model.layers.0.")] = t.clone()
+        elif k.startswith("model.layers.1.ffn."):
+            mtp["mtp.0." + k.removeprefix("model.layers.1.")] = t.clone()
+    d, n = 64, 2
+    extra = {"enorm.weight": [d], "hnorm.weight": [d], "e_proj.weight": [d, d], "h_proj.weight": [d, d]}
+    extra |= {"hc_head_fn": [n, n * d], "hc_head_base": [n], "hc_head_scale": [1], "norm.weight": [d]}
+    for k, shape in extra.items():
+        mtp[f"mtp.0.{k}"] = torch.randn(shape, generator=g) * 0.1 + ("norm" in k or "scale" in k)
+    save_file(mtp, str(tmp_path / "mtp.safetensors"))
+    runner = ModelRunner(RunnerConfig(str(tmp_path), num_kv_slots=256, max_reqs=4, max_model_len=64))
+    model = runner.model
+    (block,) = model.mtp_layers
+    torch.testing.assert_close(block.self_attn.q_a_proj.weight, mtp["mtp.0.attn.wq_a.weight"], atol=0, rtol=0)
+    torch.testing.assert_close(block.hc_head.hc_fn, mtp["mtp.0.hc_head_fn"], atol=0, rtol=0)
+    ids = prompt(20, seed=4)
+    plan = PlanBuilder().plan([1], [0], [20], ids, added=[seq_start(1, ids)])
+    runner._update_table(plan)
+    batch, _, _ = runner._build_batch(plan)
+    with torch.inference_mode():
+        hidden = model(batch.input_ids, batch.positions, batch)
+        torch.testing.assert_close(model.compute_logits(hidden), oracle(ref, ids), atol=TOL, rtol=0)
+        streams = torch.randn(20, n, d, generator=g)
+        logits = model.compute_logits(model.mtp_forward(0, batch.input_ids, streams, batch.positions, batch))
+    assert logits.shape == (20, 128) and torch.isfinite(logits).all()
