@@ -124,3 +124,9 @@ def launch_server(smollm2_path, tmp_path):
         return run_server(tmp_path, *args, timeout=timeout)
 
     return launch
+
+
+@pytest.fixture(scope="session")
+def server_runner():
+    """`run_server` for module-scoped fixtures: `with server_runner(tmp_dir, *flags) as s: ...`."""
+    return run_server

@@ -11,7 +11,6 @@ import torch
 from transformers import AutoTokenizer
 
 from runtime.gpu.testing import save_tiny_deepseek_v3
-from tests.conftest import run_server
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "What is the capital of France?"]
 MAX_TOKENS = 24
@@ -47,9 +46,9 @@ def reference(tiny_dir):
 
 
 @pytest.fixture(scope="module")
-def server(tiny_dir, tmp_path_factory):
+def server(tiny_dir, tmp_path_factory, server_runner):
     args = ("--model", str(tiny_dir[0]), "--served-model-name", "tiny")
-    with run_server(tmp_path_factory.mktemp("server"), *args) as s:
+    with server_runner(tmp_path_factory.mktemp("server"), *args) as s:
         yield s
 
 

@@ -12,15 +12,14 @@ import random
 import aiohttp
 import pytest
 import requests
-from conftest import run_server
 
 POOL = 300
 
 
 @pytest.fixture(scope="module")
-def srv(smollm2_path, tmp_path_factory):
+def srv(smollm2_path, tmp_path_factory, server_runner):
     args = ["--max-total-tokens", str(POOL), "--max-running-requests", "8", "--max-queued-requests", "6"]
-    with run_server(tmp_path_factory.mktemp("pressure"), *args) as s:
+    with server_runner(tmp_path_factory.mktemp("pressure"), *args) as s:
         yield s
 
 

@@ -8,12 +8,11 @@ import random
 
 import pytest
 import requests
-from conftest import run_server
 
 
 @pytest.fixture(scope="module")
-def srv(smollm2_path, tmp_path_factory):
-    with run_server(tmp_path_factory.mktemp("prefix")) as s:
+def srv(smollm2_path, tmp_path_factory, server_runner):
+    with server_runner(tmp_path_factory.mktemp("prefix")) as s:
         yield s
 
 
