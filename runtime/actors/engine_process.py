@@ -30,7 +30,14 @@ async def spawn_engine_actors(system: ActorSystem, cfg: ServerConfig, model_path
                               max_model_len=max_model_len, page_size=cfg.page_size, seed=cfg.seed,
                               attention_backend=cfg.attention_backend, cuda_graph=not cfg.disable_cuda_graph,
                               cuda_graph_max_bs=cfg.cuda_graph_max_bs)
-    await system.spawn(GpuWorkerActor(runner_cfg))
+    worker = await system.spawn(GpuWorkerActor(runner_cfg))
+    if not cfg.disable_radix_cache and not getattr(worker.runner, "supports_prefix_cache", True):
+        log.warning(
+            "radix_cache_disabled",
+            reason="the model cannot reuse a cached prefix",
+            model=type(worker.runner.model).__name__,
+        )
+        cfg = msgspec.structs.replace(cfg, disable_radix_cache=True)
     await system.spawn(SchedulerActor(cfg, slots, max_model_len))
 
 

@@ -82,6 +82,9 @@ class ModelRunner:
         self.vocab_size: int = self.config.vocab_size
         self.eos_token_ids: list[int] = _eos_ids(path, self.config)
         self.model = self._load_model(path)
+        # False for models whose per-request state cannot start from a cached prefix (DeepSeek-V4's
+        # sliding-window and compressor state): the engine then runs without the radix cache.
+        self.supports_prefix_cache: bool = getattr(self.model, "supports_prefix_cache", True)
 
         backend = cfg.attention_backend or default_backend(self.device)
         if hasattr(self.model, "make_kv_cache"):  # models with their own KV layout (MLA's latent cache)
@@ -185,6 +188,11 @@ class ModelRunner:
         for row in plan.released:
             self.sampler.release(row)
         for start in plan.added:
+            if start.prefix_slots and not self.supports_prefix_cache:
+                raise ValueError(
+                    f"row {start.row} starts with a cached prefix, which {type(self.model).__name__} "
+                    "cannot reuse (serve it with the radix cache off)"
+                )
             if start.prefix_slots:
                 slots = torch.tensor(start.prefix_slots, dtype=torch.int64)
                 self.req_to_token[start.row, : len(start.prefix_slots)] = slots.to(self.device)

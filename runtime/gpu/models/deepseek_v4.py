@@ -217,6 +217,9 @@ class DeepseekV4ForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     num_kv_heads = 1
+    # A prefix-cache hit would need the sliding-window ring and compressor tails of the cached prefix
+    # (SWA bounded replay, not built yet): the engine turns the radix cache off for this model.
+    supports_prefix_cache = False
 
     def attention_layers(self) -> list[DeepseekV4Attention]:
         return [layer.self_attn for layer in self.model.layers]
