@@ -6,7 +6,8 @@
   position modulo that length);
 - CSA layers: the same for the Lightning Indexer (its keys and its tail).
 
-A request's state lives in its req_to_token row's slot; it is reset when a row starts at prefix 0.
+A request's state lives in its req_to_token row's slot; it is reset when a row starts at prefix 0 and
+freed when the scheduler releases the row.
 Entries are stored densely per row up to `max_positions // rate` (not yet paged; see the V4 issue)."""
 
 from __future__ import annotations
@@ -58,6 +59,10 @@ class V4StateCache:
                     state.indexer = self._compressor_state(attn.compressor.indexer)
             layers.append(state)
         self.rows[row] = layers
+
+    def release(self, row: int) -> None:
+        """The request in `row` left: free its state (the next request there starts with `reset`)."""
+        self.rows.pop(row, None)
 
     def layer(self, row: int, layer: int) -> LayerState:
         if row not in self.rows:

@@ -185,8 +185,11 @@ class ModelRunner:
         return self.model.compute_logits(hidden[last_idx]), sample_rows, sample_rows_t
 
     def _update_table(self, plan: StepPlan) -> None:
+        release_state = getattr(self.kv_cache, "release", None)  # per-request model state (V4)
         for row in plan.released:
             self.sampler.release(row)
+            if release_state is not None:
+                release_state(row)
         for start in plan.added:
             if start.prefix_slots and not self.supports_prefix_cache:
                 raise ValueError(

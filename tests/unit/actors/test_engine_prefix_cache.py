@@ -65,3 +65,16 @@ def test_v4_runner_refuses_a_cached_prefix(v4_dir):
     plan = PlanBuilder().plan([1], [4], [6], ids[4:], added=[start])
     with pytest.raises(ValueError, match="cached prefix"):
         runner.execute(plan)
+
+
+def test_v4_state_of_a_released_row_is_freed(v4_dir):
+    runner = ModelRunner(RunnerConfig(str(v4_dir), num_kv_slots=256, max_reqs=2, max_model_len=128))
+    pb, ids = PlanBuilder(), list(range(3, 23))
+    runner.execute(
+        pb.plan([1, 2], [0, 0], [10, 10], ids, added=[seq_start(1, ids[:10]), seq_start(2, ids[10:])])
+    )
+    assert set(runner.kv_cache.rows) == {1, 2}
+    runner.execute(pb.plan([2], [10], [1], [5], released=[1]))  # row 1 left; row 2 decodes on
+    assert set(runner.kv_cache.rows) == {2}
+    with pytest.raises(NotImplementedError):  # a continuation of a freed row is refused, not served stale
+        runner.execute(pb.plan([1], [10], [1], [5]))
