@@ -1,0 +1,71 @@
+"""Per-kernel device time of a decode step (Llama-3.1-8B preset, dummy bf16 weights, 1K context) at
+batch 1 and 256, with the graph and eager step times side by side: `python -m loadgen.profile_decode`
+on a CUDA machine. The profile runs eager (same kernels as the graph replay, plus launch gaps)."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from runtime.gpu.model_runner import ModelRunner, RunnerConfig
+from runtime.mailbox.messages import SamplingParams, SeqStart, StepPlan
+
+CTX = 1024
+ROOM = 64  # decode positions per row past the context
+
+
+def _runner(batch: int, graph: bool) -> ModelRunner:
+    cfg = RunnerConfig("llama-3.1-8b", device="cuda", load_format="dummy", num_kv_slots=batch * (CTX + ROOM) + 8,
+                       max_reqs=batch, max_model_len=CTX + ROOM, cuda_graph=graph)
+    return ModelRunner(cfg)
+
+
+def _steps(batch: int):
+    """Plans: the first registers every row with CTX cached slots and feeds one token, then decodes."""
+    params = SamplingParams(temperature=0)
+    base = [1 + i * (CTX + ROOM) for i in range(batch)]
+    added = [SeqStart(i + 1, params, [1], list(range(b, b + CTX)), []) for i, b in enumerate(base)]
+    rows = list(range(1, batch + 1))
+    pos, step = CTX - 1, 0
+    while True:
+        first = step == 0
+        loc = [b + pos for b in base]
+        yield StepPlan(step, added if first else [], [], rows, [pos] * batch, [1] * batch, [not first] * batch,
+                       [5] * batch if first else [], loc, [True] * batch)
+        pos, step = pos + 1, step + 1
+
+
+def main() -> None:
+    for batch in (1, 256):
+        for graph in (True, False):
+            runner, plans = _runner(batch, graph), _steps(batch)
+            for _ in range(6):
+                runner.execute(next(plans))
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(20):
+                runner.execute(next(plans))
+            torch.cuda.synchronize()
+            print(f"B={batch} graph={graph}: {(time.perf_counter() - t) / 20 * 1e3:.3f} ms/step", flush=True)
+            if not graph:
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for _ in range(5):
+                        runner.execute(next(plans))
+                    torch.cuda.synchronize()
+                per_kernel: dict[str, float] = defaultdict(float)
+                for e in prof.events():
+                    if e.device_type == torch.autograd.DeviceType.CUDA:
+                        per_kernel[e.name[:70]] += e.device_time_total / 5
+                total = sum(per_kernel.values())
+                print(f"  device time per step {total / 1e3:.3f} ms; top kernels:")
+                for name, us in sorted(per_kernel.items(), key=lambda kv: -kv[1])[:12]:
+                    print(f"  {us / 1e3:8.3f} ms  {100 * us / total:5.1f}%  {name}")
+            del runner
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
