@@ -46,7 +46,10 @@ class DetokenizerActor(Actor):
 
     async def handle(self, msg: Message) -> None:
         if isinstance(msg, TrackRequest):
-            self.states[msg.rid] = DecodeState(list(msg.stop), msg.skip_special_tokens, msg.logprobs)
+            # the prompt's tail seeds the window (already "read"), so only output text is ever emitted
+            tail = list(msg.prompt_tail)
+            self.states[msg.rid] = DecodeState(list(msg.stop), msg.skip_special_tokens, msg.logprobs, tail,
+                                               prefix_offset=0, read_offset=len(tail))
         elif isinstance(msg, TokenBatch):
             await self._on_batch(msg)
 

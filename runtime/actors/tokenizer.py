@@ -22,6 +22,10 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
+# Prompt ids handed to the detokenizer as decoding context: SentencePiece-style tokenizers drop the
+# leading space of a sequence's first token, so an answer's first word must be decoded after the prompt.
+PROMPT_TAIL = 6
+
 
 class TokenizerActor(Actor):
     name = "tokenizer"
@@ -41,7 +45,8 @@ class TokenizerActor(Actor):
             await self.send(
                 "detokenizer",
                 TrackRequest(rid=msg.rid, prompt_tokens=len(tokenized.input_ids), stop=msg.params.stop,
-                             skip_special_tokens=msg.params.skip_special_tokens, logprobs=msg.params.logprobs),
+                             skip_special_tokens=msg.params.skip_special_tokens, logprobs=msg.params.logprobs,
+                             prompt_tail=tokenized.input_ids[-PROMPT_TAIL:]),
             )
             await self.send("scheduler", tokenized)
         elif isinstance(msg, AbortRequest):

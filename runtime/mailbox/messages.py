@@ -91,6 +91,7 @@ class TrackRequest(Struct, frozen=True, tag=True, array_like=True, kw_only=True)
     stop: list[str]
     skip_special_tokens: bool
     logprobs: int | None
+    prompt_tail: list[int] = []  # the prompt's last few ids: decoding context for the first output tokens
 
 
 # ---------------------------------------------------------------- scheduler <-> gpu worker
