@@ -3,18 +3,14 @@
 
 from __future__ import annotations
 
-import shutil
-
 import openai
 import pytest
-import torch
 from transformers import AutoTokenizer
 
-from runtime.gpu.testing import save_tiny_deepseek_v3
+from runtime.gpu.testing import copy_tokenizer, greedy_chat_texts, save_tiny_deepseek_v3
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "What is the capital of France?"]
 MAX_TOKENS = 24
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
 @pytest.fixture(scope="module")
@@ -22,25 +18,14 @@ def tiny_dir(smollm2_path, tmp_path_factory):
     """SmolLM2's tokenizer (ids < 49152) with a random DeepSeek-V3 of vocabulary 49152."""
     path = tmp_path_factory.mktemp("tiny-deepseek-v3")
     ref = save_tiny_deepseek_v3(path, seed=11, vocab_size=49152, max_position_embeddings=512)
-    for name in TOKENIZER_FILES:
-        if (smollm2_path / name).is_file():
-            shutil.copy(smollm2_path / name, path / name)
+    copy_tokenizer(smollm2_path, path)
     return path, ref
 
 
 @pytest.fixture(scope="module")
 def reference(tiny_dir):
     path, model = tiny_dir
-    tok = AutoTokenizer.from_pretrained(path)
-    out = []
-    for p in PROMPTS:
-        text = tok.apply_chat_template(
-            [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
-        )
-        ids = tok(text, return_tensors="pt", add_special_tokens=False).input_ids
-        with torch.no_grad():
-            gen = model.generate(ids, max_new_tokens=MAX_TOKENS, do_sample=False)
-        out.append(tok.decode(gen[0, ids.shape[1] :], skip_special_tokens=True))
+    out = greedy_chat_texts(model, AutoTokenizer.from_pretrained(path), PROMPTS, MAX_TOKENS)
     assert all(len(t) > 20 for t in out), out  # the random model must actually say something
     return out
 

@@ -6,15 +6,13 @@ is recomputed from scratch and reports no cached tokens."""
 
 from __future__ import annotations
 
-import shutil
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
-import torch
 from transformers import AutoTokenizer
 
-from runtime.gpu.testing import save_tiny_deepseek_v4
+from runtime.gpu.testing import copy_tokenizer, greedy_chat_texts, save_tiny_deepseek_v4
 
 PROMPTS = [
     "What is the capital of France?",
@@ -23,7 +21,6 @@ PROMPTS = [
     "What is the capital of France?",  # repeated: would be a prefix-cache hit on other models
 ]
 MAX_TOKENS = 24
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
 @pytest.fixture(scope="module")
@@ -31,9 +28,7 @@ def tiny_dir(smollm2_path, tmp_path_factory):
     """SmolLM2's tokenizer (ids < 49152) with a random DeepSeek-V4 of vocabulary 49152."""
     path = tmp_path_factory.mktemp("tiny-deepseek-v4")
     ref = save_tiny_deepseek_v4(path, seed=11, vocab_size=49152, max_position_embeddings=512)
-    for name in TOKENIZER_FILES:
-        if (smollm2_path / name).is_file():
-            shutil.copy(smollm2_path / name, path / name)
+    copy_tokenizer(smollm2_path, path)
     return path, ref
 
 
@@ -42,17 +37,8 @@ def reference(tiny_dir):
     """transformers' greedy `generate` (with its cache; it agrees with use_cache=False full forwards on
     this checkpoint, which the parity tests use as the logits oracle)."""
     path, model = tiny_dir
-    tok = AutoTokenizer.from_pretrained(path)
-    out = []
-    for p in PROMPTS:
-        text = tok.apply_chat_template(
-            [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
-        )
-        ids = tok(text, return_tensors="pt", add_special_tokens=False).input_ids
-        assert ids.shape[1] > 4 * 8  # several CSA and HCA entries, the window slides
-        with torch.no_grad():
-            gen = model.generate(ids, max_new_tokens=MAX_TOKENS, do_sample=False)
-        out.append(tok.decode(gen[0, ids.shape[1] :], skip_special_tokens=True))
+    # prompts longer than 4 * 8 tokens: several CSA and HCA entries, and the window slides
+    out = greedy_chat_texts(model, AutoTokenizer.from_pretrained(path), PROMPTS, MAX_TOKENS, min_prompt_tokens=4 * 8)
     assert all(len(t) > 20 for t in out), out  # the random model must actually say something
     return out
 

@@ -8,6 +8,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from runtime.gpu.testing import greedy_chat_texts
+
 PROMPTS = [
     "What is the capital of France?",
     "Give me three tips for staying healthy.",
@@ -20,14 +22,7 @@ MAX_TOKENS = 40
 def reference(smollm2_path):
     tok = AutoTokenizer.from_pretrained(smollm2_path)
     model = AutoModelForCausalLM.from_pretrained(smollm2_path, torch_dtype=torch.float32).eval()
-    out = []
-    for p in PROMPTS:
-        text = tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
-        ids = tok(text, return_tensors="pt", add_special_tokens=False).input_ids
-        with torch.no_grad():
-            gen = model.generate(ids, max_new_tokens=MAX_TOKENS, do_sample=False)
-        out.append(tok.decode(gen[0, ids.shape[1] :], skip_special_tokens=True))
-    return out
+    return greedy_chat_texts(model, tok, PROMPTS, MAX_TOKENS)
 
 
 def test_server_greedy_text_equals_transformers_generate(server, reference):
