@@ -89,3 +89,28 @@ def test_rope_matches_reference_on_qkv_slices(impls, dtype, tokens: int, hq: int
     for a, b, m in zip(got, want, module, strict=True):
         assert close_ratio(a, b, *ULP[dtype]) <= 1.0
         assert close_ratio(m, b, *ULP[dtype]) <= 1.0
+
+
+@pytest.mark.parametrize("impls", _pair("rope_store"), ids=lambda p: p[0].name)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("tokens,hq,hkv,d", [(1, 32, 8, 128), (100, 9, 3, 64), (4096, 32, 8, 128)])
+def test_rope_store_matches_reference_and_writes_only_its_slots(
+    impls, dtype, tokens: int, hq: int, hkv: int, d: int
+) -> None:
+    fn, ref = _load(impls[0]), impls[1].load()
+    g = torch.Generator("cuda").manual_seed(tokens)
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2, device="cuda").float() / d))
+    e = torch.outer(torch.arange(8192, device="cuda").float(), inv)
+    cos, sin = torch.cat([e, e], -1).cos(), torch.cat([e, e], -1).sin()
+    qkv = torch.randn(tokens, (hq + 2 * hkv) * d, generator=g, device="cuda").to(dtype)
+    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+    q, k, v = q.view(tokens, hq, d), k.view(tokens, hkv, d), v.view(tokens, hkv, d)
+    pos = torch.randint(0, 8192, (tokens,), generator=g, device="cuda")
+    loc = torch.randperm(2 * tokens + 3, generator=g, device="cuda")[:tokens]
+    pools = [torch.randn(2 * tokens + 3, hkv, d, generator=g, device="cuda").to(dtype) for _ in range(2)]
+    mine, theirs = [p.clone() for p in pools], [p.clone() for p in pools]
+    got = fn(pos, q, k, v, cos, sin, loc, *mine)
+    want = ref(pos, q, k, v, cos, sin, loc, *theirs)
+    assert close_ratio(got, want, *ULP[dtype]) <= 1.0
+    for a, b in zip(mine, theirs, strict=True):
+        assert close_ratio(a, b, *ULP[dtype]) <= 1.0

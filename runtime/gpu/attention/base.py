@@ -1,12 +1,22 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from runtime.gpu.kernels import registry
+
 if TYPE_CHECKING:
     from runtime.gpu.forward_batch import ForwardBatch
+
+
+class Rope(NamedTuple):
+    """Rotary embedding still to apply to a step's q and k: positions [T], float32 cos/sin tables."""
+
+    positions: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
 
 
 class AttentionBackend(ABC):
@@ -37,6 +47,28 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def forward(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        batch: ForwardBatch,
+        rope: Rope | None = None,
     ) -> torch.Tensor:
-        """q: [T, Hq, D]; k, v: [T, Hkv, D] for the new tokens. Returns [T, Hq, D]."""
+        """q: [T, Hq, D]; k, v: [T, Hkv, D] for the new tokens. Returns [T, Hq, D]. With `rope`, q and k
+        are not rotated yet: the backend rotates them as it stores k (`rope_and_store`)."""
+
+    @staticmethod
+    def rope_and_store(
+        layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch, rope: Rope | None
+    ) -> torch.Tensor:
+        """Store the new k (rotated when `rope` is given) and v in the layer's pools; returns q, rotated.
+        For backends that read every key back from the pools (the rotated k is not returned). One fused
+        kernel on CUDA (`rope_store` op): rotating and storing separately cost three extra
+        launches per layer, which a batch-1 decode step feels."""
+        cache = batch.kv_cache
+        if rope is None:
+            cache.store(layer, batch.out_loc, k, v)
+            return q
+        op = registry.get("rope_store", q.device)
+        return op(rope.positions, q, k, v, rope.cos, rope.sin, batch.out_loc, cache.k[layer], cache.v[layer])

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from runtime.gpu.attention.base import AttentionBackend
+from runtime.gpu.attention.base import AttentionBackend, Rope
 from runtime.gpu.forward_batch import ForwardBatch
+from runtime.gpu.kernels import registry
 
 
 @dataclass
@@ -82,9 +83,17 @@ class TorchAttentionBackend(AttentionBackend):
         return _Prefill(start, length, prefix, batch.req_to_token[row, :total], mask)
 
     def forward(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        batch: ForwardBatch,
+        rope: Rope | None = None,
     ) -> torch.Tensor:
         cache, meta = batch.kv_cache, batch.attn_meta
+        if rope is not None:  # unfused: a fresh prompt below attends this step's rotated k directly
+            q, k = registry.get("rope", q.device)(rope.positions, q, k, rope.cos, rope.sin)
         cache.store(layer, batch.out_loc, k, v)
         k_pool, v_pool = cache.k[layer], cache.v[layer]
         out = torch.empty_like(q)

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from runtime.gpu.attention.base import AttentionBackend
+from runtime.gpu.attention.base import AttentionBackend, Rope
 from runtime.gpu.forward_batch import ForwardBatch
 from runtime.gpu.kernels import registry
 from runtime.gpu.kernels.common import choose_num_splits
@@ -71,10 +71,16 @@ class TritonAttentionBackend(AttentionBackend):
         batch.attn_meta = _Meta(True, batch.rows, seq_lens - 1, None, None, seq_lens, 1, splits)
 
     def forward(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        batch: ForwardBatch,
+        rope: Rope | None = None,
     ) -> torch.Tensor:
         cache, meta = batch.kv_cache, batch.attn_meta
-        cache.store(layer, batch.out_loc, k, v)
+        q = self.rope_and_store(layer, q, k, v, batch, rope)
         k_pool, v_pool = cache.k[layer], cache.v[layer]
         args: tuple[Any, ...] = (q, k_pool, v_pool, batch.req_to_token, meta.rows)
         if meta.decode:

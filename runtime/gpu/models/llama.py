@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from runtime.gpu.attention.base import Rope
 from runtime.gpu.forward_batch import ForwardBatch
 from runtime.gpu.kernels import registry
 from runtime.gpu.layers import MergedLinear, RMSNorm, RotaryEmbedding
@@ -35,8 +36,8 @@ class LlamaAttention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary(positions, q, k)
-        o = batch.attn_backend.forward(self.layer_id, q, k, v, batch)
+        rope = Rope(positions, self.rotary.cos, self.rotary.sin)  # applied as k is stored (one kernel)
+        o = batch.attn_backend.forward(self.layer_id, q, k, v, batch, rope)
         return self.o_proj(o.reshape(-1, self.num_heads * self.head_dim))
 
 

@@ -147,6 +147,30 @@ def rope_strided_bf16():
 
 
 @case
+def rope_store_into_pools_bf16():
+    """Rotated q returned, rotated k and plain v written at scattered slots, other slots untouched."""
+    from runtime.gpu.kernels.rope import reference, triton
+
+    g = torch.Generator().manual_seed(4)
+    qkv = torch.randn(5, 8 * 32, generator=g).to(torch.bfloat16)
+    q, k, v = (t.reshape(5, -1, 32) for t in qkv.split([4 * 32, 2 * 32, 2 * 32], -1))
+    pos, loc = torch.tensor([3, 0, 9, 1, 2]), torch.tensor([7, 2, 11, 4, 5])
+    inv = 1.0 / (10000 ** (torch.arange(0, 32, 2).float() / 32))
+    e = torch.outer(torch.arange(16).float(), inv)
+    e = torch.cat([e, e], -1)
+    pools = [torch.randn(12, 2, 32, generator=g).to(torch.bfloat16) for _ in range(2)]
+    pools += [p.clone() for p in pools]  # the reference writes into its own copies
+    got_q = triton.rope_store(pos, q, k, v, e.cos(), e.sin(), loc, pools[0], pools[1])
+    want_q = reference.rope_store(pos, q, k, v, e.cos(), e.sin(), loc, pools[2], pools[3])
+    from runtime.gpu.kernels.testing import close_ratio
+
+    return max(
+        close_ratio(a, b, *_tol(torch.bfloat16))
+        for a, b in [(got_q, want_q), *zip(pools[:2], pools[2:], strict=True)]
+    )
+
+
+@case
 def triton_backend_matches_torch_backend_mixed_then_decode():
     """The backend on a runner-shaped step: a mixed step (fresh prompt, prefixed extend, decode) and then
     an all-decode step, against the PyTorch reference backend on the same cache."""

@@ -18,3 +18,22 @@ def rope(
     halves repeat (RotaryEmbedding.cos / .sin). Returns new rotated (q, k)."""
     c, s = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
     return _rotate(q, c, s), _rotate(k, c, s)
+
+
+def rope_store(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    loc: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+) -> torch.Tensor:
+    """`rope`, then the rotated k and the plain v written to the paged pools at slots `loc` [T]
+    (k_pool, v_pool: [slots, Hkv, D]). Returns the rotated q; k is consumed by the cache."""
+    q_out, k_out = rope(positions, q, k, cos, sin)
+    k_pool[loc] = k_out
+    v_pool[loc] = v
+    return q_out
