@@ -8,13 +8,13 @@ on `hc_mult` streams (layers/mhc.py). Attention per layer type: `sliding_attenti
 128x compressed entries (layers/compressor.py). How queries attend over the window ring and the
 compressed entries, across steps, is the backend's (attention/v4_ref.py, state in kv_cache_v4.py).
 
-Loads Hugging Face names and the upstream ones (`attn.wq_a`, `ffn.experts.N.w1`, `hc_attn_fn`...).
+Loads Hugging Face names and the upstream ones (`attn.wq_a`, `ffn.experts.N.w1`, `hc_attn_fn`...), float,
+FP8 or with FP4 experts (deepseek_v4_weights.py).
 The MTP block (`mtp.{i}.*`, official code only) loads as `layers.{n + i}` and runs through
 `mtp_forward`; decoding does not use it yet. Checkpoints without it drop it."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 
 import structlog
@@ -29,7 +29,7 @@ from runtime.gpu.layers.compressor import Compressor, Indexer
 from runtime.gpu.layers.interleaved_rope import InterleavedRope
 from runtime.gpu.layers.mhc import HyperConnection, HyperHead
 from runtime.gpu.layers.moe import HashRouter, RoutedExperts, TopkRouter, swiglu
-from runtime.gpu.quant import fp8
+from runtime.gpu.models.deepseek_v4_weights import checkpoint_tensors
 
 log = structlog.get_logger(__name__)
 
@@ -245,11 +245,10 @@ class DeepseekV4ForCausalLM(nn.Module):
         return TorchV4Backend(c.num_attention_heads, c.head_dim, c.sliding_window)
 
     def load_weights(self, tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
+        """Hugging Face or upstream DeepSeek names, float or FP8/FP4 (deepseek_v4_weights)."""
         from runtime.gpu.models.deepseek_v3 import _load
 
-        block = fp8.block_size(self.config)
-        stream = fp8.dequantize_stream(tensors, block) if block else tensors
-        _load(self, _per_expert(hf_names(stream, self.model.num_layers)))
+        _load(self, checkpoint_tensors(tensors, self.config, self.model.num_layers))
 
     @property
     def mtp_layers(self) -> list[DeepseekV4MTPBlock]:
@@ -267,77 +266,3 @@ class DeepseekV4ForCausalLM(nn.Module):
         tokens [T]; its normed hidden states (logits: `compute_logits`). Decoding does not use it yet."""
         embeds = self.model.embed_tokens(next_ids)
         return self.mtp_layers[k].predict(embeds, streams, next_ids, positions, batch)
-
-
-# ---------------------------------------------------------------------------------------- checkpoint names
-
-_ATTN_LEAVES = {
-    "wq_a": "q_a_proj", "wq_b": "q_b_proj", "wkv": "kv_proj", "wo_a": "o_a_proj", "wo_b": "o_b_proj",
-    "q_norm": "q_a_norm", "norm": "kv_norm", "attn_sink": "sinks", "ape": "position_bias", "wgate": "gate_proj",
-}  # fmt: skip
-_UPSTREAM = [
-    (r"^embed\.", "embed_tokens."),
-    (r"^head\.", "lm_head."),
-    (r"^hc_head_(fn|base|scale)$", r"hc_head.hc_\1"),
-    (r"\.hc_head_(fn|base|scale)$", r".hc_head.hc_\1"),
-    (r"\.hc_attn_(fn|base|scale)$", r".attn_hc.\1"),
-    (r"\.hc_ffn_(fn|base|scale)$", r".ffn_hc.\1"),
-    (r"\.attn_norm\.", ".input_layernorm."),
-    (r"\.ffn_norm\.", ".post_attention_layernorm."),
-    (r"\.attn\.indexer\.compressor\.", ".attn.compressor.indexer."),
-    (r"\.attn\.indexer\.wq_b\.", ".attn.compressor.indexer.q_b_proj."),
-    (r"\.attn\.indexer\.weights_proj\.", ".attn.compressor.indexer.scorer.weights_proj."),
-    (r"\.attn\.", ".self_attn."),
-    (r"\.ffn\.", ".mlp."),
-    (r"\.gate\.bias$", ".gate.e_score_correction_bias"),
-    (r"\.experts\.(\d+)\.w1\.", r".experts.\1.gate_proj."),
-    (r"\.experts\.(\d+)\.w3\.", r".experts.\1.up_proj."),
-    (r"\.experts\.(\d+)\.w2\.", r".experts.\1.down_proj."),
-    (r"\.shared_experts\.w1\.", ".shared_experts.gate_proj."),
-    (r"\.shared_experts\.w3\.", ".shared_experts.up_proj."),
-    (r"\.shared_experts\.w2\.", ".shared_experts.down_proj."),
-]
-
-
-def hf_name(name: str, num_layers: int) -> str | None:
-    """Upstream or Hugging Face checkpoint name -> our (Hugging Face) parameter name; None to skip.
-    MTP block i (`mtp.{i}.*`) is our `layers.{num_layers + i}`; its copies of embed/head are skipped."""
-    name = name.removeprefix("model.")
-    mtp = re.match(r"^mtp\.(\d+)\.(.*)$", name)
-    if mtp:
-        if mtp[2].startswith(("emb", "head")):
-            return None
-        name = f"layers.{num_layers + int(mtp[1])}.{mtp[2]}"
-    for pattern, repl in _UPSTREAM:
-        name = re.sub(pattern, repl, name)
-    parts = name.split(".")
-    if "self_attn" in parts:
-        i = parts.index("self_attn")
-        parts[i + 1 :] = [_ATTN_LEAVES.get(p, p) for p in parts[i + 1 :]]
-    name = ".".join(parts)
-    return name if name.startswith("lm_head.") else f"model.{name}"
-
-
-def hf_names(
-    tensors: Iterator[tuple[str, torch.Tensor]], num_layers: int
-) -> Iterator[tuple[str, torch.Tensor]]:
-    for name, tensor in tensors:
-        ours = hf_name(name, num_layers)
-        if ours is not None:
-            yield ours, tensor
-
-
-def _per_expert(tensors: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-    """Stacked `experts.gate_up_proj` [E, 2I, D] / `experts.down_proj` [E, D, I] -> per-expert names."""
-    for name, tensor in tensors:
-        m = re.match(r"^(.*\.experts)\.(gate_up_proj|down_proj)$", name)
-        if not m:
-            yield name, tensor
-            continue
-        for e in range(tensor.shape[0]):
-            if m[2] == "down_proj":
-                yield f"{m[1]}.{e}.down_proj.weight", tensor[e]
-            else:
-                gate, up = tensor[e].chunk(2, dim=0)
-                yield f"{m[1]}.{e}.gate_proj.weight", gate
-                yield f"{m[1]}.{e}.up_proj.weight", up

@@ -33,18 +33,29 @@ def block_size(config) -> tuple[int, int] | None:
 
 def _expand(scale: torch.Tensor, shape: torch.Size, block: tuple[int, int]) -> torch.Tensor:
     bn, bk = block
-    s = scale.repeat_interleave(bn, 0).repeat_interleave(bk, 1)
-    return s[: shape[0], : shape[1]]
+    s = scale.repeat_interleave(bn, -2).repeat_interleave(bk, -1)
+    return s[..., : shape[-2], : shape[-1]]
 
 
 def dequantize(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
-    """fp8 [N, K] x block scales -> float32 [N, K]."""
+    """fp8 [..., N, K] x block scales [..., ceil(N/bn), ceil(K/bk)] (float32, or UE8M0 powers of two as
+    `float8_e8m0fnu`) -> float32 [..., N, K]. Leading dims: stacked experts."""
+    bn, bk = block
+    grid = (*weight.shape[:-2], -(-weight.shape[-2] // bn), -(-weight.shape[-1] // bk))
+    if tuple(scale_inv.shape) != grid:
+        shape = tuple(weight.shape)
+        raise ValueError(
+            f"FP8 weight {shape} in {bn}x{bk} blocks needs scales {grid}, got {tuple(scale_inv.shape)}"
+        )
     return weight.float() * _expand(scale_inv.float(), weight.shape, block)
 
 
-def quantize(weight: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize(
+    weight: torch.Tensor, block: tuple[int, int], ue8m0: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """float [N, K] -> (fp8 weight, scale_inv) with per-block absmax scaling (how tests build FP8
-    checkpoints; the inverse of `dequantize` up to fp8 rounding)."""
+    checkpoints; the inverse of `dequantize` up to fp8 rounding). `ue8m0`: scales rounded up to powers
+    of two and stored as `float8_e8m0fnu`, as DeepSeek-V4 checkpoints do (`scale_fmt: ue8m0`)."""
     bn, bk = block
     n, k = weight.shape
     nb, kb = -(-n // bn), -(-k // bk)
@@ -53,8 +64,10 @@ def quantize(weight: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor
     blocks = padded.view(nb, bn, kb, bk)
     amax = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12)
     scale_inv = amax / FP8_MAX
+    if ue8m0:
+        scale_inv = torch.exp2(torch.ceil(torch.log2(scale_inv)))
     q = (blocks / scale_inv[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).view(nb * bn, kb * bk)
-    return q[:n, :k].to(FP8).contiguous(), scale_inv
+    return q[:n, :k].to(FP8).contiguous(), scale_inv.to(torch.float8_e8m0fnu) if ue8m0 else scale_inv
 
 
 def dequantize_stream(

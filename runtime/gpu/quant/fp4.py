@@ -1,0 +1,67 @@
+"""FP4 (e2m1) weights with per-32 power-of-two scales, as DeepSeek-V4-Flash stores its routed experts.
+
+A logical [N, K] weight is stored as [N, K/2] bytes (int8 in safetensors, `float4_e2m1fn_x2` in
+torch): two e2m1 codes per byte, element 2j in the low nibble and 2j+1 in the high one. Its scale
+is [N, K/32], one UE8M0 value (a power of two, `float8_e8m0fnu`) per 32 consecutive elements along
+K. The real weight is `value(code) * scale`.
+
+Sources: the official `inference/model.py` `Linear` (FP4 branch) and `convert.py` (`FP4_TABLE`,
+nibble order) as quoted by ports, and transformers' `Fp8Dequantize._unpack_fp4` (same table and
+order). No released checkpoint was opened here; see docs/deepseek_v4.md for what that leaves open."""
+
+from __future__ import annotations
+
+import torch
+
+GROUP = 32  # elements per scale along K
+# e2m1: sign bit, 2 exponent bits, 1 mantissa bit; code -> value
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+E2M1_MAX = 6.0
+PACKED_DTYPES = (torch.int8, torch.uint8, getattr(torch, "float4_e2m1fn_x2", torch.int8))
+
+
+def is_packed(t: torch.Tensor) -> bool:
+    return t.dtype in PACKED_DTYPES
+
+
+def scale_values(scale: torch.Tensor) -> torch.Tensor:
+    """Scales as float32: UE8M0 (`float8_e8m0fnu`, or raw exponent bytes as uint8: 2^(b - 127)) or
+    plain floats."""
+    if scale.dtype == torch.uint8:
+        return (scale.float() - 127.0).exp2()
+    return scale.float()
+
+
+def unpack(packed: torch.Tensor) -> torch.Tensor:
+    """[..., K/2] packed codes -> float32 [..., K] e2m1 values (unscaled)."""
+    table = torch.tensor(E2M1, dtype=torch.float32, device=packed.device)
+    b = packed.contiguous().view(torch.uint8)
+    codes = torch.stack([b & 0xF, b >> 4], dim=-1).long()
+    return table[codes].flatten(-2)
+
+
+def dequantize(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Packed [..., N, K/2] with scales [..., N, K/32] -> float32 [..., N, K]."""
+    values = unpack(packed)
+    k = values.shape[-1]
+    if scale.shape[:-1] != values.shape[:-1] or scale.shape[-1] * GROUP != k:
+        raise ValueError(
+            f"FP4 weight of logical shape {tuple(values.shape)} needs scales {(*values.shape[:-1], k // GROUP)}"
+            f" (one per {GROUP} along K), got {tuple(scale.shape)}"
+        )
+    return (values.unflatten(-1, (-1, GROUP)) * scale_values(scale).unsqueeze(-1)).flatten(-2)
+
+
+def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float [..., N, K] -> (int8 [..., N, K/2], float8_e8m0fnu scales [..., N, K/32]): per group of 32,
+    scale = 2^ceil(log2(amax / 6)) (as the official `fp4_act_quant`), codes rounded to the nearest
+    e2m1 value. How tests build FP4 checkpoints; `dequantize` is its inverse up to the rounding."""
+    w = weight.float().unflatten(-1, (-1, GROUP))
+    amax = w.abs().amax(-1, keepdim=True).clamp(min=E2M1_MAX * 2.0**-126)
+    scale = torch.exp2(torch.ceil(torch.log2(amax / E2M1_MAX)))
+    x = (w / scale).clamp(-E2M1_MAX, E2M1_MAX).flatten(-2)
+    table = torch.tensor(E2M1[:8], dtype=torch.float32)
+    mag = (x.abs().unsqueeze(-1) - table).abs().argmin(-1)  # nearest magnitude code 0..7
+    codes = (mag | ((x < 0).long() << 3)).to(torch.uint8)
+    packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return packed.view(torch.int8), scale.squeeze(-1).to(torch.float8_e8m0fnu)
