@@ -72,9 +72,10 @@ def mla_absorbed(
 class TorchMLABackend(TorchAttentionBackend):
     """The reference MLA backend. Models call `forward_mla`; `forward` (separate K and V) does not apply.
 
-    Not captured in CUDA graphs: the PyTorch MoE forward reads expert counts on the host."""
+    Graph-safe like the reference MHA backend (decode rows padded to `max_seq_len` keys and masked), so
+    slow under CUDA graphs for long contexts; `mla_kernel.MLAKernelBackend` is the fast path."""
 
-    supports_cuda_graph = False
+    supports_cuda_graph = True
 
     def __init__(self, num_heads: int, kv_lora_rank: int, rope_dim: int, scale: float) -> None:
         super().__init__(num_heads, 1, kv_lora_rank + rope_dim, scale)
@@ -107,10 +108,15 @@ class TorchMLABackend(TorchAttentionBackend):
             if meta.decode_all:
                 return o
             out[meta.decode_tokens] = o
-        for p in meta.prefills:
+        self.forward_prefills(meta.prefills, q_nope, q_pe, latent, pool, w_uk, w_uv, out)
+        return out
+
+    def forward_prefills(self, prefills, q_nope, q_pe, latent, pool, w_uk, w_uv, out) -> None:  # noqa: ANN001
+        """Rows with several new tokens, one by one in the expanded form, into `out` (shared with the
+        kernel backend: prefill is compute-bound and SDPA already runs it on the tensor cores)."""
+        for p in prefills:
             end = p.start + p.length
             lat = latent[p.start : end, 0] if p.slots is None else pool.index_select(0, p.slots)
             out[p.start : end] = mla_expanded(
                 q_nope[p.start : end], q_pe[p.start : end], lat, w_uk, w_uv, self.scale, p.mask, causal=True
             )
-        return out

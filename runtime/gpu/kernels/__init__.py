@@ -7,6 +7,7 @@ from runtime.gpu.kernels import (  # noqa: F401  (imported to register their imp
     decode_attention,
     extend_attention,
     fp8_gemm,
+    fused_moe,
     mla_decode,
     moe_grouped_gemm,
     rms_norm,

@@ -1,14 +1,21 @@
 """DeepSeekMoE: a router picking top-k routed experts per token, and the routed experts themselves.
 
-The experts' weights are stacked ([E, 2I, D] gate|up and [E, D, I] down) so grouped kernels can take
-them as they are; the PyTorch forward sorts the (token, expert) pairs by expert and runs one matmul
-pair per expert over its contiguous segment (no Python loop over tokens)."""
+The experts' weights are stacked ([E, 2I, D] gate|up and [E, D, I] down) so grouped kernels take them
+as they are. The routed experts run through the `fused_moe` op (`runtime/gpu/kernels/fused_moe/`): on
+CUDA two Triton GEMMs over a device-built layout, with no host sync, so a decode step can be captured
+in a CUDA graph; on the CPU the PyTorch reference (expert-sorted, one matmul pair per expert).
+Routing stays here in PyTorch: top-k, gathers and masks, all on the device."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from runtime.gpu.kernels import registry
+from runtime.gpu.kernels.fused_moe.reference import swiglu
+
+__all__ = ["HashRouter", "RoutedExperts", "TopkRouter", "score", "swiglu"]
 
 
 def score(logits: torch.Tensor, scoring: str) -> torch.Tensor:
@@ -92,30 +99,8 @@ class RoutedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """x: [T, D]; weights, ids: [T, k]. Returns sum_k weights[t, k] * expert_{ids[t, k]}(x[t])."""
-        num_tokens, k = ids.shape
-        flat = ids.reshape(-1)
-        order = flat.argsort(stable=True)
-        token_of = order // k
-        counts = torch.bincount(flat, minlength=self.num_experts).tolist()  # one host sync per layer
-        xs = x.index_select(0, token_of)
-        out = torch.empty_like(xs)
-        start = 0
-        for e, n in enumerate(counts):
-            if n == 0:
-                continue
-            seg = xs[start : start + n]
-            gate, up = F.linear(seg, self.gate_up_proj[e]).chunk(2, dim=-1)
-            out[start : start + n] = F.linear(swiglu(gate, up, self.swiglu_limit), self.down_proj[e])
-            start += n
-        out = out * weights.reshape(-1)[order].unsqueeze(-1).to(out.dtype)
-        return torch.zeros_like(x).index_add_(0, token_of, out)
-
-
-def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None = None) -> torch.Tensor:
-    """silu(gate) * up; with `limit` (V4) gate is clamped above and up on both sides first."""
-    if limit is not None:
-        gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
-    return F.silu(gate) * up
+        fn = registry.get("fused_moe", x.device)
+        return fn(x, self.gate_up_proj, self.down_proj, weights, ids, self.swiglu_limit)
 
 
 class HashRouter(nn.Module):

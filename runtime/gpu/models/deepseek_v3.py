@@ -3,7 +3,9 @@
 Exact against transformers' `deepseek_v3` (tests/unit/gpu/test_deepseek_v3_parity.py). A layer is
 `x + MLA(norm(x))`, then `x + FFN(norm(x))` where the FFN is a dense SwiGLU for the first
 `first_k_dense_replace` layers and DeepSeekMoE after. How MLA attends over the paged latent cache
-(expanded for prefill, absorbed for decode) lives in the attention backend (`attention/mla_ref.py`).
+(expanded for prefill, absorbed for decode) lives in the attention backend (`attention/mla_ref.py`, the
+reference; `attention/mla_kernel.py`, decode through the `mla_decode` op). The routed experts run the
+`fused_moe` op. On CUDA neither reads the device on the host, so decode steps run as CUDA graphs.
 
 MTP layers are `model.layers.{num_hidden_layers + i}` in checkpoints; they are loaded when present and
 run through `mtp_forward`, but decoding does not use them yet."""
@@ -20,8 +22,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime.gpu import loader
+from runtime.gpu.attention.mla_kernel import MLAKernelBackend
 from runtime.gpu.attention.mla_ref import TorchMLABackend
 from runtime.gpu.forward_batch import ForwardBatch
+from runtime.gpu.kernels import registry
 from runtime.gpu.kv_cache import LatentKVCache
 from runtime.gpu.layers import MergedLinear, RMSNorm, RotaryEmbedding
 from runtime.gpu.layers.moe import RoutedExperts, TopkRouter
@@ -241,10 +245,17 @@ class DeepseekV3ForCausalLM(nn.Module):
         return LatentKVCache.bytes_per_token(len(self.model.layers), latent, dtype)
 
     def make_attention_backend(self, name: str) -> TorchMLABackend:
-        if name not in ("torch", "auto"):
-            log.info("no MLA kernel backend yet; using the PyTorch reference", requested=name)
+        """Backend "torch": the PyTorch reference (SDPA) everywhere. Any other ("triton", the CUDA default):
+        decode rows through the `mla_decode` op (FlashMLA / Triton on CUDA, the reference elsewhere)."""
         c = self.config
-        return TorchMLABackend(c.num_attention_heads, c.kv_lora_rank, c.qk_rope_head_dim, softmax_scale(c))
+        cls = TorchMLABackend if name == "torch" else MLAKernelBackend
+        backend = cls(c.num_attention_heads, c.kv_lora_rank, c.qk_rope_head_dim, softmax_scale(c))
+        device = self.lm_head.weight.device
+        if device.type == "cuda" and registry.select("fused_moe", device).name == "reference":
+            # the reference MoE reads expert counts on the host: a decode step cannot be captured
+            log.info("fused_moe is the reference: decode runs without CUDA graphs")
+            backend.supports_cuda_graph = False
+        return backend
 
     def load_weights(self, tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
         block = fp8.block_size(self.config)

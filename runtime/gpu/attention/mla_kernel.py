@@ -1,0 +1,103 @@
+"""MLA through the kernel ops: decode rows run the registry's `mla_decode` (FlashMLA or Triton on CUDA,
+the reference elsewhere) in the absorbed form; prefill rows the expanded form of the reference backend.
+
+Per decode row: q_lat = q_nope W_UK (per head, into the latent space), the kernel attends [q_lat | q_pe]
+over the row's latent slots (keys are whole rows, values their first kv_lora_rank dims), and W_UV maps
+the result back to v_head_dim. The kernel reads the slots through req_to_token and each row's length
+on the device, so under CUDA graphs the only host-side choice, the split count, is fixed per bucket
+from `max_seq_len`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from runtime.gpu.attention.mla_ref import TorchMLABackend
+from runtime.gpu.attention.torch_ref import _Prefill
+from runtime.gpu.forward_batch import ForwardBatch
+from runtime.gpu.kernels import registry
+from runtime.gpu.kernels.common import choose_num_splits
+
+HEAD_BLOCK = 16  # q heads per program of the Triton kernel: the split count is chosen per head block
+
+
+@dataclass
+class _Meta:
+    decode_tokens: torch.Tensor | None  # [B] token index of each decode row (None: no decode rows)
+    decode_all: bool  # every token is a decode token, in row order: no gather/scatter
+    rows: torch.Tensor | None  # [B] req_to_token rows of the decode rows
+    seq_lens: torch.Tensor | None  # [B] their lengths including the new token
+    num_splits: int = 1
+    prefills: list[_Prefill] = field(default_factory=list)
+
+
+class MLAKernelBackend(TorchMLABackend):
+    supports_cuda_graph = True
+    decode_fn: Callable[..., torch.Tensor] | None = None  # bound from the registry on first use
+
+    def _splits(self, batch: int, max_len: int, device: torch.device) -> int:
+        head_blocks = -(-self.num_heads // HEAD_BLOCK)
+        return choose_num_splits(batch, head_blocks, max_len, device)
+
+    def _bind(self, device: torch.device) -> None:
+        if self.decode_fn is None:
+            self.decode_fn = registry.get("mla_decode", device)
+
+    def prepare(self, batch: ForwardBatch) -> None:
+        device = batch.input_ids.device
+        self._bind(device)
+        dec_tok, dec_rows, dec_lens, prefills = [], [], [], []
+        start = 0
+        for row, prefix, length in zip(batch.rows_list, batch.prefix_lens, batch.extend_lens, strict=True):
+            if length == 1:
+                dec_tok.append(start)
+                dec_rows.append(row)
+                dec_lens.append(prefix + 1)
+            elif length > 1:
+                prefills.append(self._prefill(batch, row, start, length, prefix))
+            start += length
+        meta = _Meta(None, False, None, None, 1, prefills)
+        if dec_tok:
+            host = torch.tensor([dec_tok, dec_rows, dec_lens], dtype=torch.int64)
+            meta.decode_tokens, meta.rows, meta.seq_lens = host.to(device, non_blocking=True).unbind(0)
+            meta.decode_all = len(dec_tok) == batch.num_tokens
+            meta.num_splits = self._splits(len(dec_tok), max(dec_lens), device)
+        batch.attn_meta = meta
+
+    def prepare_decode_graph(self, batch: ForwardBatch, seq_lens: torch.Tensor, max_seq_len: int) -> None:
+        device = batch.input_ids.device
+        self._bind(device)
+        splits = self._splits(batch.rows.shape[0], max_seq_len, device)
+        batch.attn_meta = _Meta(None, True, batch.rows, seq_lens, splits)
+
+    def forward_mla(
+        self,
+        layer: int,
+        q_nope: torch.Tensor,
+        q_pe: torch.Tensor,
+        latent: torch.Tensor,
+        w_uk: torch.Tensor,
+        w_uv: torch.Tensor,
+        batch: ForwardBatch,
+    ) -> torch.Tensor:
+        """Same contract as `TorchMLABackend.forward_mla`."""
+        cache, meta = batch.kv_cache, batch.attn_meta
+        cache.store(layer, batch.out_loc, latent)
+        pool = cache.kv[layer]  # [slots, 1, r + dr]
+        out = q_nope.new_empty(*q_nope.shape[:2], w_uv.shape[1])
+        if meta.rows is not None:
+            qn = q_nope if meta.decode_all else q_nope[meta.decode_tokens]
+            qp = q_pe if meta.decode_all else q_pe[meta.decode_tokens]
+            q = torch.cat([torch.einsum("bhd,hdr->bhr", qn, w_uk), qp], dim=-1)
+            o = self.decode_fn(
+                q, pool, batch.req_to_token, meta.rows, meta.seq_lens, self.scale,
+                kv_lora_rank=self.kv_lora_rank, num_splits=meta.num_splits,
+            )  # fmt: skip
+            o = torch.einsum("bhr,hvr->bhv", o, w_uv)
+            if meta.decode_all:
+                return o
+            out[meta.decode_tokens] = o
+        self.forward_prefills(meta.prefills, q_nope, q_pe, latent, pool[:, 0], w_uk, w_uv, out)
+        return out

@@ -1,0 +1,166 @@
+"""Routed DeepSeekMoE experts in two Triton launches over the block-padded layout (`layout.py`).
+
+1. gate/up + SwiGLU: one program per (block of `block_m` sorted pairs, column tile of I). The block's
+   rows are gathered from x through the pair -> token map (no permuted copy of x); gate and up columns
+   of the expert are two accumulators over the same x tile, and the epilogue writes silu(g) * u
+   (V4's clamp first) as the down projection's input H [rows, I], in x's dtype.
+2. down + weighting: one program per (block, column tile of D) over H; the epilogue multiplies each row
+   by its routing weight and stores it at its pair's place (the unpermute is the store), Y [T*k, D].
+
+The sum over the k experts of a token is one torch reduction of Y viewed [T, k, D] (float32
+accumulation, deterministic: no atomics). Nothing reads the device on the host, so a decode step that
+calls this can be captured in a CUDA graph: every shape and grid follows from T, k, E and the config.
+Block sizes are untuned guesses: `block_m` from the mean rows per expert (16 for decode batches),
+64 x 128 tiles (moe_grouped_gemm's) for prefill."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from runtime.gpu.kernels.common import dot_precision
+from runtime.gpu.kernels.fused_moe.layout import MoELayout, moe_layout
+from runtime.gpu.kernels.triton_utils import dot_f32, dot_operand
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    block_m: int
+    block_n: int  # columns of Y per down program; gate/up programs take block_n // 2 of each half
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+def choose_config(num_pairs: int, num_experts: int, device: torch.device) -> MoEConfig:
+    """From the mean rows per expert, a host-side number: the same for every replay of a batch size."""
+    if device.type != "cuda":
+        return MoEConfig(16, 32, 32, num_warps=1, num_stages=1)  # the interpreter: small tiles
+    per_expert = num_pairs / max(1, num_experts)
+    if per_expert <= 16:
+        return MoEConfig(16, 64, 128, num_warps=4, num_stages=4)
+    if per_expert <= 48:
+        return MoEConfig(32, 64, 64, num_warps=4, num_stages=4)
+    return MoEConfig(64, 128, 64, num_warps=4, num_stages=3)
+
+
+@triton.jit
+def _gate_up_swiglu(
+    X, W, H, Pairs, BlockExpert, NumRows,
+    num_pairs, N, K, limit,
+    stride_xm, stride_we, stride_wn, stride_hm,
+    TOPK: tl.constexpr, HAS_LIMIT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0)
+    if b * BLOCK_M >= tl.load(NumRows):
+        return
+    pid_n = tl.program_id(1)
+    e = tl.load(BlockExpert + b).to(tl.int64)
+    offs_m = b * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(Pairs + offs_m)
+    valid = pair < num_pairs
+    tok = (pair // TOPK).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    x_ptrs = X + tok[:, None] * stride_xm + offs_k[None, :]
+    g_ptrs = W + e * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+    u_ptrs = g_ptrs + N * stride_wn  # the up rows follow the I gate rows
+    acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        mk = offs_k < K - k0
+        a = dot_operand(tl.load(x_ptrs + k0, mask=valid[:, None] & mk[None, :], other=0.0), DOT_F32)
+        g = tl.load(g_ptrs + k0, mask=mk[:, None] & mask_n[None, :], other=0.0)
+        u = tl.load(u_ptrs + k0, mask=mk[:, None] & mask_n[None, :], other=0.0)
+        acc_g = tl.dot(a, dot_operand(g, DOT_F32), acc_g, input_precision=DOT_PREC)
+        acc_u = tl.dot(a, dot_operand(u, DOT_F32), acc_u, input_precision=DOT_PREC)
+    if HAS_LIMIT:  # DeepSeek-V4: silu(min(gate, L)) * clamp(up, -L, L)
+        acc_g = tl.minimum(acc_g, limit)
+        acc_u = tl.minimum(tl.maximum(acc_u, -limit), limit)
+    h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+    h_ptrs = H + offs_m[:, None].to(tl.int64) * stride_hm + offs_n[None, :]
+    tl.store(h_ptrs, h.to(H.dtype.element_ty), mask=valid[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def _down_weighted(
+    H, W, Y, Pairs, BlockExpert, NumRows, TopkW,
+    num_pairs, N, K,
+    stride_hm, stride_we, stride_wn, stride_ym,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0)
+    if b * BLOCK_M >= tl.load(NumRows):
+        return
+    pid_n = tl.program_id(1)
+    e = tl.load(BlockExpert + b).to(tl.int64)
+    offs_m = b * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(Pairs + offs_m)
+    valid = pair < num_pairs
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    h_ptrs = H + offs_m[:, None].to(tl.int64) * stride_hm + offs_k[None, :]
+    w_ptrs = W + e * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        mk = offs_k < K - k0
+        a = tl.load(h_ptrs + k0, mask=valid[:, None] & mk[None, :], other=0.0)
+        w = tl.load(w_ptrs + k0, mask=mk[:, None] & mask_n[None, :], other=0.0)
+        acc = tl.dot(dot_operand(a, DOT_F32), dot_operand(w, DOT_F32), acc, input_precision=DOT_PREC)
+    acc = acc * tl.load(TopkW + pair, mask=valid, other=0.0)[:, None]
+    y_ptrs = Y + pair[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
+    tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=valid[:, None] & mask_n[None, :])
+
+
+def fused_moe(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    swiglu_limit: float | None = None,
+    config: MoEConfig | None = None,
+) -> torch.Tensor:
+    """Same contract as `reference.fused_moe`."""
+    num_tokens, hidden = x.shape
+    num_experts, two_i, _ = w13.shape
+    inter, k = two_i // 2, topk_ids.shape[1]
+    assert w13.shape[2] == hidden and w2.shape == (num_experts, hidden, inter), (w13.shape, w2.shape)
+    assert x.stride(1) == 1 and w13.stride(2) == 1 and w2.stride(2) == 1
+    if num_tokens == 0:
+        return x.new_zeros(0, hidden)
+    cfg = config or choose_config(num_tokens * k, num_experts, x.device)
+    lay = moe_layout(topk_ids, num_experts, cfg.block_m)
+    h = x.new_empty(lay.max_blocks * cfg.block_m, inter)
+    y = x.new_empty(num_tokens * k, hidden)
+    weights = topk_weights.reshape(-1).float().contiguous()
+    _launch(x, w13, w2, h, y, weights, lay, cfg, k, swiglu_limit)
+    return y.view(num_tokens, k, hidden).sum(1)
+
+
+def _launch(x, w13, w2, h, y, weights, lay: MoELayout, cfg: MoEConfig, topk: int, limit: float | None):  # noqa: ANN001, ANN202
+    inter, hidden = h.shape[1], y.shape[1]
+    common = dict(DOT_PREC=dot_precision(x.dtype), DOT_F32=dot_f32(x), num_warps=cfg.num_warps,
+                  num_stages=cfg.num_stages)  # fmt: skip
+    half = cfg.block_n // 2
+    _gate_up_swiglu[(lay.max_blocks, triton.cdiv(inter, half))](
+        x, w13, h, lay.sorted_pairs, lay.block_expert, lay.num_rows,
+        lay.num_pairs, inter, x.shape[1], 0.0 if limit is None else float(limit),
+        x.stride(0), w13.stride(0), w13.stride(1), h.stride(0),
+        TOPK=topk, HAS_LIMIT=limit is not None,
+        BLOCK_M=cfg.block_m, BLOCK_N=half, BLOCK_K=cfg.block_k, **common,
+    )  # fmt: skip
+    _down_weighted[(lay.max_blocks, triton.cdiv(hidden, cfg.block_n))](
+        h, w2, y, lay.sorted_pairs, lay.block_expert, lay.num_rows, weights,
+        lay.num_pairs, hidden, inter,
+        h.stride(0), w2.stride(0), w2.stride(1), y.stride(0),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, **common,
+    )  # fmt: skip

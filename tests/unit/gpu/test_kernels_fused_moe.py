@@ -1,0 +1,142 @@
+"""The `fused_moe` op on the CPU: the device-side layout puts every (token, expert) pair in exactly one
+row of a block of its expert; the reference equals a loop over tokens; the Triton kernels match the
+reference under the Triton interpreter (in a subprocess, as in test_kernels_interpret.py: this file run
+as a script with TRITON_INTERPRET=1 prints {case: closeness ratio}). Skipped without triton."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from runtime.gpu.kernels import registry
+from runtime.gpu.kernels.fused_moe import reference
+from runtime.gpu.kernels.fused_moe.layout import max_blocks, moe_layout
+
+
+def _random_moe(tokens: int, experts: int, k: int, hidden: int, inter: int, dtype, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, hidden, generator=g).to(dtype)
+    w13 = (torch.randn(experts, 2 * inter, hidden, generator=g) * hidden**-0.5).to(dtype)
+    w2 = (torch.randn(experts, hidden, inter, generator=g) * inter**-0.5).to(dtype)
+    ids = torch.rand(tokens, experts, generator=g).argsort(-1)[:, :k]
+    if tokens > 2:
+        # a crowded expert next to sparse and empty ones (a repeated expert in a row is fine here)
+        ids[: tokens // 2, 0] = 1
+    weights = torch.rand(tokens, k, generator=g)
+    return x, w13, w2, weights, ids
+
+
+@pytest.mark.parametrize(
+    "tokens,experts,k,block_m", [(1, 8, 2, 16), (37, 8, 3, 16), (100, 64, 6, 32), (5, 3, 3, 4)]
+)
+def test_layout_puts_every_pair_once_in_a_block_of_its_expert(tokens, experts, k, block_m):
+    ids = _random_moe(tokens, experts, k, 4, 4, torch.float32, seed=tokens)[4]
+    lay = moe_layout(ids, experts, block_m)
+    pairs, flat = tokens * k, ids.reshape(-1)
+    rows = int(lay.num_rows)
+    assert lay.max_blocks == max_blocks(pairs, experts, block_m) and rows % block_m == 0
+    assert rows <= lay.max_blocks * block_m
+    used = lay.sorted_pairs[:rows]
+    real = used[used < pairs]
+    assert sorted(real.tolist()) == list(range(pairs))  # each pair exactly once
+    assert (lay.sorted_pairs[rows:] == pairs).all()  # past num_rows: padding only
+    block_of = torch.arange(rows) // block_m
+    is_real = used < pairs
+    assert (flat[used[is_real].long()] == lay.block_expert[block_of[is_real]].long()).all()
+    counts = torch.bincount(flat, minlength=experts)
+    assert rows == int(((counts + block_m - 1) // block_m * block_m).sum())
+
+
+def _loop_over_tokens(x, w13, w2, weights, ids, limit=None):
+    out = torch.zeros_like(x)
+    inter = w13.shape[1] // 2
+    for t in range(x.shape[0]):
+        for j, e in enumerate(ids[t].tolist()):
+            gu = w13[e] @ x[t]
+            h = reference.swiglu(gu[:inter], gu[inter:], limit)
+            out[t] += weights[t, j] * (w2[e] @ h)
+    return out
+
+
+@pytest.mark.parametrize("limit", [None, 0.3])
+def test_reference_equals_a_loop_over_tokens(limit):
+    x, w13, w2, weights, ids = _random_moe(23, 6, 3, 16, 8, torch.float32, seed=1)
+    got = reference.fused_moe(x, w13, w2, weights, ids, limit)
+    torch.testing.assert_close(got, _loop_over_tokens(x, w13, w2, weights, ids, limit), atol=1e-5, rtol=1e-5)
+
+
+def test_reference_rounds_like_the_kernels_in_bfloat16():
+    """bf16 in, bf16 out, float32 math: within a bf16 ulp or two of the float32 result."""
+    x, w13, w2, weights, ids = _random_moe(19, 8, 2, 32, 16, torch.bfloat16, seed=2)
+    got = reference.fused_moe(x, w13, w2, weights, ids)
+    want = reference.fused_moe(x.float(), w13.float(), w2.float(), weights, ids)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
+
+
+def test_registry_picks_the_reference_on_the_cpu():
+    assert [i.name for i in registry.implementations("fused_moe")] == ["triton", "reference"]
+    assert registry.select("fused_moe", "cpu").name == "reference"
+
+
+def test_empty_batch():
+    x, w13, w2, weights, ids = _random_moe(0, 4, 2, 8, 4, torch.float32, seed=3)
+    assert reference.fused_moe(x, w13, w2, weights, ids).shape == (0, 8)
+
+
+# ------------------------------------------------------------------ Triton under the interpreter
+
+CASES = {
+    # tokens, experts, k, hidden, inter, dtype, swiglu limit
+    "fp32_decode_batch1": (1, 8, 3, 48, 40, "float32", None),
+    "fp32_ragged_dims_v4_limit": (9, 4, 2, 40, 24, "float32", 0.5),
+    "bf16_crowded_and_empty_experts": (37, 8, 3, 64, 48, "bfloat16", None),
+    "fp16_more_experts_than_pairs": (3, 64, 6, 32, 32, "float16", None),
+}
+_TOL = {"float32": (1e-4, 1e-4), "float16": (2e-3, 4e-3), "bfloat16": (3e-2, 3e-2)}
+
+
+def _run_case(tokens, experts, k, hidden, inter, dtype, limit) -> float:
+    from runtime.gpu.kernels.fused_moe import triton as fused_triton
+    from runtime.gpu.kernels.testing import close_ratio
+
+    x, w13, w2, weights, ids = _random_moe(tokens, experts, k, hidden, inter, getattr(torch, dtype), tokens)
+    got = fused_triton.fused_moe(x, w13, w2, weights, ids, limit)
+    return close_ratio(got, reference.fused_moe(x, w13, w2, weights, ids, limit), *_TOL[dtype])
+
+
+@pytest.fixture(scope="module")
+def results() -> dict:
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    root = Path(__file__).resolve().parents[3]
+    proc = subprocess.run(
+        [sys.executable, __file__], env=env, cwd=root, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_triton_fused_moe_matches_reference_under_interpreter(results: dict, name: str) -> None:
+    got = results[name]
+    assert isinstance(got, float), got  # an error message from the subprocess
+    assert got <= 1.0, f"{name}: error {got:.3g}x the tolerance"
+
+
+if __name__ == "__main__":
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    out = {}
+    for name, args in CASES.items():
+        try:
+            out[name] = float(_run_case(*args))
+        except Exception as e:  # reported per case by the test
+            out[name] = f"{type(e).__name__}: {e}"
+    print(json.dumps(out))
