@@ -1,6 +1,8 @@
 """Per-kernel device time of a decode step (Llama-3.1-8B preset, dummy bf16 weights, 1K context) at
 batch 1 and 256, with the graph and eager step times side by side: `python -m loadgen.profile_decode`
-on a CUDA machine. The profile runs eager (same kernels as the graph replay, plus launch gaps)."""
+on a CUDA machine. Both the graph replay and the eager step are profiled (CUPTI sees the kernels a
+graph launches): per-kernel device time, kernels per step, and the gaps between kernels (the span from
+the first kernel's start to the last one's end, minus kernel time)."""
 
 from __future__ import annotations
 
@@ -18,8 +20,15 @@ ROOM = 64  # decode positions per row past the context
 
 
 def _runner(batch: int, graph: bool) -> ModelRunner:
-    cfg = RunnerConfig("llama-3.1-8b", device="cuda", load_format="dummy", num_kv_slots=batch * (CTX + ROOM) + 8,
-                       max_reqs=batch, max_model_len=CTX + ROOM, cuda_graph=graph)
+    cfg = RunnerConfig(
+        "llama-3.1-8b",
+        device="cuda",
+        load_format="dummy",
+        num_kv_slots=batch * (CTX + ROOM) + 8,
+        max_reqs=batch,
+        max_model_len=CTX + ROOM,
+        cuda_graph=graph,
+    )
     return ModelRunner(cfg)
 
 
@@ -33,9 +42,34 @@ def _steps(batch: int):
     while True:
         first = step == 0
         loc = [b + pos for b in base]
-        yield StepPlan(step, added if first else [], [], rows, [pos] * batch, [1] * batch, [not first] * batch,
-                       [5] * batch if first else [], loc, [True] * batch)
+        yield StepPlan(
+            step,
+            added if first else [],
+            [],
+            rows,
+            [pos] * batch,
+            [1] * batch,
+            [not first] * batch,
+            [5] * batch if first else [],
+            loc,
+            [True] * batch,
+        )
         pos, step = pos + 1, step + 1
+
+
+def _report(prof, steps: int = 5) -> None:
+    per_kernel: dict[str, float] = defaultdict(float)
+    count = 0
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per_kernel[e.name[:70]] += e.device_time_total / steps
+            count += 1
+    total = sum(per_kernel.values())
+    print(
+        f"  kernel time per step {total / 1e3:.3f} ms, {count / steps:.0f} device ops per step; top kernels:"
+    )
+    for name, us in sorted(per_kernel.items(), key=lambda kv: -kv[1])[:14]:
+        print(f"  {us / 1e3:8.3f} ms  {100 * us / total:5.1f}%  {name}")
 
 
 def main() -> None:
@@ -50,19 +84,11 @@ def main() -> None:
                 runner.execute(next(plans))
             torch.cuda.synchronize()
             print(f"B={batch} graph={graph}: {(time.perf_counter() - t) / 20 * 1e3:.3f} ms/step", flush=True)
-            if not graph:
-                with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    for _ in range(5):
-                        runner.execute(next(plans))
-                    torch.cuda.synchronize()
-                per_kernel: dict[str, float] = defaultdict(float)
-                for e in prof.events():
-                    if e.device_type == torch.autograd.DeviceType.CUDA:
-                        per_kernel[e.name[:70]] += e.device_time_total / 5
-                total = sum(per_kernel.values())
-                print(f"  device time per step {total / 1e3:.3f} ms; top kernels:")
-                for name, us in sorted(per_kernel.items(), key=lambda kv: -kv[1])[:12]:
-                    print(f"  {us / 1e3:8.3f} ms  {100 * us / total:5.1f}%  {name}")
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(5):
+                    runner.execute(next(plans))
+                torch.cuda.synchronize()
+            _report(prof)
             del runner
             torch.cuda.empty_cache()
 

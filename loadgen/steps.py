@@ -9,6 +9,11 @@ the device's copy bandwidth and matmul peak and reports
   MFU = (2 * non-embedding params * tokens + attention flops) / step time / matmul peak
   attention flops = 4 * layers * q_heads * head_dim * (keys each new token attends to)
 
+Decode steps are timed as the GPU worker runs them with overlap on (`--overlap on`, the default): step
+i+1 is launched before step i's tokens are read back (two in flight, `ModelRunner.launch`), so the step
+time is the device's period per step and the host work of building the next step hides behind the
+current one. `--overlap off` (rows `decode-s`) waits for every step before launching the next.
+
 Weights and KV are random (`--load-format dummy`), so only the timings mean anything."""
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
+from collections import deque
 from dataclasses import dataclass
 
 from loadgen.errors import LoadgenError
@@ -46,6 +52,9 @@ def add_args(p) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cuda-graph", choices=("on", "off", "both"), default="on",
                    help="decode with CUDA graphs, eagerly, or both side by side (rows `decode-e`: eager)")  # fmt: skip
+    p.add_argument("--overlap", choices=("on", "off", "both"), default="on",
+                   help="decode steps pipelined two deep as the worker runs them, or each waited for "
+                   "(rows `decode-s`), or both")  # fmt: skip
 
 
 @dataclass
@@ -150,6 +159,26 @@ class _Bench:
                 times.append(time.perf_counter() - t)
         return statistics.median(times)
 
+    def _time_pipelined(self, plans) -> float:
+        """Mean period per step with two steps in flight (launch i+1, then read i's tokens), as the
+        worker overlaps them; a median is meaningless here, so the timed steps are taken as one span."""
+        pending: deque = deque()
+        warm = self.args.warmup_steps
+        t = time.perf_counter()
+        for i, plan in enumerate(plans):
+            if i == warm:
+                while pending:
+                    pending.popleft().result()
+                _sync(self.torch, self.runner.device)
+                t = time.perf_counter()
+            pending.append(self.runner.launch(plan))
+            if len(pending) > 1:
+                pending.popleft().result()
+        while pending:
+            pending.popleft().result()
+        _sync(self.torch, self.runner.device)
+        return (time.perf_counter() - t) / (len(plans) - warm)
+
     def _start(self, rows: list[int], prefix: dict[int, list[int]]):
         from runtime.mailbox.messages import SamplingParams, SeqStart
 
@@ -158,7 +187,7 @@ class _Bench:
         released, self.live = self.live, list(rows)
         return added, released
 
-    def decode(self, b: int, k: int, graph: bool = True) -> Row:
+    def decode(self, b: int, k: int, graph: bool = True, overlap: bool = True) -> Row:
         if self.runner.graphs is not None:
             self.runner.graphs.enabled = graph
         c, n = self.args.context_len, k + 1
@@ -173,12 +202,13 @@ class _Bench:
                 input_ids=[] if k == 0 else self._ids(b * n),
                 out_loc=[s + ctx + j for s in base.values() for j in range(n)], sample=[True] * b,
             ))  # fmt: skip
-        t = self._time(plans)
+        t = self._time_pipelined(plans) if overlap else self._time(plans)
         ctx = c + (self.args.warmup_steps + self.args.steps / 2) * n  # mean context over the timed steps
         kv_read = b * ctx * self.kv_per_token
         flops = 2 * self.matmul_params * b * n + self._attn_flops(ctx, n) * b
         tok = b * (1 if k == 0 else self.args.accept_len) / t
         phase = "decode" if graph or self.runner.graphs is None else "decode-e"
+        phase += "" if overlap else "-s"
         return self._row(phase, b, b * n, c, k, t, self.weight_bytes + kv_read, flops, tok)
 
     def prefill(self, n: int) -> Row:
@@ -211,15 +241,17 @@ def table(rows: list[Row], bench: _Bench) -> str:
         f"model {bench.args.model_path} ({bench.args.load_format}), {r.device}, {r.dtype}, "
         f"weights {bench.weight_bytes / 1e9:.3f} GB, KV {bench.kv_per_token} B/token",
         f"measured: copy {bench.ceil.copy_bytes_per_s / 1e9:.1f} GB/s, matmul {bench.ceil.matmul_flops_per_s / 1e12:.2f} "
-        f"TFLOP/s; median of {bench.args.steps} steps",
-        f"{'phase':<9}{'B':>5}{'tok/step':>9}{'ctx':>8}{'k':>3}{'step ms':>10}{'tok/s':>12}{'MBU':>8}{'MFU':>8}",
+        f"TFLOP/s; {bench.args.steps} timed steps per point (decode overlapped: mean period; else median)",
+        f"{'phase':<11}{'B':>5}{'tok/step':>9}{'ctx':>8}{'k':>3}{'step ms':>10}{'tok/s':>12}{'MBU':>8}{'MFU':>8}",
     ]
     lines = [*head, "-" * len(head[-1])]
     for x in rows:
-        lines.append(f"{x.phase:<9}{x.batch:>5}{x.new_tokens:>9}{x.context:>8}{x.k:>3}{x.step_s * 1e3:>10.3f}"
+        lines.append(f"{x.phase:<11}{x.batch:>5}{x.new_tokens:>9}{x.context:>8}{x.k:>3}{x.step_s * 1e3:>10.3f}"
                      f"{x.tokens_per_s:>12.1f}{x.mbu:>8.2%}{x.mfu:>8.2%}")  # fmt: skip
     if any(x.phase == "decode-e" for x in rows):
         lines.append("decode-e: the same decode steps run eagerly (CUDA graphs off)")
+    if any(x.phase.endswith("-s") for x in rows):
+        lines.append("-s: each step waited for before the next is launched (no overlap)")
     if any(x.k for x in rows):
         lines.append(f"k > 0: tok/s = B x accept length {bench.args.accept_len} / step time")
     return "\n".join(lines)
@@ -247,7 +279,14 @@ def main(args) -> int:
                 "out of device memory for the KV slots: lower --batch-sizes or --context-len"
             ) from None
         modes = {"on": [True], "off": [False], "both": [True, False]}[args.cuda_graph]
-        rows = [bench.decode(b, k, g) for k in args.draft_tokens for b in args.batch_sizes for g in modes]
+        overlaps = {"on": [True], "off": [False], "both": [True, False]}[args.overlap]
+        rows = [
+            bench.decode(b, k, g, o)
+            for k in args.draft_tokens
+            for b in args.batch_sizes
+            for g in modes
+            for o in overlaps
+        ]
         rows += [bench.prefill(n) for n in args.prefill_tokens]
         print(table(rows, bench))
     return 0

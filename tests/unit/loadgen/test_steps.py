@@ -23,6 +23,17 @@ def test_steps_prints_a_sane_table_on_cpu_with_a_tiny_config(capsys):
     assert "copy" in out and "matmul" in out
 
 
+def test_steps_times_decode_overlapped_and_waited_side_by_side(capsys):
+    rc = main(["steps", "--device", "cpu", "--batch-sizes", "2", "--context-len", "16", "--prefill-tokens", "",
+               "--overlap", "both", "--steps", "2", "--warmup-steps", "1"])  # fmt: skip
+    assert rc == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.startswith("decode")]
+    assert [r[0] for r in rows] == ["decode", "decode-s"]
+    assert all(float(r[5]) > 0 for r in rows)
+    assert "-s: each step waited for" in out
+
+
 def test_steps_with_a_missing_model_dir_is_a_one_line_error(tmp_path, capsys):
     assert main(["steps", "--model-path", str(tmp_path / "nope"), "--device", "cpu"]) == 2
     assert capsys.readouterr().err.startswith("error: model directory not found")

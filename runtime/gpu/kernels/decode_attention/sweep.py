@@ -1,8 +1,13 @@
 """Sweep the Triton decode kernel's block size, warps, pipeline stages and split count on CUDA, each
-configuration checked against the reference: `python -m runtime.gpu.kernels.decode_attention.sweep`."""
+configuration checked against the reference: `python -m runtime.gpu.kernels.decode_attention.sweep`.
+
+Small batches are launch-bound under do_bench (about 10 us to issue a launch on the device host), but a
+decode step replays a CUDA graph: `--graph` times 32 back-to-back calls (one per Llama-8B layer)
+captured in one graph, the cost the step actually pays."""
 
 from __future__ import annotations
 
+import argparse
 import itertools
 
 import torch
@@ -15,22 +20,50 @@ from runtime.gpu.kernels.testing import paged_case
 SHAPES = [(256, 1024, (1, 2)), (64, 4096, (1, 2, 4)), (1, 1024, (4, 8, 16, 32, 64))]  # (B, context, splits)
 
 
+GRAPH_CALLS = 32
+
+
+def graph_time_ms(fn) -> float:
+    """Per-call time of `fn` replayed GRAPH_CALLS times inside one CUDA graph."""
+    fn()  # compile outside the capture
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(GRAPH_CALLS):
+                fn()
+    return triton.testing.do_bench(graph.replay, rep=60) / GRAPH_CALLS
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--graph", action="store_true", help="time inside a CUDA graph (small batches)")
+    parser.add_argument("--batch-sizes", default=None, help="e.g. 1,8: only these shapes")
+    args_cli = parser.parse_args()
+    shapes = SHAPES
+    if args_cli.batch_sizes:
+        wanted = {int(b) for b in args_cli.batch_sizes.split(",")}
+        shapes = [(b, 1024, (2, 4, 8, 16, 32)) for b in sorted(wanted)]
+    bench = graph_time_ms if args_cli.graph else (lambda fn: triton.testing.do_bench(fn, rep=40))
     defaults = (kernel.BLOCK_N, kernel.NUM_WARPS, kernel.NUM_STAGES)
-    for batch, ctx, splits in SHAPES:
+    for batch, ctx, splits in shapes:
         case = paged_case([ctx - 1] * batch, [1] * batch, 32, 8, 128, torch.bfloat16, "cuda", q_strided=False)
         args = case.decode_args()
         want = reference(*args).float()
         kv_bytes = 2 * batch * ctx * 8 * 128 * 2
         results = []
-        for bn, warps, stages, sp in itertools.product((32, 64, 128), (4, 8), (2, 3, 4), splits):
+        grid = ((32, 64), (2, 4), (1, 2, 4)) if args_cli.graph else ((32, 64, 128), (4, 8), (2, 3, 4))
+        for (bn, warps, stages), sp in itertools.product(itertools.product(*grid), splits):
             kernel.BLOCK_N, kernel.NUM_WARPS, kernel.NUM_STAGES = bn, warps, stages
             err = (kernel.decode_attention(*args, num_splits=sp).float() - want).abs().max().item()
-            ms = triton.testing.do_bench(lambda sp=sp, args=args: kernel.decode_attention(*args, num_splits=sp), rep=40)
+            ms = bench(lambda sp=sp, args=args: kernel.decode_attention(*args, num_splits=sp))
             results.append((ms, bn, warps, stages, sp, err))
-        for ms, bn, warps, stages, sp, err in sorted(results)[:3]:
-            print(f"B={batch} ctx={ctx} BLOCK_N={bn} warps={warps} stages={stages} splits={sp}: "
-                  f"{ms * 1e3:.1f} us, {kv_bytes / ms / 1e6:.0f} GB/s, max err {err:.1e}")
+        now = [r for r in results if r[1:4] == defaults]
+        for ms, bn, warps, stages, sp, err in sorted(results)[:3] + sorted(now)[:1]:
+            print(
+                f"B={batch} ctx={ctx} BLOCK_N={bn} warps={warps} stages={stages} splits={sp}: "
+                f"{ms * 1e3:.1f} us, {kv_bytes / ms / 1e6:.0f} GB/s, max err {err:.1e}"
+            )
     kernel.BLOCK_N, kernel.NUM_WARPS, kernel.NUM_STAGES = defaults
 
 
