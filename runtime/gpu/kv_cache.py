@@ -1,4 +1,8 @@
-"""The paged KV pool: per layer, K and V of every token slot. Slot 0 is padding and never attended."""
+"""The paged KV pool: per layer, K and V of every token slot. Slot 0 is padding and never attended.
+
+The pool may be stored in float8 e4m3 (`--kv-cache-dtype fp8_e4m3`) with scale 1.0, as SGLang and vLLM
+do without calibrated scales: half the bytes per token, which is what long-context decode reads; the
+attention kernels upcast what they load to the query's dtype."""
 
 from __future__ import annotations
 
@@ -25,8 +29,8 @@ class KVCache:
         return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
     def store(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k[layer][loc] = k
-        self.v[layer][loc] = v
+        self.k[layer][loc] = k.to(self.k[layer].dtype)
+        self.v[layer][loc] = v.to(self.v[layer].dtype)
 
 
 class LatentKVCache:
@@ -37,7 +41,9 @@ class LatentKVCache:
     def __init__(
         self, num_layers: int, num_slots: int, latent_dim: int, dtype: torch.dtype, device: torch.device | str
     ) -> None:
-        self.kv = [torch.zeros((num_slots, 1, latent_dim), dtype=dtype, device=device) for _ in range(num_layers)]
+        self.kv = [
+            torch.zeros((num_slots, 1, latent_dim), dtype=dtype, device=device) for _ in range(num_layers)
+        ]
         self.num_slots = num_slots
 
     @staticmethod

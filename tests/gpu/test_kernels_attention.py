@@ -69,6 +69,19 @@ def test_decode_attention_any_split_count_gives_the_same_answer(num_splits: int)
     assert close_ratio(got, want, *TOLERANCE[torch.bfloat16]) <= 1.0
 
 
+@pytest.mark.parametrize("op", ["decode_attention", "extend_attention"])
+@pytest.mark.parametrize("name", _impls("decode_attention"))
+def test_attention_reads_an_fp8_kv_pool_under_bf16_queries(op: str, name: str) -> None:
+    """--kv-cache-dtype fp8_e4m3: the kernels upcast the pool as they load it; the reference does the same."""
+    prefix, ext = ([0, 63, 1000, 4000], [1] * 4) if op == "decode_attention" else ([0, 500, 17], [300, 64, 1])
+    c = paged_case(
+        prefix, ext, 32, 8, 128, torch.bfloat16, "cuda", page_size=16, kv_dtype=torch.float8_e4m3fn
+    )
+    assert c.k_pool.dtype == torch.float8_e4m3fn
+    args = c.decode_args() if op == "decode_attention" else c.extend_args()
+    assert close_ratio(_fn(op, name)(*args), _ref(op)(*args), *TOLERANCE[torch.bfloat16]) <= 1.0
+
+
 EXTEND_SHAPES = [  # prefix lens, extend lens, q heads, kv heads, head_dim, page size
     ([0], [1], 32, 8, 128, 1),
     ([0], [4096], 32, 8, 128, 1),

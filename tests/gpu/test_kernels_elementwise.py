@@ -108,6 +108,8 @@ def test_rope_store_matches_reference_and_writes_only_its_slots(
     pos = torch.randint(0, 8192, (tokens,), generator=g, device="cuda")
     loc = torch.randperm(2 * tokens + 3, generator=g, device="cuda")[:tokens]
     pools = [torch.randn(2 * tokens + 3, hkv, d, generator=g, device="cuda").to(dtype) for _ in range(2)]
+    if dtype == torch.bfloat16 and tokens == 100:  # also into an fp8 pool (--kv-cache-dtype fp8_e4m3)
+        pools = [p.to(torch.float8_e4m3fn) for p in pools]
     mine, theirs = [p.clone() for p in pools], [p.clone() for p in pools]
     got = fn(pos, q, k, v, cos, sin, loc, *mine)
     want = ref(pos, q, k, v, cos, sin, loc, *theirs)

@@ -101,8 +101,10 @@ class TorchAttentionBackend(AttentionBackend):
             qd = q if meta.decode_all else q[meta.decode_tokens]
             # index_select: several times faster than advanced indexing for row gathers on CPU
             shape = (*meta.decode_shape, *k_pool.shape[1:])
-            kd = k_pool.index_select(0, meta.decode_slots).view(shape).transpose(1, 2)  # [B, Hkv, S, D]
-            vd = v_pool.index_select(0, meta.decode_slots).view(shape).transpose(1, 2)
+            kd = (
+                k_pool.index_select(0, meta.decode_slots).view(shape).transpose(1, 2).to(q.dtype)
+            )  # [B, Hkv, S, D]
+            vd = v_pool.index_select(0, meta.decode_slots).view(shape).transpose(1, 2).to(q.dtype)
             o = F.scaled_dot_product_attention(
                 qd.unsqueeze(2), kd, vd, attn_mask=meta.decode_mask, scale=self.scale, enable_gqa=True
             ).squeeze(2)
@@ -115,7 +117,10 @@ class TorchAttentionBackend(AttentionBackend):
             if p.slots is None:  # fresh prompt: its keys are exactly this step's keys
                 kp, vp = k[p.start : end], v[p.start : end]
             else:
-                kp, vp = k_pool.index_select(0, p.slots), v_pool.index_select(0, p.slots)
+                kp, vp = (
+                    k_pool.index_select(0, p.slots).to(q.dtype),
+                    v_pool.index_select(0, p.slots).to(q.dtype),
+                )
             o = F.scaled_dot_product_attention(
                 qp,
                 kp.transpose(0, 1).unsqueeze(0),

@@ -48,6 +48,7 @@ def paged_case(
     page_size: int = 1,
     q_strided: bool = True,
     seed: int = 0,
+    kv_dtype: torch.dtype | None = None,
 ) -> PagedCase:
     rng = random.Random(seed)
     dev = torch.device(device)
@@ -78,6 +79,8 @@ def paged_case(
     )
     k_pool[used] = torch.randn(len(used), num_kv_heads, head_dim, generator=gen, device=dev).to(dtype)
     v_pool[used] = torch.randn(len(used), num_kv_heads, head_dim, generator=gen, device=dev).to(dtype)
+    if kv_dtype is not None:  # e.g. an fp8 pool under bf16 queries (--kv-cache-dtype fp8_e4m3)
+        k_pool, v_pool = k_pool.to(kv_dtype), v_pool.to(kv_dtype)
     tokens = sum(extend_lens)
     if q_strided:  # the q slice of a fused qkv projection output
         width_qkv = (num_q_heads + 2 * num_kv_heads) * head_dim

@@ -58,7 +58,7 @@ def _stage1(
         kv_mask = mask_n[:, None] & mask_d[None, :]
         k = tl.load(
             K + slot[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0
-        )
+        ).to(Q.dtype.element_ty)  # an fp8 KV pool is upcast to q's dtype
         qk = (
             tl.dot(q, tl.trans(dot_operand(k, DOT_F32)), input_precision=DOT_PREC) * qk_scale
         )  # [BLOCK_H, BLOCK_N], base 2
@@ -69,7 +69,7 @@ def _stage1(
         denom = denom * alpha + tl.sum(p, 1)
         v = tl.load(
             V + slot[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0
-        )
+        ).to(Q.dtype.element_ty)
         acc = acc * alpha[:, None] + tl.dot(
             dot_operand(p.to(v.dtype), DOT_F32), dot_operand(v, DOT_F32), input_precision=DOT_PREC
         )

@@ -54,7 +54,7 @@ def _extend(
             kv_mask = mask_n[:, None] & mask_d[None, :]
             k = tl.load(
                 K + slot[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0
-            )
+            ).to(Q.dtype.element_ty)  # an fp8 KV pool is upcast to q's dtype
             qk = tl.dot(q, tl.trans(dot_operand(k, DOT_F32)), input_precision=DOT_PREC) * qk_scale
             # every query sees key 0, so no row of the first block is all -inf (no NaN)
             qk = tl.where(mask_n[None, :] & (pos[None, :] <= q_pos[:, None]), qk, float("-inf"))
@@ -64,7 +64,7 @@ def _extend(
             denom = denom * alpha + tl.sum(p, 1)
             v = tl.load(
                 V + slot[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0
-            )
+            ).to(Q.dtype.element_ty)
             pv = tl.dot(
                 dot_operand(p.to(v.dtype), DOT_F32), dot_operand(v, DOT_F32), input_precision=DOT_PREC
             )

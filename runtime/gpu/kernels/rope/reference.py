@@ -34,6 +34,6 @@ def rope_store(
     """`rope`, then the rotated k and the plain v written to the paged pools at slots `loc` [T]
     (k_pool, v_pool: [slots, Hkv, D]). Returns the rotated q; k is consumed by the cache."""
     q_out, k_out = rope(positions, q, k, cos, sin)
-    k_pool[loc] = k_out
-    v_pool[loc] = v
+    k_pool[loc] = k_out.to(k_pool.dtype)  # the pool may be fp8 (--kv-cache-dtype)
+    v_pool[loc] = v.to(v_pool.dtype)
     return q_out

@@ -26,8 +26,9 @@ def _rotate_heads(X, Out, t, stride_xt, stride_xh, stride_ot, stride_oh, n_heads
     o1 = x1 * c1[None, :] - x2 * s1[None, :]
     o2 = x2 * c2[None, :] + x1 * s2[None, :]
     o_ptrs = Out + t * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :]
-    tl.store(o_ptrs, o1.to(Out.dtype.element_ty), mask=mask)
-    tl.store(o_ptrs + HALF, o2.to(Out.dtype.element_ty), mask=mask)
+    # Round to the input's dtype first, as the reference does, then to the output's (an fp8 KV pool).
+    tl.store(o_ptrs, o1.to(X.dtype.element_ty).to(Out.dtype.element_ty), mask=mask)
+    tl.store(o_ptrs + HALF, o2.to(X.dtype.element_ty).to(Out.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -97,6 +98,7 @@ def _rope_store(
     offs_full = tl.arange(0, 2 * BLOCK_HALF)
     vmask = (offs_h < n_kv_heads)[:, None] & (offs_full < 2 * HALF)[None, :]
     vals = tl.load(V + t * stride_vt + offs_h[:, None] * stride_vh + offs_full[None, :], mask=vmask)
+    vals = vals.to(VPool.dtype.element_ty)  # a no-op unless the pool is fp8
     tl.store(VPool + slot * stride_vs + offs_h[:, None] * stride_vph + offs_full[None, :], vals, mask=vmask)
 
 
@@ -115,7 +117,7 @@ def rope_store(
     n_tokens, n_q_heads, head_dim = q.shape
     n_kv_heads = k.shape[1]
     assert head_dim % 2 == 0 and q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1
-    assert k_pool.stride(2) == 1 and v_pool.stride(2) == 1 and k_pool.dtype == k.dtype == v_pool.dtype
+    assert k_pool.stride(2) == 1 and v_pool.stride(2) == 1 and k_pool.dtype == v_pool.dtype
     assert cos.stride(1) == 1 and sin.stride(1) == 1 and cos.stride(0) == sin.stride(0)
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if n_tokens:
