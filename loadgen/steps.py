@@ -37,6 +37,8 @@ def add_args(p) -> None:
     p.add_argument("--load-format", choices=("dummy", "auto"), default="dummy")
     p.add_argument("--device", help="default: cuda if available, else cpu")
     p.add_argument("--dtype", help="default: bfloat16 on cuda, float32 on cpu")
+    p.add_argument("--kv-cache-dtype", choices=("auto", "fp8_e4m3"), default="auto")
+    p.add_argument("--attention-backend", help="torch | triton; default: triton on cuda, torch on cpu")
     p.add_argument(
         "--batch-sizes", type=_ints, default=[8, 16, 32, 64, 128, 256], help="decode B, comma-separated"
     )
@@ -123,8 +125,10 @@ class _Bench:
         slots = 1 + max(max_b * self.per_row, prefill_need)
         self.max_len = max(self.per_row, prefill_need) + 1
         cfg = RunnerConfig(model_path=args.model_path, device=device, dtype=args.dtype, load_format=args.load_format,
+                           kv_cache_dtype=args.kv_cache_dtype,
                            num_kv_slots=slots, max_reqs=max_b, max_model_len=self.max_len, seed=args.seed,
-                           cuda_graph=args.cuda_graph != "off")  # fmt: skip
+                           cuda_graph=args.cuda_graph != "off",
+                           attention_backend=args.attention_backend)  # fmt: skip
         self.runner = ModelRunner(cfg)
         c = self.runner.config
         self.layers, self.q_heads, self.head_dim = c.num_hidden_layers, c.num_attention_heads, head_dim_of(c)
@@ -239,7 +243,7 @@ def table(rows: list[Row], bench: _Bench) -> str:
     r = bench.runner
     head = [
         f"model {bench.args.model_path} ({bench.args.load_format}), {r.device}, {r.dtype}, "
-        f"weights {bench.weight_bytes / 1e9:.3f} GB, KV {bench.kv_per_token} B/token",
+        f"weights {bench.weight_bytes / 1e9:.3f} GB, KV {bench.kv_per_token} B/token ({r.kv_dtype})",
         f"measured: copy {bench.ceil.copy_bytes_per_s / 1e9:.1f} GB/s, matmul {bench.ceil.matmul_flops_per_s / 1e12:.2f} "
         f"TFLOP/s; {bench.args.steps} timed steps per point (decode overlapped: mean period; else median)",
         f"{'phase':<11}{'B':>5}{'tok/step':>9}{'ctx':>8}{'k':>3}{'step ms':>10}{'tok/s':>12}{'MBU':>8}{'MFU':>8}",

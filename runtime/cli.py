@@ -40,6 +40,12 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="admission order: first come first served, or longest cached prefix first")
     g.add_argument("--disable-overlap", action="store_true", help="plan each step only after the last one ended")
     g.add_argument("--disable-radix-cache", action="store_true", help="no prefix caching across requests")
+    g.add_argument("--swa-replay-tokens", type=int, default=None,
+                   help="DeepSeek-V4 prefix hits: tokens before the hit recomputed to rebuild the sliding-window "
+                        "and compressor state (SWA bounded replay; default: the model's sliding window)")
+    g.add_argument("--swa-replay-exact", action="store_true",
+                   help="DeepSeek-V4 prefix hits: replay from position 0, so a hit equals a cold run (slow; for "
+                        "checking the bounded replay)")
     g = p.add_argument_group("fast path")
     g.add_argument("--disable-cuda-graph", action="store_true",
                    help="run decode steps eagerly instead of replaying CUDA graphs (for comparison)")

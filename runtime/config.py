@@ -26,6 +26,10 @@ class ServerConfig(msgspec.Struct, kw_only=True):
     schedule_policy: str = "fcfs"
     disable_overlap: bool = False
     disable_radix_cache: bool = False
+    # prefix hits on models with sliding-window state outside the pages (DeepSeek-V4): tokens before the
+    # hit replayed to rebuild it (None: the model's sliding window), or replay from 0 (exact, for checks)
+    swa_replay_tokens: int | None = None
+    swa_replay_exact: bool = False
     # fast path
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int | None = None  # largest decode batch captured; default max_running_requests

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import sys
 import traceback
@@ -29,8 +30,15 @@ async def spawn_engine_actors(system: ActorSystem, cfg: ServerConfig, model_path
                               load_format=cfg.load_format, num_kv_slots=slots, max_reqs=cfg.max_running_requests,
                               max_model_len=max_model_len, page_size=cfg.page_size, seed=cfg.seed,
                               attention_backend=cfg.attention_backend, cuda_graph=not cfg.disable_cuda_graph,
-                              cuda_graph_max_bs=cfg.cuda_graph_max_bs)
+                              cuda_graph_max_bs=cfg.cuda_graph_max_bs, swa_replay_tokens=cfg.swa_replay_tokens,
+                              swa_replay_exact=cfg.swa_replay_exact)
     worker = await system.spawn(GpuWorkerActor(runner_cfg))
+    multiple = getattr(worker.runner, "page_multiple", 1)  # V4: pages hold whole compression windows
+    if cfg.page_size % multiple:
+        page_size = math.lcm(cfg.page_size, multiple)
+        log.warning("page_size_raised", requested=cfg.page_size, page_size=page_size,
+                    reason=f"the model's paged state needs pages of a multiple of {multiple} tokens")
+        cfg = msgspec.structs.replace(cfg, page_size=page_size)
     if not cfg.disable_radix_cache and not getattr(worker.runner, "supports_prefix_cache", True):
         log.warning(
             "radix_cache_disabled",
@@ -38,7 +46,8 @@ async def spawn_engine_actors(system: ActorSystem, cfg: ServerConfig, model_path
             model=type(worker.runner.model).__name__,
         )
         cfg = msgspec.structs.replace(cfg, disable_radix_cache=True)
-    await system.spawn(SchedulerActor(cfg, slots, max_model_len))
+    replay = getattr(worker.runner, "prefix_replay", 0)
+    await system.spawn(SchedulerActor(cfg, slots, max_model_len, prefix_replay=replay))
 
 
 class EngineArgs(msgspec.Struct):

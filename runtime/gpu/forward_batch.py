@@ -29,6 +29,9 @@ class ForwardBatch:
     kv_cache: KVCache
     attn_backend: AttentionBackend
     attn_meta: Any = field(default=None)  # filled by attn_backend.prepare(), shared by all layers
+    # per row, leading tokens that only rebuild the row's state before a cached prefix (StepPlan.replay);
+    # empty: none
+    replay_lens: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

@@ -1,17 +1,25 @@
-"""DeepSeek-V4's per-request attention state, by layer (what replaces the paged token KV pool).
+"""DeepSeek-V4's attention state: paged pools the radix cache shares, plus a small state per request row.
 
+Paged, per CSA / HCA layer, addressed through the scheduler's token slots (so drawn from its page budget
+and cached by the radix tree with the tokens):
+- the compressed entries: window w of a request (positions [w * rate, (w + 1) * rate)) keeps its entry at
+  `entries[req_to_token[row, w * rate] // rate]`;
+- CSA layers: the Lightning Indexer's keys, the same way.
+That address is one entry per window and never shared by two windows because the scheduler lays pages
+out by position (position p of a request at offset p % page_size of its page) and page_size is a multiple
+of every rate (`page_multiple`; `check_plan` refuses plans that break it). An entry is written once, by
+the step that closes its window, and only read afterwards: a cached prefix's entries are shared as is.
+
+Per row (bounded size, not cached; rebuilt by replaying tokens before a prefix hit, see attention/v4_ref.py):
 - every layer: a ring of the last `sliding_window` roped K=V rows (position p at p % window);
-- CSA / HCA layers: the compressed entries emitted so far (one per `rate` tokens) and the compressor's
-  tail, the raw (kv, gate) projections of the tokens it still needs (`Compressor.tail_len`, by
-  position modulo that length);
-- CSA layers: the same for the Lightning Indexer (its keys and its tail).
-
-A request's state lives in its req_to_token row's slot; it is reset when a row starts at prefix 0 and
-freed when the scheduler releases the row.
-Entries are stored densely per row up to `max_positions // rate` (not yet paged; see the V4 issue)."""
+- CSA / HCA layers: the compressor's tail, the raw (kv, gate) projections of the tokens it still needs
+  (`Compressor.tail_len`, by position modulo that length), and the same for the indexer.
+`RowState.start` is the first position the row's state covers: attention and compressors never read a
+ring or tail position below it, so a reused row never sees its previous request's state."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -20,66 +28,132 @@ from runtime.gpu.layers.compressor import Compressor
 
 
 @dataclass
-class CompressorState:
-    entries: torch.Tensor  # [max_entries, dim]
-    tail_kv: torch.Tensor  # [tail_len, width] raw projections, by position % tail_len
-    tail_gate: torch.Tensor
+class Tail:
+    kv: torch.Tensor  # [tail_len, width] raw projections, by position % tail_len
+    gate: torch.Tensor
 
 
 @dataclass
-class LayerState:
+class LayerRow:
     window: torch.Tensor  # [sliding_window, head_dim]
-    compressor: CompressorState | None = None
-    indexer: CompressorState | None = None
+    compressor: Tail | None = None
+    indexer: Tail | None = None
+
+
+@dataclass
+class RowState:
+    start: int  # first position this row's ring and tails hold (0, or where a prefix-hit replay began)
+    layers: list[LayerRow]
 
 
 class V4StateCache:
-    def __init__(self, model, max_positions: int, dtype: torch.dtype, device: torch.device | str) -> None:
+    def __init__(
+        self, model, num_slots: int, max_positions: int, dtype: torch.dtype, device: torch.device | str
+    ) -> None:
         self.model, self.max_positions, self.dtype, self.device = model, max_positions, dtype, device
-        self.rows: dict[int, list[LayerState]] = {}
+        self.rows: dict[int, RowState] = {}
+        self.entries: dict[int, torch.Tensor] = {}  # layer id -> [num_slots // rate, head_dim]
+        self.index_keys: dict[int, torch.Tensor] = {}  # CSA layer id -> [num_slots // rate, index_head_dim]
+        rates = [1]
+        for attn in model.attention_layers():
+            comp = attn.compressor
+            if comp is None:
+                continue
+            rates.append(comp.rate)
+            self.entries[attn.layer_id] = self._pool(num_slots, comp)
+            if comp.indexer is not None:
+                self.index_keys[attn.layer_id] = self._pool(num_slots, comp.indexer)
+        self.page_multiple = math.lcm(*rates)  # page sizes must be multiples of this
 
-    def _compressor_state(self, comp: Compressor) -> CompressorState:
-        width = comp.kv_proj.out_features
-        entries = torch.zeros(
-            self.max_positions // comp.rate + 1, comp.dim, dtype=self.dtype, device=self.device
-        )
-        tail = torch.zeros(comp.tail_len, width, dtype=self.dtype, device=self.device)
-        return CompressorState(entries, tail, tail.clone())
+    def _pool(self, num_slots: int, comp: Compressor) -> torch.Tensor:
+        return torch.zeros(num_slots // comp.rate, comp.dim, dtype=self.dtype, device=self.device)
 
-    def reset(self, row: int) -> None:
-        """Fresh state for the request that starts in `row`."""
-        cfg = self.model.config
-        layers = []
+    def _tail(self, comp: Compressor) -> Tail:
+        tail = torch.zeros(comp.tail_len, comp.kv_proj.out_features, dtype=self.dtype, device=self.device)
+        return Tail(tail, tail.clone())
+
+    # ------------------------------------------------------------------ rows
+
+    def reset(self, row: int, start: int) -> None:
+        """The request in `row` (re)builds its state from position `start` (0, or a replay's first)."""
+        state = self.rows.get(row)
+        if state is not None:  # reuse the row's tensors: `start` bounds every read, so no zeroing
+            state.start = start
+            return
+        cfg, layers = self.model.config, []
         for attn in self.model.attention_layers():
             window = torch.zeros(cfg.sliding_window, cfg.head_dim, dtype=self.dtype, device=self.device)
-            state = LayerState(window)
+            layer = LayerRow(window)
             if attn.compressor is not None:
-                state.compressor = self._compressor_state(attn.compressor)
+                layer.compressor = self._tail(attn.compressor)
                 if attn.compressor.indexer is not None:
-                    state.indexer = self._compressor_state(attn.compressor.indexer)
-            layers.append(state)
-        self.rows[row] = layers
+                    layer.indexer = self._tail(attn.compressor.indexer)
+            layers.append(layer)
+        self.rows[row] = RowState(start, layers)
 
     def release(self, row: int) -> None:
         """The request in `row` left: free its state (the next request there starts with `reset`)."""
         self.rows.pop(row, None)
 
-    def layer(self, row: int, layer: int) -> LayerState:
+    def row(self, row: int) -> RowState:
         if row not in self.rows:
             raise NotImplementedError(
-                f"row {row} continues a request whose V4 state is not here (prefix-cache hits need SWA replay)"
+                f"row {row} continues a request whose V4 state is not here (a cached prefix must be replayed)"
             )
-        return self.rows[row][layer]
+        return self.rows[row]
+
+    # ------------------------------------------------------------------ what the engine asks
+
+    def replay_tokens(self, requested: int | None, exact: bool) -> int:
+        """Tokens before a prefix hit a row recomputes to rebuild its ring and tails: `requested`
+        (default: the sliding window), at least what the state needs (the window's keys below the hit
+        and, for overlapping compressors, the last closed window's raw tokens); every position in exact
+        mode."""
+        if exact:
+            return self.max_positions
+        needed = self.model.config.sliding_window - 1
+        for attn in self.model.attention_layers():
+            if attn.compressor is not None and attn.compressor.overlap:
+                needed = max(needed, attn.compressor.rate)
+        return max(needed, requested if requested is not None else self.model.config.sliding_window)
+
+    def check_plan(self, plan) -> None:  # noqa: ANN001 - a StepPlan
+        """Refuse slots that break the pools' addressing (a token off its position's offset mod rate)."""
+        m = self.page_multiple
+        if m == 1:
+            return
+        i = 0
+        for row, p, e in zip(plan.rows, plan.prefix_lens, plan.extend_lens, strict=True):
+            if any((slot - pos) % m for pos, slot in enumerate(plan.out_loc[i : i + e], p)):
+                raise ValueError(
+                    f"step {plan.step}: row {row} has KV slots not aligned to positions modulo {m}; "
+                    f"DeepSeek-V4 needs position-aligned pages of a multiple of {m} tokens"
+                )
+            i += e
 
     @staticmethod
     def bytes_per_token(config, dtype: torch.dtype) -> int:
-        """Amortised per-token state: compressed entries (+ indexer keys); the window is per request."""
+        """Paged bytes per token slot: compressed entries (+ indexer keys), one per `rate` slots."""
         size = torch.empty((), dtype=dtype).element_size()
         rates = config.compress_rates
-        total = 0
+        total = 0.0
         for kind in config.layer_types:
             if kind == "compressed_sparse_attention":
                 total += (config.head_dim + config.index_head_dim) / rates[kind]
             elif kind == "heavily_compressed_attention":
                 total += config.head_dim / rates[kind]
-        return max(1, int(total * size))
+        return max(1, math.ceil(total * size))
+
+    @staticmethod
+    def bytes_per_row(config, dtype: torch.dtype) -> int:
+        """Per running request, outside the page budget: rings and compressor / indexer tails."""
+        size = torch.empty((), dtype=dtype).element_size()
+        rates = config.compress_rates
+        total = 0
+        for kind in config.layer_types:
+            total += config.sliding_window * config.head_dim
+            if kind == "compressed_sparse_attention":  # overlap: 2 * rate tokens of 2x-wide kv and gate
+                total += 2 * (2 * rates[kind]) * 2 * (config.head_dim + config.index_head_dim)
+            elif kind == "heavily_compressed_attention":
+                total += 2 * rates[kind] * config.head_dim
+        return total * size

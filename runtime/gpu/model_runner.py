@@ -47,6 +47,10 @@ class RunnerConfig:
     # torch intra-op threads for CPU runs (process-wide); None leaves torch's default. On a small, busy
     # machine 1 thread is far faster: with 2 threads on 2 shared cores every op waits on a barrier.
     cpu_threads: int | None = None
+    # Prefix-cache hits on models with per-request state outside the pages (DeepSeek-V4): tokens before
+    # the hit to replay (None: the model's sliding window), or replay from position 0 (exact, slower).
+    swa_replay_tokens: int | None = None
+    swa_replay_exact: bool = False
 
 
 def _resolve_dtype(cfg: RunnerConfig) -> torch.dtype:
@@ -97,6 +101,15 @@ class ModelRunner:
             self.attn_backend = get_attention_backend(backend)(
                 self.config.num_attention_heads, n_kv, hd, scale=hd**-0.5
             )
+        # Models with per-request state outside the paged pool (V4's window ring and compressor tails)
+        # rebuild it on a prefix hit by replaying this many tokens before the hit (StepPlan.replay), and
+        # need page sizes that are multiples of `page_multiple` (V4: whole compression windows per page).
+        replay_tokens = getattr(self.kv_cache, "replay_tokens", None)
+        self.prefix_replay = (
+            replay_tokens(cfg.swa_replay_tokens, cfg.swa_replay_exact) if replay_tokens else 0
+        )
+        self.page_multiple: int = getattr(self.kv_cache, "page_multiple", 1)
+        self._check_layout = getattr(self.kv_cache, "check_plan", None)
         rows = cfg.max_reqs + 1
         self.req_to_token = torch.zeros(rows, cfg.max_model_len, dtype=torch.int64, device=self.device)
         self.last_token = torch.zeros(rows, dtype=torch.int64, device=self.device)
@@ -173,6 +186,8 @@ class ModelRunner:
 
     def _forward_plan(self, plan: StepPlan) -> tuple[torch.Tensor, list[int], torch.Tensor]:
         _check_plan(plan, self.cfg)
+        if self._check_layout is not None:
+            self._check_layout(plan)
         self._update_table(plan)
         sample_rows = [r for r, s in zip(plan.rows, plan.sample, strict=True) if s]
         if not plan.rows:
@@ -239,6 +254,7 @@ class ModelRunner:
             req_to_token=self.req_to_token,
             kv_cache=self.kv_cache,
             attn_backend=self.attn_backend,
+            replay_lens=list(plan.replay),
         )
         self.attn_backend.prepare(batch)
         return batch, last_idx_d, sample_rows_d
@@ -265,3 +281,10 @@ def _check_plan(plan: StepPlan, cfg: RunnerConfig) -> None:
             raise ValueError(f"step {plan.step}: row {row} uses its last token but extends by {e}")
         if p + e > cfg.max_model_len:
             raise ValueError(f"step {plan.step}: row {row} reaches {p + e} tokens > max_model_len")
+    if plan.replay:  # replayed tokens come first in a row and leave at least one new token
+        if len(plan.replay) != n or any(
+            not 0 <= r < e for r, e in zip(plan.replay, plan.extend_lens, strict=True)
+        ):
+            raise ValueError(
+                f"step {plan.step}: replay needs one count per row, each below its extend length"
+            )

@@ -67,11 +67,22 @@ class PlanBuilder:
         out, self.free = self.free[:n], self.free[n:]
         return out
 
+    def out_loc(self, rows, prefix_lens, extend_lens, replay) -> list[int]:
+        return self.alloc(sum(extend_lens))
+
     def plan(
-        self, rows, prefix_lens, extend_lens, input_ids, use_last=None, sample=None, added=(), released=()
+        self,
+        rows,
+        prefix_lens,
+        extend_lens,
+        input_ids,
+        use_last=None,
+        sample=None,
+        added=(),
+        released=(),
+        replay=(),
     ):
         self.step += 1
-        n = sum(extend_lens)
         return StepPlan(
             step=self.step,
             added=list(added),
@@ -81,13 +92,56 @@ class PlanBuilder:
             extend_lens=list(extend_lens),
             use_last=list(use_last) if use_last is not None else [False] * len(rows),
             input_ids=list(input_ids),
-            out_loc=self.alloc(n),
+            out_loc=self.out_loc(rows, prefix_lens, extend_lens, list(replay) or [0] * len(rows)),
             sample=list(sample) if sample is not None else [True] * len(rows),
+            replay=list(replay),
         )
 
 
-def seq_start(row: int, prompt: list[int], params: SamplingParams = GREEDY, stop_ids=()) -> SeqStart:
-    return SeqStart(row=row, params=params, prompt_ids=list(prompt), prefix_slots=[], stop_ids=list(stop_ids))
+class PagedPlanBuilder(PlanBuilder):
+    """StepPlans with the scheduler's slot layout: position p of a row at offset p % page_size of the
+    row's (p // page_size)-th page, pages handed out in a shuffled order (so no test relies on contiguous
+    slots). A row restarting at position 0 gets fresh pages; `share` starts a row on another row's first
+    pages, as a prefix-cache hit does."""
+
+    def __init__(self, page_size: int, num_slots: int = 1024, seed: int = 0) -> None:
+        super().__init__([])
+        self.page_size = page_size
+        self.free_pages = list(range(1, num_slots // page_size))
+        random.Random(seed).shuffle(self.free_pages)
+        self.pages: dict[int, list[int]] = {}
+
+    def slot(self, row: int, pos: int) -> int:
+        pages, ps = self.pages.setdefault(row, []), self.page_size
+        while len(pages) <= pos // ps:
+            pages.append(self.free_pages.pop())
+        return pages[pos // ps] * ps + pos % ps
+
+    def share(self, row: int, src: int, tokens: int) -> list[int]:
+        """Row `row` starts on the first `tokens` positions (whole pages) of row `src`: its prefix slots."""
+        assert tokens % self.page_size == 0
+        self.pages[row] = list(self.pages[src][: tokens // self.page_size])
+        return [self.slot(row, p) for p in range(tokens)]
+
+    def out_loc(self, rows, prefix_lens, extend_lens, replay) -> list[int]:
+        out = []
+        for row, p, e, rp in zip(rows, prefix_lens, extend_lens, replay, strict=True):
+            if p == 0 and not rp:
+                self.pages.pop(row, None)  # a new request in this row
+            out.extend(self.slot(row, pos) for pos in range(p, p + e))
+        return out
+
+
+def seq_start(
+    row: int, prompt: list[int], params: SamplingParams = GREEDY, stop_ids=(), prefix_slots=()
+) -> SeqStart:
+    return SeqStart(
+        row=row,
+        params=params,
+        prompt_ids=list(prompt),
+        prefix_slots=list(prefix_slots),
+        stop_ids=list(stop_ids),
+    )
 
 
 # ---------------------------------------------------------------------------------------- DeepSeek-V3

@@ -88,6 +88,11 @@ class _EngineCollector(Collector):
         yield CounterMetricFamily(
             "conduit_engine_retractions", "Requests retracted for KV space", value=s.retractions
         )
+        yield CounterMetricFamily(
+            "conduit_swa_replay_tokens",
+            "Tokens recomputed before prefix-cache hits to rebuild per-request state (SWA bounded replay)",
+            value=s.swa_replay_tokens,
+        )
         yield GaugeMetricFamily(
             "conduit_prefix_cache_hit_rate",
             "Cached / admitted prompt tokens since start (engine)",

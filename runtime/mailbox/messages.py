@@ -123,6 +123,10 @@ class StepPlan(Struct, frozen=True, tag=True, array_like=True):
     input_ids: list[int]  # tokens of the rows without use_last, concatenated
     out_loc: list[int]  # KV slots for every new token, concatenated (sum(extend_lens) entries)
     sample: list[bool]  # False for a prefill chunk that does not end the prompt
+    # Per row (empty: all 0): how many of its leading tokens are replayed, i.e. recomputed only to rebuild
+    # per-request state before a cached prefix (DeepSeek-V4's sliding-window ring and compressor tails).
+    # Their KV slots are the cached prefix's own, which the step must not overwrite.
+    replay: list[int] = []
 
 
 class StepOutput(Struct, frozen=True, tag=True, array_like=True):
@@ -218,6 +222,7 @@ class EngineStats(Struct, frozen=True, tag=True, array_like=True, kw_only=True):
     output_s: float = 0.0  # cumulative scheduler time processing step outputs
     gpu_busy_s: float = 0.0  # cumulative device time inside steps (CUDA)
     gpu_idle_s: float = 0.0  # cumulative device idle time between consecutive steps (CUDA)
+    swa_replay_tokens: int = 0  # cumulative tokens replayed to rebuild per-request state on prefix hits
 
 
 class FlushCache(Struct, frozen=True, tag=True, array_like=True):

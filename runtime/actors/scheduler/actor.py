@@ -42,7 +42,9 @@ STATS_INTERVAL_S = 0.05
 class SchedulerActor(Actor):
     name = "scheduler"
 
-    def __init__(self, cfg: ServerConfig, num_kv_slots: int, max_model_len: int) -> None:
+    def __init__(
+        self, cfg: ServerConfig, num_kv_slots: int, max_model_len: int, prefix_replay: int = 0
+    ) -> None:
         super().__init__()
         self.cfg = cfg
         self.allocator = PageAllocator(num_kv_slots, cfg.page_size)
@@ -54,6 +56,7 @@ class SchedulerActor(Actor):
             token_budget=cfg.chunked_prefill_size,
             max_model_len=max_model_len,
             policy=cfg.schedule_policy,
+            prefix_replay=prefix_replay,
         )
         self.outputs = OutputProcessor()
         self.depth = 1 if cfg.disable_overlap else 2
@@ -71,6 +74,7 @@ class SchedulerActor(Actor):
         self._idle_from: float | None = None
         self.prompt_tokens = 0
         self.cached_tokens = 0
+        self.replayed_tokens = 0
         self._last_stats = 0.0
 
     async def handle(self, msg: Message) -> None:
@@ -251,6 +255,10 @@ class SchedulerActor(Actor):
             if req.row in rows and req.retractions == 0:
                 self.prompt_tokens += len(req.prompt_ids)
                 self.cached_tokens += req.cached_len
+        for req, replayed in zip(planned.reqs, planned.plan.replay, strict=False):  # empty: no replay
+            if replayed:
+                self.replayed_tokens += replayed
+                log.info("swa_replay", rid=req.rid, cached=req.cached_len, replayed=replayed)
 
     async def _flush_outputs(self) -> None:
         batch = self.outputs.take()
@@ -281,6 +289,7 @@ class SchedulerActor(Actor):
             retractions=self.planner.retractions,
             evictable_tokens=self.cache.evictable_tokens,
             protected_tokens=self.cache.protected_tokens,
+            swa_replay_tokens=self.replayed_tokens,
         )
         await self.send("client", stats)
 

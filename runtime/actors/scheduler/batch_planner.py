@@ -10,6 +10,10 @@ victim is not readmitted before that.
 Cost per step is O(rows in the plan): the running set is an insertion-ordered dict (O(1) removal), the
 waiting queue is only re-sorted when it changed, and sums over the running set are taken only when a
 request is admitted.
+
+Replay (`prefix_replay` > 0, DeepSeek-V4): a model whose per-request state is not in the pages rebuilds
+it on a prefix hit ending at H by recomputing tokens [H - prefix_replay, H) in the request's first chunk
+(`StepPlan.replay`; their slots are the cached prefix's). They count against the step's token budget.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ class BatchPlanner:
     max_model_len: int
     policy: str = "fcfs"
     init_new_token_ratio: float = 0.7
+    prefix_replay: int = 0  # tokens before a prefix hit the worker recomputes (see the module docstring)
     waiting: deque[Req] = field(default_factory=deque)
     running: dict[Req, None] = field(default_factory=dict)  # an ordered set: admission order
     filling: dict[Req, None] = field(default_factory=dict)  # the running requests still prefilling
@@ -137,6 +142,7 @@ class BatchPlanner:
         self.cache.lock(node)
         req.cache_node = node
         req.cached_len = len(prefix)
+        req.replay = min(req.cached_len, self.prefix_replay)
         req.slots = list(prefix)
         req.pages = []
         req.fill_len = len(req.seq_ids)
@@ -183,6 +189,7 @@ class BatchPlanner:
         input_ids: list[int] = []
         out_loc: list[int] = []
         sample: list[bool] = []
+        replay: list[int] = []
         budget = self.token_budget
 
         # 1. decodes: one token each, fed back from the device; pages for them in one allocation
@@ -197,6 +204,7 @@ class BatchPlanner:
             self.new_token_ratio = max(self.min_new_token_ratio, self.new_token_ratio - self.ratio_decay)
         n_dec = len(rows)
         extend_lens.extend([1] * n_dec)
+        replay.extend([0] * n_dec)
         use_last.extend([True] * n_dec)
         sample.extend([True] * n_dec)
         budget -= n_dec
@@ -209,22 +217,28 @@ class BatchPlanner:
             for r in admitted:
                 added.append(SeqStart(r.row, r.params, r.prompt_ids, list(r.slots), sorted(r.stop_ids)))
             for r in filling + admitted:
-                n = self._fit(r, min(budget, r.fill_len - r.kv_len))
+                rp = r.replay  # the first chunk after a hit starts with the replay, within the budget
+                room = max(budget - rp, 1) if budget > 0 else 0  # (at least one new token: may overrun)
+                n = self._fit(r, min(room, r.fill_len - r.kv_len))
                 if n <= 0:
                     continue
-                prefix_lens.append(r.kv_len)
-                input_ids.extend(r.seq_ids[r.kv_len : r.kv_len + n])
+                r.replay = 0
+                start = r.kv_len - rp
+                prefix_lens.append(start)
+                input_ids.extend(r.seq_ids[start : r.kv_len + n])
+                out_loc.extend(r.slots[start:])
                 out_loc.extend(self._alloc_slots(r, n))
                 rows.append(r.row)
                 reqs.append(r)
-                extend_lens.append(n)
+                extend_lens.append(rp + n)
+                replay.append(rp)
                 use_last.append(False)
                 done = not r.prefilling
                 if done:
                     del self.filling[r]
                 sample.append(done)
                 r.planned_outputs += int(done)
-                budget -= n
+                budget -= n + rp
                 has_prefill = True
 
         if not reqs and not self.released_rows:
@@ -242,6 +256,7 @@ class BatchPlanner:
             input_ids,
             out_loc,
             sample,
+            replay if any(replay) else [],
         )
         self.released_rows = []
         return PlannedStep(plan, reqs, has_prefill)

@@ -23,6 +23,7 @@ class Req:
     slots: list[int] = field(default_factory=list)  # KV slot of every token position planned so far
     pages: list[int] = field(default_factory=list)  # pages this request allocated itself (not cache-owned)
     cached_len: int = 0  # prefix tokens reused from the radix cache at the last admission
+    replay: int = 0  # tokens before the cached prefix its first chunk recomputes (StepPlan.replay)
     cache_node: object | None = None  # the radix node locked for this request's prefix
     fill_len: int = 0  # tokens that must be in KV before decoding resumes (prompt + outputs at admission)
     planned_outputs: int = 0  # outputs sampled or being sampled (in-flight steps included)

@@ -82,6 +82,8 @@ class HashRunner:
         self.req_to_token = [[0] * max_model_len for _ in range(max_reqs + 1)]
         self.last_token = [0] * (max_reqs + 1)
         self.vocab, self.eos, self.eos_every = vocab, eos, eos_every
+        self.prefix_replay = 0  # set > 0 to have the scheduler plan replays before prefix hits (as for V4)
+        self.replays: list[tuple[int, int]] = []  # (prefix len at the hit, tokens replayed), per replay
 
     def launch(self, plan: StepPlan) -> Ready:
         return Ready(self.execute(plan))
@@ -92,14 +94,19 @@ class HashRunner:
         ids = iter(plan.input_ids)
         loc = iter(plan.out_loc)
         rows, tokens = [], []
-        for row, prefix, ext, use_last, sample in zip(
-            plan.rows, plan.prefix_lens, plan.extend_lens, plan.use_last, plan.sample, strict=True
+        replay = plan.replay or [0] * len(plan.rows)
+        for row, prefix, ext, use_last, sample, rp in zip(
+            plan.rows, plan.prefix_lens, plan.extend_lens, plan.use_last, plan.sample, replay, strict=True
         ):
             table = self.req_to_token[row]
+            if rp:
+                self.replays.append((prefix + rp, rp))
             for pos in range(prefix, prefix + ext):
                 tok = self.last_token[row] if use_last else next(ids)
                 slot = next(loc)
                 assert slot != 0, "slot 0 is padding"
+                if pos < prefix + rp:  # a replayed token recomputes its cached prefix slot: same token there
+                    assert table[pos] == slot and self.kv[slot] == tok, f"row {row} replays a wrong slot"
                 table[pos] = slot
                 self.kv[slot] = tok
             if sample:
@@ -215,7 +222,8 @@ async def run_scheduler(
         await system.spawn(_Sink("client", results))
         await system.spawn(_Sink("detokenizer", results))
         await system.spawn(FakeWorker(runner))
-        sched = await system.spawn(SchedulerActor(cfg, slots, max_model_len))
+        replay = getattr(runner, "prefix_replay", 0)
+        sched = await system.spawn(SchedulerActor(cfg, slots, max_model_len, prefix_replay=replay))
         for batch in [requests, *(waves or [])]:
             results.expected |= {r.rid for r in batch}
             results.done.clear()

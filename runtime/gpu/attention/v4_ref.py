@@ -1,11 +1,18 @@
-"""DeepSeek-V4 attention in plain PyTorch over the per-request state (`kv_cache_v4.V4StateCache`).
+"""DeepSeek-V4 attention in plain PyTorch over the paged pools and per-row state (`kv_cache_v4`).
 
 Per request and layer, each query t attends one shared K=V head over
-- the sliding window: keys at positions (t - window, t], from the ring plus this step's rows;
+- the sliding window: keys at positions (t - window, t], from the row's ring plus this step's rows;
 - CSA / HCA layers: the compressed entries w < (t + 1) // rate (emitted so far, including the windows
-  this step closes), and for CSA only the Lightning Indexer's top-k of those;
+  this step closes), gathered from the pool through req_to_token, and for CSA only the Lightning
+  Indexer's top-k of those;
 plus a per-head sink logit that takes probability mass but has no value. Requests are attended one by
-one (a reference, not a kernel); prefill, chunked prefill and decode are the same code path."""
+one (a reference, not a kernel); prefill, chunked prefill and decode are the same code path.
+
+Replay (prefix-cache hits): a row may start at position H - R with `replay` = R leading tokens whose
+windows are already in the pools (a cached prefix ending at H). Those tokens run through every layer to
+rebuild the row's ring and compressor tails, and read cached entries, but never write an entry: the
+pools' entries below H are shared with other requests. Their window attention reads nothing below
+H - R (the row's state starts there), which is why bounded replay is close to, not equal to, a cold run."""
 
 from __future__ import annotations
 
@@ -16,7 +23,7 @@ import torch
 
 from runtime.gpu.attention.base import AttentionBackend
 from runtime.gpu.forward_batch import ForwardBatch
-from runtime.gpu.kv_cache_v4 import CompressorState
+from runtime.gpu.kv_cache_v4 import RowState, Tail
 
 if TYPE_CHECKING:
     from runtime.gpu.layers.compressor import Compressor
@@ -38,32 +45,41 @@ def attend_with_sink(
 @dataclass
 class _Row:
     row: int
-    start: int
+    start: int  # first token of the row in the step
     length: int
-    prefix: int
+    prefix: int  # position of that token
+    cached: int  # windows ending at or before this position are in the pools already (prefix + replay)
     positions: torch.Tensor  # [length] on the device
+    table: torch.Tensor  # req_to_token[row]: the row's token slots
+    state: RowState
 
 
 def compress_step(
-    comp: Compressor, state: CompressorState, x: torch.Tensor, prefix: int, rope: InterleavedRope
+    comp: Compressor, pool: torch.Tensor, tail: Tail, r: _Row, x: torch.Tensor, rope: InterleavedRope
 ) -> torch.Tensor:
-    """Feed one request's new tokens x [L, D] (positions prefix..) to a compressor: emit the entries of
-    the windows they close into `state`, keep the tail; return all entries so far [N, dim]."""
-    m, span, length = comp.rate, comp.tail_len, x.shape[0]
+    """Feed one request's new tokens x [L, D] to a compressor: pool the windows they close (those past
+    `r.cached`) into `pool` at their first token's slot // rate, keep the tail; return the request's
+    entries so far [N, dim], gathered from the pool."""
+    m, span, length, prefix = comp.rate, comp.tail_len, x.shape[0], r.prefix
     kv, gate = comp.project(x)
-    w0, w1 = prefix // m, (prefix + length) // m
+    w0, w1 = max(prefix, r.cached) // m, (prefix + length) // m
     if w1 > w0:
         back = 1 if comp.overlap and w0 > 0 else 0  # the closed window whose Ca half entry w0 needs
-        old = torch.arange((w0 - back) * m, prefix, device=x.device) % span
-        new = w1 * m - prefix
-        raw_kv = torch.cat([state.tail_kv.index_select(0, old), kv[:new]])
-        raw_gate = torch.cat([state.tail_gate.index_select(0, old), gate[:new]])
-        state.entries[w0:w1] = comp.pool(raw_kv, raw_gate, w0 - back, rope)[back:]
+        first = (w0 - back) * m  # raw positions [first, w1 * m) make the new entries
+        if first < r.state.start:
+            raise RuntimeError(
+                f"row {r.row}: compressor needs position {first}, state starts at {r.state.start}"
+            )
+        old = torch.arange(min(first, prefix), prefix, device=x.device) % span  # none if all in this step
+        new = slice(max(0, first - prefix), w1 * m - prefix)
+        raw_kv = torch.cat([tail.kv.index_select(0, old), kv[new]])
+        raw_gate = torch.cat([tail.gate.index_select(0, old), gate[new]])
+        pool[r.table[w0 * m : w1 * m : m] // m] = comp.pool(raw_kv, raw_gate, w0 - back, rope)[back:]
     keep = min(length, span)
     slots = torch.arange(prefix + length - keep, prefix + length, device=x.device) % span
-    state.tail_kv[slots] = kv[length - keep :]
-    state.tail_gate[slots] = gate[length - keep :]
-    return state.entries[:w1]
+    tail.kv[slots] = kv[length - keep :]
+    tail.gate[slots] = gate[length - keep :]
+    return pool[r.table[: w1 * m : m] // m]
 
 
 class TorchV4Backend(AttentionBackend):
@@ -74,16 +90,21 @@ class TorchV4Backend(AttentionBackend):
         self.window = sliding_window
 
     def prepare(self, batch: ForwardBatch) -> None:
-        rows, start = [], 0
-        for row, prefix, length in zip(batch.rows_list, batch.prefix_lens, batch.extend_lens, strict=True):
+        rows, start, cache = [], 0, batch.kv_cache
+        replay = batch.replay_lens or [0] * len(batch.rows_list)
+        for row, prefix, length, rp in zip(
+            batch.rows_list, batch.prefix_lens, batch.extend_lens, replay, strict=True
+        ):
             if length:
-                if prefix == 0:
-                    batch.kv_cache.reset(row)
-                rows.append(_Row(row, start, length, prefix, batch.positions[start : start + length]))
+                if prefix == 0 or rp:  # a request starts here, or rebuilds its state before a cached prefix
+                    cache.reset(row, prefix)
+                positions = batch.positions[start : start + length]
+                table = batch.req_to_token[row]
+                rows.append(_Row(row, start, length, prefix, prefix + rp, positions, table, cache.row(row)))
             start += length
         batch.attn_meta = rows
 
-    def forward(self, layer, q, k, v, batch):  # noqa: ANN001 - the MHA entry point
+    def forward(self, layer, q, k, v, batch, rope=None):  # noqa: ANN001 - the MHA entry point
         raise NotImplementedError("V4 layers call forward_v4")
 
     def forward_v4(
@@ -98,26 +119,28 @@ class TorchV4Backend(AttentionBackend):
         """q [T, H, d], kv [T, d] (roped) of the step's tokens; x [T, D] the layer input and qr [T, q_lora]
         the normed q latent (for the compressors and the indexer). Returns [T, H, d]."""
         out = torch.empty_like(q)
-        w = self.window
+        w, lid, cache = self.window, attn.layer_id, batch.kv_cache
         for r in batch.attn_meta:
             s, e, p, pos = r.start, r.start + r.length, r.prefix, r.positions
-            state = batch.kv_cache.layer(r.row, attn.layer_id)
-            lo = max(0, p - w + 1)
+            layer = r.state.layers[lid]
+            lo = max(r.state.start, p - w + 1)
             key_pos = torch.arange(lo, p + r.length, device=q.device)
-            keys = torch.cat([state.window.index_select(0, key_pos[: p - lo] % w), kv[s:e]])
+            keys = torch.cat([layer.window.index_select(0, key_pos[: p - lo] % w), kv[s:e]])
             mask = (key_pos[None, :] <= pos[:, None]) & (key_pos[None, :] > pos[:, None] - w)
             comp = attn.compressor
             if comp is not None:
-                entries = compress_step(comp, state.compressor, x[s:e], p, attn.rope)
+                entries = compress_step(comp, cache.entries[lid], layer.compressor, r, x[s:e], attn.rope)
                 visible = (
                     torch.arange(entries.shape[0], device=q.device)[None, :]
                     < ((pos + 1) // comp.rate)[:, None]
                 )
                 if comp.indexer is not None:
-                    index_keys = compress_step(comp.indexer, state.indexer, x[s:e], p, attn.rope)
+                    index_keys = compress_step(
+                        comp.indexer, cache.index_keys[lid], layer.indexer, r, x[s:e], attn.rope
+                    )
                     visible = visible & comp.indexer.select(x[s:e], qr[s:e], pos, index_keys, attn.rope)
                 keys, mask = torch.cat([keys, entries]), torch.cat([mask, visible], dim=1)
             out[s:e] = attend_with_sink(q[s:e], keys, mask, attn.sinks, self.scale)
             keep = min(r.length, w)
-            state.window[key_pos[-keep:] % w] = kv[e - keep : e]
+            layer.window[key_pos[-keep:] % w] = kv[e - keep : e]
         return out

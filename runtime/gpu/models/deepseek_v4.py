@@ -217,9 +217,9 @@ class DeepseekV4ForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     num_kv_heads = 1
-    # A prefix-cache hit would need the sliding-window ring and compressor tails of the cached prefix
-    # (SWA bounded replay, not built yet): the engine turns the radix cache off for this model.
-    supports_prefix_cache = False
+    # Prefix-cache hits reuse the paged compressed entries and indexer keys; the sliding-window ring and
+    # compressor tails are rebuilt by replaying the tokens before the hit (kv_cache_v4, StepPlan.replay).
+    supports_prefix_cache = True
 
     def attention_layers(self) -> list[DeepseekV4Attention]:
         return [layer.self_attn for layer in self.model.layers]
@@ -233,7 +233,7 @@ class DeepseekV4ForCausalLM(nn.Module):
     # ------------------------------------------------------------------ serving hooks (ModelRunner)
 
     def make_kv_cache(self, num_slots: int, dtype: torch.dtype, device: torch.device | str) -> V4StateCache:
-        return V4StateCache(self, self.max_positions, dtype, device)
+        return V4StateCache(self, num_slots, self.max_positions, dtype, device)
 
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
         return V4StateCache.bytes_per_token(self.config, dtype)

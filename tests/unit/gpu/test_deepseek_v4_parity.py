@@ -1,7 +1,8 @@
 """Our DeepSeek-V4 matches transformers' DeepseekV4ForCausalLM (use_cache=False full forwards, float32):
-full prefill, chunked prefill and token-by-token decode through our per-request state (sliding-window
-ring, compressed entries, indexer keys, compressor tails), on checkpoints saved to disk and loaded by
-name (upstream names, as transformers writes them)."""
+full prefill, chunked prefill and token-by-token decode through the paged pools (compressed entries and
+indexer keys addressed through shuffled, position-aligned pages of 8 slots, as the scheduler lays them
+out) and the per-row state (sliding-window ring, compressor tails), on checkpoints saved to disk and
+loaded by name (upstream names, as transformers writes them)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import pytest
 import torch
 
 from runtime.gpu.model_runner import ModelRunner, RunnerConfig
-from runtime.gpu.testing import PlanBuilder, save_tiny_deepseek_v4, seq_start
+from runtime.gpu.testing import PagedPlanBuilder, save_tiny_deepseek_v4, seq_start
 
 TOL = 1e-4
+PAGE = 8  # lcm of the compress rates 4 and 8: a page holds whole windows
 SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
 CONFIGS = {
     # sliding, CSA (rate 4, indexer top-2), HCA (rate 8), CSA; hash MoE then learned routing; window 8
@@ -49,7 +51,7 @@ def oracle(ref, ids: list[int]) -> torch.Tensor:
 def test_full_prefill_matches_reference_at_every_position(tiny):
     ref, runner = tiny
     ids = prompt(45, seed=1)  # 11 CSA entries (indexer picks 2), 5 HCA entries, windows slide
-    plan = PlanBuilder().plan([1], [0], [45], ids, added=[seq_start(1, ids)])
+    plan = PagedPlanBuilder(PAGE).plan([1], [0], [45], ids, added=[seq_start(1, ids)])
     runner._update_table(plan)
     batch, _, _ = runner._build_batch(plan)  # all positions, not only the sampled one
     with torch.inference_mode():
@@ -62,7 +64,7 @@ def test_chunked_prefill_matches_reference(tiny):
     ref, runner = tiny
     ids = prompt(50, seed=2)
     expected = oracle(ref, ids)
-    pb = PlanBuilder()
+    pb = PagedPlanBuilder(PAGE)
     cuts = [0, 3, 11, 12, 16, 31, 50]
     for i, (a, b) in enumerate(zip(cuts, cuts[1:], strict=False)):
         added = [seq_start(2, ids)] if i == 0 else []
@@ -74,7 +76,7 @@ def test_token_by_token_decode_through_the_state(tiny):
     ref, runner = tiny
     ids = prompt(36, seed=3)
     expected = oracle(ref, ids)
-    pb = PlanBuilder()
+    pb = PagedPlanBuilder(PAGE)
     runner.forward_logits(pb.plan([3], [0], [1], ids[:1], added=[seq_start(3, ids)]))
     got = [runner.forward_logits(pb.plan([3], [pos], [1], [ids[pos]]))[0] for pos in range(1, len(ids))]
     torch.testing.assert_close(torch.stack(got), expected[1:], atol=TOL, rtol=0)
@@ -84,7 +86,7 @@ def test_mixed_batch_and_row_reuse(tiny):
     """Two rows prefill, then decode alongside a third that reuses a released row's slot."""
     ref, runner = tiny
     a, b, c = prompt(30, 11), prompt(21, 12), prompt(17, 13)
-    pb = PlanBuilder()
+    pb = PagedPlanBuilder(PAGE)
     runner.forward_logits(
         pb.plan([4, 5], [0, 0], [29, 20], a[:29] + b[:20], added=[seq_start(4, a), seq_start(5, b)])
     )
@@ -122,7 +124,7 @@ def test_mtp_block_loads_from_upstream_names_and_runs(tmp_path):
     torch.testing.assert_close(block.self_attn.q_a_proj.weight, mtp["mtp.0.attn.wq_a.weight"], atol=0, rtol=0)
     torch.testing.assert_close(block.hc_head.hc_fn, mtp["mtp.0.hc_head_fn"], atol=0, rtol=0)
     ids = prompt(20, seed=4)
-    plan = PlanBuilder().plan([1], [0], [20], ids, added=[seq_start(1, ids)])
+    plan = PagedPlanBuilder(PAGE, num_slots=256).plan([1], [0], [20], ids, added=[seq_start(1, ids)])
     runner._update_table(plan)
     batch, _, _ = runner._build_batch(plan)
     with torch.inference_mode():
