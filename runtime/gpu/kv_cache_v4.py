@@ -10,7 +10,7 @@ out by position (position p of a request at offset p % page_size of its page) an
 of every rate (`page_multiple`; `check_plan` refuses plans that break it). An entry is written once, by
 the step that closes its window, and only read afterwards: a cached prefix's entries are shared as is.
 
-Per row (bounded size, not cached; rebuilt by replaying tokens before a prefix hit, see attention/v4_ref.py):
+Per row (bounded size, not cached; rebuilt by replay on a prefix hit, see attention/v4_ref.py):
 - every layer: a ring of the last `sliding_window` roped K=V rows (position p at p % window);
 - CSA / HCA layers: the compressor's tail, the raw (kv, gate) projections of the tokens it still needs
   (`Compressor.tail_len`, by position modulo that length), and the same for the indexer.
