@@ -87,3 +87,15 @@ def test_fused_moe_replays_in_a_cuda_graph_on_new_routing(weights, tokens):
         graph.replay()
         want = _impl("reference")(x, w13, w2, topk_w, ids)
         assert close_ratio(out, want, *TOLERANCE[torch.bfloat16]) <= 1.0
+
+
+@pytest.mark.parametrize("tokens,experts,k", [(1, 64, 6), (128, 64, 6), (512, 256, 8), (682, 64, 6)])
+def test_one_program_layout_equals_torch_layout(tokens, experts, k):
+    from runtime.gpu.kernels.fused_moe.layout import moe_layout
+    from runtime.gpu.kernels.fused_moe.triton_layout import moe_layout_triton
+
+    ids = _routing(tokens, experts, k, seed=tokens)[1]
+    ids[: tokens // 2, 0] = 3  # one crowded expert
+    a, b = moe_layout(ids, experts, 16), moe_layout_triton(ids, experts, 16)
+    for f in ("sorted_pairs", "block_expert", "num_rows"):
+        assert torch.equal(getattr(a, f), getattr(b, f)), f

@@ -112,6 +112,26 @@ def _run_case(tokens, experts, k, hidden, inter, dtype, limit) -> float:
     return close_ratio(got, reference.fused_moe(x, w13, w2, weights, ids, limit), *_TOL[dtype])
 
 
+LAYOUT_CASES = {  # tokens, experts, k, block_m
+    "layout_triton_equals_torch_v2lite_decode": (1, 64, 6, 16),
+    "layout_triton_equals_torch_crowded": (37, 8, 3, 16),
+    "layout_triton_equals_torch_v3_batch200": (200, 256, 8, 16),
+    "layout_triton_equals_torch_tiny_blocks": (5, 3, 3, 4),
+}
+
+
+def _run_layout_case(tokens, experts, k, block_m) -> float:
+    """0.0 when the one-program Triton layout equals the torch-ops layout bit for bit, else inf."""
+    from runtime.gpu.kernels.fused_moe.triton_layout import moe_layout_triton
+
+    ids = _random_moe(tokens, experts, k, 4, 4, torch.float32, seed=tokens)[4]
+    a, b = moe_layout(ids, experts, block_m), moe_layout_triton(ids, experts, block_m)
+    same = all(
+        torch.equal(getattr(a, f), getattr(b, f)) for f in ("sorted_pairs", "block_expert", "num_rows")
+    )
+    return 0.0 if same else float("inf")
+
+
 @pytest.fixture(scope="module")
 def results() -> dict:
     env = dict(os.environ, TRITON_INTERPRET="1")
@@ -124,8 +144,8 @@ def results() -> dict:
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_triton_fused_moe_matches_reference_under_interpreter(results: dict, name: str) -> None:
+@pytest.mark.parametrize("name", sorted(CASES) + sorted(LAYOUT_CASES))
+def test_triton_matches_torch_under_interpreter(results: dict, name: str) -> None:
     got = results[name]
     assert isinstance(got, float), got  # an error message from the subprocess
     assert got <= 1.0, f"{name}: error {got:.3g}x the tolerance"
@@ -134,9 +154,12 @@ def test_triton_fused_moe_matches_reference_under_interpreter(results: dict, nam
 if __name__ == "__main__":
     assert os.environ.get("TRITON_INTERPRET") == "1"
     out = {}
-    for name, args in CASES.items():
+    cases = [(n, _run_case, a) for n, a in CASES.items()] + [
+        (n, _run_layout_case, a) for n, a in LAYOUT_CASES.items()
+    ]
+    for name, fn, args in cases:
         try:
-            out[name] = float(_run_case(*args))
+            out[name] = float(fn(*args))
         except Exception as e:  # reported per case by the test
             out[name] = f"{type(e).__name__}: {e}"
     print(json.dumps(out))

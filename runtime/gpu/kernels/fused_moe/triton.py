@@ -7,7 +7,8 @@
 2. down + weighting: one program per (block, column tile of D) over H; the epilogue multiplies each row
    by its routing weight and stores it at its pair's place (the unpermute is the store), Y [T*k, D].
 
-The sum over the k experts of a token is one torch reduction of Y viewed [T, k, D] (float32
+The layout comes from one Triton program for decode-sized batches (`triton_layout.py`), from torch ops
+past that. The sum over the k experts of a token is one torch reduction of Y viewed [T, k, D] (float32
 accumulation, deterministic: no atomics). Nothing reads the device on the host, so a decode step that
 calls this can be captured in a CUDA graph: every shape and grid follows from T, k, E and the config.
 Block sizes are untuned guesses: `block_m` from the mean rows per expert (16 for decode batches),
@@ -23,6 +24,7 @@ import triton.language as tl
 
 from runtime.gpu.kernels.common import dot_precision
 from runtime.gpu.kernels.fused_moe.layout import MoELayout, moe_layout
+from runtime.gpu.kernels.fused_moe.triton_layout import LAYOUT_MAX_PAIRS, moe_layout_triton
 from runtime.gpu.kernels.triton_utils import dot_f32, dot_operand
 
 
@@ -138,7 +140,8 @@ def fused_moe(
     if num_tokens == 0:
         return x.new_zeros(0, hidden)
     cfg = config or choose_config(num_tokens * k, num_experts, x.device)
-    lay = moe_layout(topk_ids, num_experts, cfg.block_m)
+    small = num_tokens * k <= LAYOUT_MAX_PAIRS  # decode: one launch instead of a dozen
+    lay = (moe_layout_triton if small else moe_layout)(topk_ids, num_experts, cfg.block_m)
     h = x.new_empty(lay.max_blocks * cfg.block_m, inter)
     y = x.new_empty(num_tokens * k, hidden)
     weights = topk_weights.reshape(-1).float().contiguous()
