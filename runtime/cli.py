@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from runtime.config import ServerConfig
@@ -13,7 +14,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
     g.add_argument("--model", default=None,
                    help="Hugging Face model directory (config.json + safetensors), or with --load-format dummy "
-                        "a preset name (llama-3.1-8b, llama-3.2-1b). Default: the embedded "
+                        "a preset name (llama-3.1-8b, llama-3.2-1b, deepseek-v4-flash). Default: the embedded "
                         "SmolLM2-135M-Instruct, converted from its GGUF file on first use")
     g.add_argument("--served-model-name", default=None, help="model id clients send (default: directory name)")
     g.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model directory)")
@@ -23,6 +24,10 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                    help="default: float32 on cpu, bfloat16 on cuda")
     g.add_argument("--seed", type=int, default=d.seed, help="seed for random weights and unseeded sampling")
+    g.add_argument("--hf-overrides", "--json-model-override-args", dest="hf_overrides", type=_json_object,
+                   default=None, metavar="JSON",
+                   help="JSON object merged into the model's config.json, as vLLM's --hf-overrides / SGLang's "
+                        "--json-model-override-args; e.g. '{\"num_hidden_layers\": 8}' keeps the first 8 layers")
     g = p.add_argument_group("limits")
     g.add_argument("--max-model-len", type=int, default=None,
                    help="context length (prompt + output); default: the model's, capped at 8192")
@@ -56,6 +61,16 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("placement")
     g.add_argument("--placement", choices=["multiprocess", "single"], default=d.placement,
                    help="actors in a frontend + an engine process, or all in this one")
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return value
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:

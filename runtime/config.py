@@ -3,6 +3,8 @@ processes as msgpack."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 
@@ -15,6 +17,9 @@ class ServerConfig(msgspec.Struct, kw_only=True):
     device: str = "cpu"
     dtype: str | None = None  # default: float32 on cpu, bfloat16 on cuda
     seed: int = 0
+    # merged into the model's config.json before it is read (vLLM's --hf-overrides), e.g.
+    # {"num_hidden_layers": 8} to fit a cut-down DeepSeek-V4-Flash preset on one GPU
+    hf_overrides: dict[str, Any] | None = None
     # limits
     max_model_len: int | None = None  # default: the model's max_position_embeddings, capped at 8192
     max_running_requests: int = 128
@@ -46,3 +51,27 @@ class ServerConfig(msgspec.Struct, kw_only=True):
         if self.max_total_tokens is not None:
             return self.max_total_tokens
         return 262144 if self.device.startswith("cuda") else 32768
+
+
+# Per-layer lists that must shrink with `num_hidden_layers` (V4's `compress_ratios` is cut by transformers).
+_PER_LAYER_KEYS = ("layer_types", "mlp_layer_types")
+
+
+def apply_hf_overrides(config: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
+    """config.json contents with `overrides` merged in (nested dicts key by key, like vLLM), before any
+    config class sees them, so derived fields follow. Fewer `num_hidden_layers` keeps the first layers:
+    per-layer lists are cut to the new count."""
+    if not overrides:
+        return config
+    out = dict(config)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = {**out[key], **value}
+        else:
+            out[key] = value
+    n = overrides.get("num_hidden_layers")
+    if n is not None:
+        for key in _PER_LAYER_KEYS:
+            if isinstance(out.get(key), list) and key not in overrides:
+                out[key] = out[key][:n]
+    return out

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.config import ServerConfig
+from runtime.config import ServerConfig, apply_hf_overrides
 
 DEFAULT_MAX_MODEL_LEN = 8192
 
@@ -63,7 +63,7 @@ def _has_tokenizer(path: Path) -> bool:
 
 def load_model_info(cfg: ServerConfig, path: str) -> ModelInfo:
     p = Path(path)
-    config = json.loads((p / "config.json").read_text())
+    config = apply_hf_overrides(json.loads((p / "config.json").read_text()), cfg.hf_overrides)
     text = config.get("text_config", config)
     native = int(text.get("max_position_embeddings", DEFAULT_MAX_MODEL_LEN))
     max_len = cfg.max_model_len or min(native, DEFAULT_MAX_MODEL_LEN)

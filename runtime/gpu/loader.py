@@ -21,10 +21,13 @@ log = structlog.get_logger(__name__)
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-def load_config(model_path: str | os.PathLike):
-    """The model's config; `model_path` is a Hugging Face directory or a preset name (runtime.gpu.presets)."""
-    from transformers import AutoConfig
+def load_config(model_path: str | os.PathLike, overrides: dict | None = None):
+    """The model's config; `model_path` is a Hugging Face directory or a preset name (runtime.gpu.presets).
+    `overrides` (--hf-overrides) are merged into config.json before the config class reads it."""
+    from transformers import AutoConfig, PretrainedConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
+    from runtime.config import apply_hf_overrides
     from runtime.gpu import presets
 
     path = Path(presets.resolve(str(model_path)))
@@ -32,7 +35,11 @@ def load_config(model_path: str | os.PathLike):
         raise FileNotFoundError(f"model directory not found: {path} (Conduit never downloads models)")
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} has no config.json; is it a Hugging Face model directory?")
-    return AutoConfig.from_pretrained(str(path), local_files_only=True)
+    if not overrides:
+        return AutoConfig.from_pretrained(str(path), local_files_only=True)
+    data, _ = PretrainedConfig.get_config_dict(str(path), local_files_only=True)
+    data = apply_hf_overrides(data, overrides)
+    return CONFIG_MAPPING[data["model_type"]].from_dict(data)
 
 
 def safetensors_files(model_path: str | os.PathLike) -> list[Path]:
@@ -125,6 +132,8 @@ def init_dummy_weights(model: nn.Module, seed: int = 0, std: float = 0.02) -> No
     with torch.no_grad():
         for module in model.modules():
             for p in module.parameters(recurse=False):
+                if not p.is_floating_point():  # index tables (V4's tid2eid): the model's init_dummy_indices
+                    continue
                 if isinstance(module, RMSNorm):
                     p.fill_(1.0)
                     continue
@@ -135,3 +144,5 @@ def init_dummy_weights(model: nn.Module, seed: int = 0, std: float = 0.02) -> No
                     p.copy_(torch.randn(p.shape, generator=gen) * std)
                 else:
                     p.normal_(0.0, std, generator=gen)
+        if hasattr(model, "init_dummy_indices"):
+            model.init_dummy_indices(seed)

@@ -47,6 +47,7 @@ class RunnerConfig:
     # torch intra-op threads for CPU runs (process-wide); None leaves torch's default. On a small, busy
     # machine 1 thread is far faster: with 2 threads on 2 shared cores every op waits on a barrier.
     cpu_threads: int | None = None
+    hf_overrides: dict | None = None  # merged into config.json (ServerConfig.hf_overrides)
     # Prefix-cache hits on models with per-request state outside the pages (DeepSeek-V4): tokens before
     # the hit to replay (None: the model's sliding window), or replay from position 0 (exact, slower).
     swa_replay_tokens: int | None = None
@@ -82,7 +83,7 @@ class ModelRunner:
         if cfg.cpu_threads and self.device.type == "cpu":
             torch.set_num_threads(cfg.cpu_threads)
         path = Path(presets.resolve(cfg.model_path))
-        self.config = loader.load_config(path)
+        self.config = loader.load_config(path, cfg.hf_overrides)
         self.vocab_size: int = self.config.vocab_size
         self.eos_token_ids: list[int] = _eos_ids(path, self.config)
         self.model = self._load_model(path)

@@ -30,6 +30,56 @@ _LLAMA = dict(
     torch_dtype="bfloat16",
 )
 
+# DeepSeek-V4-Flash's config.json as released (values: transformers' DeepseekV4Config defaults, which are
+# Flash's, and public copies of the file; docs/deepseek_v4.md). Upstream keys transformers folds:
+# `compress_ratios` (0 sliding, 4 CSA, 128 HCA; 43 layers + the MTP block), `num_hash_layers`,
+# `qk_rope_head_dim`. The released weights are FP8 with FP4 experts; dummy weights take --dtype instead,
+# so no quantization_config here.
+_V4_FLASH = dict(
+    architectures=["DeepseekV4ForCausalLM"],
+    model_type="deepseek_v4",
+    vocab_size=129280,
+    hidden_size=4096,
+    num_hidden_layers=43,
+    num_attention_heads=64,
+    num_key_value_heads=1,
+    head_dim=512,
+    qk_rope_head_dim=64,
+    q_lora_rank=1024,
+    o_groups=8,
+    o_lora_rank=1024,
+    sliding_window=128,
+    compress_ratios=[0, 0] + [4, 128] * 20 + [4] + [0],
+    compress_rope_theta=160000.0,
+    rope_theta=10000.0,
+    rope_scaling=dict(
+        type="yarn", factor=16, original_max_position_embeddings=65536, beta_fast=32, beta_slow=1
+    ),
+    index_n_heads=64,
+    index_head_dim=128,
+    index_topk=512,
+    hc_mult=4,
+    hc_sinkhorn_iters=20,
+    hc_eps=1e-6,
+    n_routed_experts=256,
+    n_shared_experts=1,
+    num_experts_per_tok=6,
+    moe_intermediate_size=2048,
+    num_hash_layers=3,
+    scoring_func="sqrtsoftplus",
+    topk_method="noaux_tc",
+    norm_topk_prob=True,
+    routed_scaling_factor=1.5,
+    swiglu_limit=10.0,
+    num_nextn_predict_layers=1,
+    max_position_embeddings=1048576,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    bos_token_id=0,
+    eos_token_id=1,
+    torch_dtype="bfloat16",
+)
+
 PRESETS: dict[str, dict] = {
     "llama-3.1-8b": dict(
         _LLAMA,
@@ -63,6 +113,8 @@ PRESETS: dict[str, dict] = {
         bos_token_id=128000,
         eos_token_id=[128001, 128008, 128009],
     ),
+    # 284B total, 13B active: on one GPU cut it with --hf-overrides '{"num_hidden_layers": 8}'
+    "deepseek-v4-flash": _V4_FLASH,
 }
 
 

@@ -250,6 +250,16 @@ class DeepseekV4ForCausalLM(nn.Module):
 
         _load(self, checkpoint_tensors(tensors, self.config, self.model.num_layers))
 
+    def init_dummy_indices(self, seed: int) -> None:
+        """`--load-format dummy`: hash-routing tables with k distinct experts per token id from a random
+        start (all zeros would send every token of the hash layers to expert 0)."""
+        g = torch.Generator().manual_seed(seed)
+        for m in self.modules():
+            if isinstance(m, HashRouter):
+                vocab, k = m.tid2eid.shape
+                start = torch.randint(0, m.num_experts, (vocab, 1), generator=g)
+                m.tid2eid.data.copy_((start + torch.arange(k)) % m.num_experts)
+
     @property
     def mtp_layers(self) -> list[DeepseekV4MTPBlock]:
         return list(self.model.layers[self.model.num_layers :])

@@ -150,10 +150,13 @@ def layouts(tmp_path_factory):
     return ref, root
 
 
+ALIGNED = list(range(512, 1024))  # slot = 512 + position for one row: whole, position-aligned pages
+
+
 def all_logits(path, ids: list[int]) -> torch.Tensor:
     """Our model from `path`: logits at every position of a one-shot prefill."""
-    runner = ModelRunner(RunnerConfig(str(path), num_kv_slots=256, max_reqs=2, max_model_len=128))
-    plan = PlanBuilder().plan([1], [0], [len(ids)], ids, added=[seq_start(1, ids)])
+    runner = ModelRunner(RunnerConfig(str(path), num_kv_slots=1024, max_reqs=2, max_model_len=128))
+    plan = PlanBuilder(ALIGNED).plan([1], [0], [len(ids)], ids, added=[seq_start(1, ids)])
     runner._update_table(plan)
     batch, _, _ = runner._build_batch(plan)
     with torch.inference_mode():
