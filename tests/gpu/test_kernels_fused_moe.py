@@ -1,5 +1,6 @@
-"""The `fused_moe` op on CUDA: Triton vs the PyTorch reference at DeepSeek-V2-Lite and V3 expert shapes,
-decode- and prefill-sized batches, with V4's SwiGLU clamp; and the whole op captured in a CUDA graph
+"""The MoE ops on CUDA. `fused_moe`: Triton vs the PyTorch reference at DeepSeek-V2-Lite and V3 expert
+shapes, decode- and prefill-sized batches, with V4's SwiGLU clamp; the one-program layout vs the torch
+one; `moe_route` vs its reference (V3 groups, V2 softmax, V4 sqrt-softplus); and the whole op captured in a CUDA graph
 (capture fails on any host sync) and replayed on new routing. `pytest -s` prints the error ratio
 (<= 1 passes), the time of one call and the bandwidth over the expert weights it touches."""
 
@@ -99,3 +100,23 @@ def test_one_program_layout_equals_torch_layout(tokens, experts, k):
     a, b = moe_layout(ids, experts, 16), moe_layout_triton(ids, experts, 16)
     for f in ("sorted_pairs", "block_expert", "num_rows"):
         assert torch.equal(getattr(a, f), getattr(b, f)), f
+
+
+@pytest.mark.parametrize(
+    "tokens,experts,k,groups,topk_group,scoring,bias",
+    [(1, 256, 8, 8, 4, "sigmoid", True), (4096, 256, 8, 8, 4, "sigmoid", True), (128, 64, 6, 1, 1, "sigmoid", True),
+     (64, 160, 6, 8, 3, "softmax", False), (64, 256, 6, 1, 1, "sqrtsoftplus", True)],
+)  # fmt: skip
+def test_moe_route_matches_reference(tokens, experts, k, groups, topk_group, scoring, bias):
+    """Same experts (as sets) and weights; torch.topk's order is unspecified."""
+    g = torch.Generator(device="cuda").manual_seed(tokens)
+    logits = torch.randn(tokens, experts, generator=g, device="cuda") * 3
+    b = torch.rand(experts, generator=g, device="cuda") * 0.4 - 0.2 if bias else None
+    args = (logits, b, k, groups, topk_group, scoring, True, 2.5)
+    impls = {i.name: i.load() for i in registry.implementations("moe_route")}
+    w_ref, ids_ref = impls["reference"](*args)
+    w, ids = impls["triton"](*args)
+    ids_ref, o_ref = ids_ref.sort(-1)
+    ids, o = ids.sort(-1)
+    assert torch.equal(ids, ids_ref)
+    torch.testing.assert_close(w.gather(1, o), w_ref.gather(1, o_ref), atol=1e-6, rtol=1e-5)

@@ -10,6 +10,7 @@ from runtime.gpu.kernels import (  # noqa: F401  (imported to register their imp
     fused_moe,
     mla_decode,
     moe_grouped_gemm,
+    moe_route,
     rms_norm,
     rope,
     silu_and_mul,

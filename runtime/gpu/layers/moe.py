@@ -4,7 +4,7 @@ The experts' weights are stacked ([E, 2I, D] gate|up and [E, D, I] down) so grou
 as they are. The routed experts run through the `fused_moe` op (`runtime/gpu/kernels/fused_moe/`): on
 CUDA two Triton GEMMs over a device-built layout, with no host sync, so a decode step can be captured
 in a CUDA graph; on the CPU the PyTorch reference (expert-sorted, one matmul pair per expert).
-Routing stays here in PyTorch: top-k, gathers and masks, all on the device."""
+Routing runs the `moe_route` op: one Triton program per token on CUDA, the PyTorch reference elsewhere."""
 
 from __future__ import annotations
 
@@ -14,17 +14,9 @@ from torch import nn
 
 from runtime.gpu.kernels import registry
 from runtime.gpu.kernels.fused_moe.reference import swiglu
+from runtime.gpu.kernels.moe_route.reference import score
 
 __all__ = ["HashRouter", "RoutedExperts", "TopkRouter", "score", "swiglu"]
-
-
-def score(logits: torch.Tensor, scoring: str) -> torch.Tensor:
-    """Router scores: sigmoid (V3), softmax (V2) or sqrt(softplus) (V4)."""
-    if scoring == "sigmoid":
-        return logits.sigmoid()
-    if scoring == "sqrtsoftplus":
-        return F.softplus(logits).sqrt()
-    return logits.softmax(-1)
 
 
 class TopkRouter(nn.Module):
@@ -54,24 +46,11 @@ class TopkRouter(nn.Module):
         return super()._apply(lambda t: fn(t).float() if t.is_floating_point() else fn(t), recurse)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: [T, D] -> (weights [T, k] float32, expert ids [T, k])."""
+        """x: [T, D] -> (weights [T, k] float32, expert ids [T, k]), through the `moe_route` op."""
         logits = F.linear(x.float(), self.weight)
-        scores = score(logits, self.scoring)
-        choice = scores + self.e_score_correction_bias if self.has_bias else scores
-        if self.num_groups > 1:
-            grouped = choice.view(-1, self.num_groups, self.num_experts // self.num_groups)
-            if self.has_bias:
-                group_scores = grouped.topk(2, dim=-1)[0].sum(-1)
-            else:
-                group_scores = grouped.amax(-1)
-            group_idx = group_scores.topk(self.topk_group, dim=-1, sorted=False)[1]
-            keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, group_idx, True)
-            choice = grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).view_as(choice)
-        ids = choice.topk(self.top_k, dim=-1, sorted=False)[1]
-        weights = scores.gather(1, ids)
-        if self.norm_topk_prob and self.top_k > 1:
-            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
-        return weights * self.scaling, ids
+        bias = self.e_score_correction_bias if self.has_bias else None
+        args = (self.top_k, self.num_groups, self.topk_group, self.scoring, self.norm_topk_prob, self.scaling)
+        return registry.get("moe_route", x.device)(logits, bias, *args)
 
 
 class RoutedExperts(nn.Module):

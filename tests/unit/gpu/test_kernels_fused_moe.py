@@ -1,7 +1,8 @@
-"""The `fused_moe` op on the CPU: the device-side layout puts every (token, expert) pair in exactly one
-row of a block of its expert; the reference equals a loop over tokens; the Triton kernels match the
-reference under the Triton interpreter (in a subprocess, as in test_kernels_interpret.py: this file run
-as a script with TRITON_INTERPRET=1 prints {case: closeness ratio}). Skipped without triton."""
+"""The MoE ops on the CPU (`fused_moe`, `moe_route`): the device-side layout puts every (token, expert)
+pair in exactly one row of a block of its expert; the reference equals a loop over tokens; the Triton
+kernels (experts, one-program layout, router) match the references under the Triton interpreter (in a
+subprocess, as in test_kernels_interpret.py: this file run as a script with TRITON_INTERPRET=1 prints
+{case: closeness ratio}). Skipped without triton."""
 
 from __future__ import annotations
 
@@ -81,9 +82,10 @@ def test_reference_rounds_like_the_kernels_in_bfloat16():
     torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
 
 
-def test_registry_picks_the_reference_on_the_cpu():
-    assert [i.name for i in registry.implementations("fused_moe")] == ["triton", "reference"]
-    assert registry.select("fused_moe", "cpu").name == "reference"
+@pytest.mark.parametrize("op", ["fused_moe", "moe_route"])
+def test_registry_picks_the_reference_on_the_cpu(op):
+    assert [i.name for i in registry.implementations(op)] == ["triton", "reference"]
+    assert registry.select(op, "cpu").name == "reference"
 
 
 def test_empty_batch():
@@ -132,6 +134,37 @@ def _run_layout_case(tokens, experts, k, block_m) -> float:
     return 0.0 if same else float("inf")
 
 
+ROUTE_CASES = {  # tokens, experts, top_k, groups, topk_group, scoring, bias, normalize
+    "route_v3_grouped_sigmoid_bias": (9, 256, 8, 8, 4, "sigmoid", True, True),
+    "route_v2lite_as_v3_flat": (7, 64, 6, 1, 1, "sigmoid", True, False),
+    "route_v2_softmax_groups_no_bias": (5, 16, 2, 4, 1, "softmax", False, False),
+    "route_v4_sqrtsoftplus": (6, 12, 2, 1, 1, "sqrtsoftplus", True, True),
+    "route_odd_groups_top1": (4, 12, 1, 3, 2, "softmax", False, True),
+}
+
+
+def _run_route_case(tokens, experts, k, groups, topk_group, scoring, bias, normalize) -> float:
+    """Error ratio of the weights, matched by expert id (top-k order is unspecified); inf when the
+    chosen experts differ."""
+    from runtime.gpu.kernels.moe_route import reference as route_ref
+    from runtime.gpu.kernels.moe_route import triton as route_triton
+    from runtime.gpu.kernels.testing import close_ratio
+
+    g = torch.Generator().manual_seed(tokens * experts)
+    logits = torch.randn(tokens, experts, generator=g) * 3
+    b = torch.rand(experts, generator=g) * 0.4 - 0.2 if bias else None
+    args = (k, groups, topk_group, scoring, normalize, 2.5)
+    (w_ref, ids_ref), (w, ids) = (
+        route_ref.moe_route(logits, b, *args),
+        route_triton.moe_route(logits, b, *args),
+    )
+    ids_ref, o_ref = ids_ref.sort(-1)
+    ids, o = ids.sort(-1)
+    if not torch.equal(ids, ids_ref):
+        return float("inf")
+    return close_ratio(w.gather(1, o), w_ref.gather(1, o_ref), 1e-6, 1e-5)
+
+
 @pytest.fixture(scope="module")
 def results() -> dict:
     env = dict(os.environ, TRITON_INTERPRET="1")
@@ -144,7 +177,7 @@ def results() -> dict:
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
-@pytest.mark.parametrize("name", sorted(CASES) + sorted(LAYOUT_CASES))
+@pytest.mark.parametrize("name", sorted(CASES) + sorted(LAYOUT_CASES) + sorted(ROUTE_CASES))
 def test_triton_matches_torch_under_interpreter(results: dict, name: str) -> None:
     got = results[name]
     assert isinstance(got, float), got  # an error message from the subprocess
@@ -154,9 +187,9 @@ def test_triton_matches_torch_under_interpreter(results: dict, name: str) -> Non
 if __name__ == "__main__":
     assert os.environ.get("TRITON_INTERPRET") == "1"
     out = {}
-    cases = [(n, _run_case, a) for n, a in CASES.items()] + [
-        (n, _run_layout_case, a) for n, a in LAYOUT_CASES.items()
-    ]
+    cases = [(n, _run_case, a) for n, a in CASES.items()]
+    cases += [(n, _run_layout_case, a) for n, a in LAYOUT_CASES.items()]
+    cases += [(n, _run_route_case, a) for n, a in ROUTE_CASES.items()]
     for name, fn, args in cases:
         try:
             out[name] = float(fn(*args))
