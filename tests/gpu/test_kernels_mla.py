@@ -1,8 +1,9 @@
 """MLA decode (op `mla_decode`): every implementation the registry lists matches the PyTorch reference
 on CUDA. bf16 latent pool with page 64 and shuffled pages (unused slots NaN), d_qk 576 / d_v 512, h_q 16
 and 128, batch 1..64, contexts 1..8K including non-multiples of 64, empty rows, split counts 1..64, and
-the FlashMLA-signature front end (s_q 1 and 2, causal). `pytest -s` prints each case's error ratio
-(<= 1 passes) and time."""
+the FlashMLA-signature front end (s_q 1 and 2, causal); for TileLang (Hopper) also the block-table entry
+point, fp16, the float32 fallback and CUDA graphs. `pytest -s` prints each case's error ratio (<= 1
+passes) and time."""
 
 from __future__ import annotations
 
@@ -134,3 +135,56 @@ def test_mla_decode_triton_under_cuda_graph() -> None:
     g.replay()
     want = _ref()(*c.args())
     assert close_ratio(out, want, *TOLERANCE[torch.bfloat16]) <= 1.0
+
+
+# ------------------------------------------------------------------ TileLang (Hopper, 64-head CTAs)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 7, 64])
+@pytest.mark.parametrize("hq", [16, 128])
+def test_mla_decode_tilelang_any_split_count(hq: int, num_splits: int) -> None:
+    """Empty rows, rows of one token, rows ending mid-page and splits longer than rows."""
+    c = mla_case([0, 1, 63, 64, 65, 3000], hq, torch.bfloat16, "cuda", page_size=64, seed=num_splits)
+    want, want_lse = _ref()(*c.args(), return_lse=True)
+    got, lse = _fn("tilelang")(*c.args(), num_splits=num_splits, return_lse=True)
+    _check(f"tilelang h={hq} splits={num_splits}", got, want, lse, want_lse, torch.bfloat16, 0.0)
+
+
+@pytest.mark.parametrize("hq", [16, 128])
+@pytest.mark.parametrize("num_splits", [None, 1])
+def test_mla_decode_tilelang_reads_a_block_table(hq: int, num_splits) -> None:
+    """The FlashMLA inputs (block table of 64-token pages, int32) through the same kernel."""
+    _fn("tilelang")
+    from runtime.gpu.kernels.mla_decode.tilelang import mla_decode_paged
+
+    c = mla_case(_lens(9, 5000, seed=hq), hq, torch.bfloat16, "cuda", page_size=64, seed=hq + 1)
+    want, want_lse = _ref()(*c.args(), return_lse=True)
+    rows = torch.arange(9, device="cuda")
+    got, lse = mla_decode_paged(
+        c.q, c.pool[:, 0], c.block_table, rows, c.seq_lens, c.scale, 512, 64, num_splits
+    )
+    _check(f"tilelang block table h={hq} splits={num_splits}", got, want, lse, want_lse, torch.bfloat16, 0.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
+def test_mla_decode_tilelang_fp16_and_the_fp32_fallback(dtype: torch.dtype) -> None:
+    """fp16 runs the TileLang kernel; float32 (not a wgmma input here) is handed to the Triton one."""
+    c = mla_case([300, 1, 0, 129], 16, dtype, "cuda", page_size=16, seed=5)
+    want, want_lse = _ref()(*c.args(), return_lse=True)
+    got, lse = _fn("tilelang")(*c.args(), return_lse=True)
+    _check(f"tilelang {dtype}", got, want, lse, want_lse, dtype, 0.0)
+
+
+def test_mla_decode_tilelang_under_cuda_graph() -> None:
+    c = mla_case([1000, 64, 4000], 128, torch.bfloat16, "cuda", page_size=64)
+    fn = _fn("tilelang")
+    out = torch.empty(3, 128, 512, dtype=torch.bfloat16, device="cuda")
+    for splits in (1, 8):
+        fn(*c.args(), num_splits=splits, out=out)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn(*c.args(), num_splits=splits, out=out)
+        c.q.copy_(torch.randn_like(c.q))
+        g.replay()
+        want = _ref()(*c.args())
+        assert close_ratio(out, want, *TOLERANCE[torch.bfloat16]) <= 1.0, splits

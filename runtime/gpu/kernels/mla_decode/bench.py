@@ -1,0 +1,208 @@
+"""MLA decode against FlashMLA's H200 figures (issue 8), in one command that fits a short GPU lease:
+
+    python -m runtime.gpu.kernels.mla_decode.bench [--impls tilelang triton] [--no-check] [--no-bench]
+
+1. compiles the TileLang variants it will use in parallel worker processes (TileLang's disk cache then
+   serves the main process), so compilation costs one variant's time, not ten;
+2. checks every implementation against the reference: h_q 16 / 128, ragged lengths (0, 1, 63, 64, 65,
+   not multiples of the page), fixed split counts 1 / 7 / 64 and the host's choice, bf16 and fp16,
+   through the op signature (per-token req_to_token) and the block-table entry point (page 64);
+3. times the target points (h_q 128 at batch 64 / 128, h_q 16 at batch 128; contexts 1K..32K) through
+   both entry points: `op` = `mla_decode(q, pool, req_to_token, ...)`, the engine's call, and `table`
+   = `mla_decode_paged(..., block_table, page=64)`, FlashMLA's inputs.
+
+Accounting as FlashMLA's and TileLang's benchmarks: FLOPs = 2 sum(seqlen) h_q (576 + 512), bytes = KV +
+Q + O. Times are medians of CUDA-graph replays (`kernels.bench.bench_ms`). Each check or point runs
+under its own try, so one failure does not hide the rest."""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+import torch
+
+from runtime.gpu.kernels.bench import bench_ms
+from runtime.gpu.kernels.mla_decode import reference
+from runtime.gpu.kernels.mla_decode.testing import mla_case
+from runtime.gpu.kernels.testing import TOLERANCE, close_ratio
+
+R, DPE = 512, 64
+# FlashMLA's dense decode on this H200 kind (issue 8), median of triton do_bench: FLOP/s at h_q 128,
+# bytes/s at h_q 16
+FLASH_MLA = {
+    (128, 64, 1024): 446e12, (128, 64, 4096): 578e12, (128, 64, 16384): 570e12, (128, 64, 32768): 588e12,
+    (128, 128, 1024): 469e12, (128, 128, 4096): 575e12, (128, 128, 16384): 537e12, (128, 128, 32768): 525e12,
+    (16, 128, 4096): 3.56e12, (16, 128, 32768): 4.11e12,
+}  # fmt: skip
+POINTS = [(128, 64, c) for c in (1024, 4096, 16384, 32768)] + [
+    (128, 128, c) for c in (1024, 4096, 16384, 32768)
+]
+POINTS += [(16, 128, c) for c in (1024, 4096, 16384, 32768)]
+SCALE = (R + DPE) ** -0.5
+CHECKS = [  # lens, h_q, dtype, num_splits (None: the host's choice), entry point
+    ([1, 63, 64, 65, 1000, 3000, 0, 129], 128, torch.bfloat16, None, "op"),
+    ([1, 63, 64, 65, 1000, 3000, 0, 129], 128, torch.bfloat16, 1, "op"),
+    ([0, 63, 64, 65, 3000], 128, torch.bfloat16, 7, "op"),
+    ([0, 63, 64, 65, 3000], 128, torch.bfloat16, 64, "op"),
+    ([300, 1, 0, 129, 5000, 64], 16, torch.bfloat16, None, "op"),
+    ([300, 1, 0, 129, 5000, 64], 16, torch.bfloat16, 1, "op"),
+    ([300, 1, 0, 129], 16, torch.float16, None, "op"),
+    ([8192] + [8000 - 97 * i for i in range(63)], 128, torch.bfloat16, None, "op"),
+    ([1, 63, 64, 65, 1000, 3000, 0, 129], 128, torch.bfloat16, 1, "table"),
+    ([1, 63, 64, 65, 1000, 3000, 0, 129], 128, torch.bfloat16, None, "table"),
+    ([300, 1, 0, 129, 5000, 64], 16, torch.bfloat16, 1, "table"),
+]
+
+
+def _tl_keys() -> list[tuple]:
+    """The TileLang variants the checks and points use (see tilelang._kernel's arguments)."""
+    from runtime.gpu.kernels.common import LOG2E
+
+    keys = set()
+    for hq, dtype, table_dtype, page in (
+        (128, "bfloat16", "int64", 1), (16, "bfloat16", "int64", 1), (16, "float16", "int64", 1),
+        (128, "bfloat16", "int32", 64), (16, "bfloat16", "int32", 64),
+    ):  # fmt: skip
+        for split in (False, True):
+            keys.add((hq, R, DPE, dtype, table_dtype, "int64", "int64", page, split, float(SCALE * LOG2E)))
+    return sorted(keys)
+
+
+def _compile_one(key: tuple) -> str:
+    t0 = time.perf_counter()
+    try:
+        from runtime.gpu.kernels.mla_decode import tilelang as tl
+
+        tl._kernel(*key)
+    except Exception as e:  # noqa: BLE001 - reported, the main process will hit it again
+        return f"{key}: {type(e).__name__}: {str(e).splitlines()[-1][:200] if str(e) else ''}"
+    return (
+        f"{key[0]:>3} {key[3]} table {key[4]} page {key[7]} split {key[8]}: {time.perf_counter() - t0:.0f} s"
+    )
+
+
+def prewarm(workers: int) -> None:
+    keys = _tl_keys()
+    t0 = time.perf_counter()
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(workers, len(keys)), mp_context=ctx) as pool:
+        for line in pool.map(_compile_one, keys):
+            print(f"# compiled {line}", flush=True)
+    print(f"# {len(keys)} TileLang variants compiled in {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+def _impl(name: str):
+    """(op-signature fn, block-table fn or None) of an implementation."""
+    if name == "tilelang":
+        from runtime.gpu.kernels.mla_decode import tilelang as m
+    elif name == "triton":
+        from runtime.gpu.kernels.mla_decode import triton as m
+    else:
+        raise ValueError(name)
+    return m.mla_decode, m.mla_decode_paged
+
+
+def _run(name: str, entry: str, c, num_splits=None):
+    op, paged = _impl(name)
+    if entry == "op":
+        return op(*c.args(), num_splits=num_splits, return_lse=True)
+    rows = torch.arange(c.q.shape[0], device=c.q.device)
+    return paged(c.q, c.pool[:, 0], c.block_table, rows, c.seq_lens, c.scale, R, c.page_size, num_splits)
+
+
+def check(names: list[str]) -> int:
+    failures = 0
+    for lens, hq, dtype, splits, entry in CHECKS:
+        c = mla_case(lens, hq, dtype, "cuda", page_size=64, seed=len(lens) + hq)
+        want, want_lse = reference.mla_decode(*c.args(), return_lse=True)
+        fin = want_lse.isfinite()
+        for name in names:
+            label = f"{name:<8} {entry:<5} h={hq:<3} {str(dtype)[6:]:<8} splits={splits!s:<4} B={len(lens)} max={max(lens)}"
+            try:
+                got, lse = _run(name, entry, c, splits)
+                torch.cuda.synchronize()
+                ratio = close_ratio(got, want, *TOLERANCE[dtype])
+                lse_ok = torch.equal(lse.isfinite(), fin)
+                lse_ratio = close_ratio(lse[fin], want_lse[fin], 1e-3, 1e-3) if lse_ok else float("inf")
+                ok = ratio <= 1.0 and lse_ratio <= 1.0
+                failures += not ok
+                print(
+                    f"check {label}: {'ok  ' if ok else 'FAIL'} out {ratio:.3f}x tol, lse {lse_ratio:.3f}x tol"
+                )
+            except Exception as e:  # noqa: BLE001 - keep going, report
+                failures += 1
+                print(f"check {label}: ERROR {type(e).__name__}: {str(e)[:300]}")
+        del c
+    print(f"# checks: {failures} failed")
+    return failures
+
+
+def bench(names: list[str], entries: list[str]) -> None:
+    print(
+        f"{'impl':<8} {'entry':<5} {'h_q':>3} {'B':>4} {'ctx':>6} {'us':>8} {'TFLOP/s':>8} {'TB/s':>6} {'FlashMLA':>10} {'ratio':>6}"
+    )
+    for hq, batch, ctx in POINTS:
+        try:
+            c = mla_case([ctx] * batch, hq, torch.bfloat16, "cuda", 64, R, DPE, nan_fill=False)
+        except Exception as e:  # noqa: BLE001
+            print(f"h={hq} B={batch} ctx={ctx}: case ERROR {type(e).__name__}: {e}")
+            continue
+        flops = 2 * c.kv_tokens * hq * (2 * R + DPE)
+        nbytes = (c.kv_tokens * (R + DPE) + batch * hq * (2 * R + DPE)) * c.pool.element_size()
+        anchor = FLASH_MLA.get((hq, batch, ctx))
+        for name in names:
+            for entry in entries:
+                if name == "triton" and entry == "table":
+                    continue
+                try:
+                    _run(name, entry, c)  # compile / warm up outside the graph
+                    ms = bench_ms(
+                        lambda name=name, entry=entry, c=c: _run(name, entry, c), c.q.device, graph=True
+                    )
+                    fl, bw = flops / (ms * 1e-3), nbytes / (ms * 1e-3)
+                    mine = bw if hq == 16 else fl
+                    ref = (
+                        ""
+                        if anchor is None
+                        else (f"{anchor / 1e12:.2f} TB/s" if hq == 16 else f"{anchor / 1e12:.0f} TF")
+                    )
+                    ratio = "" if anchor is None else f"{100 * mine / anchor:.0f}%"
+                    print(
+                        f"{name:<8} {entry:<5} {hq:>3} {batch:>4} {ctx:>6} {ms * 1e3:8.1f} {fl / 1e12:8.1f} "
+                        f"{bw / 1e12:6.2f} {ref:>10} {ratio:>6}",
+                        flush=True,
+                    )
+                except Exception as e:  # noqa: BLE001
+                    print(
+                        f"{name:<8} {entry:<5} {hq:>3} {batch:>4} {ctx:>6} ERROR {type(e).__name__}: {str(e)[:300]}"
+                    )
+        del c
+        torch.cuda.empty_cache()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--impls", nargs="*", default=["tilelang"])
+    p.add_argument("--entries", nargs="*", default=["op", "table"])
+    p.add_argument("--no-check", action="store_true")
+    p.add_argument("--no-bench", action="store_true")
+    p.add_argument("--compile-workers", type=int, default=12, help="0: compile lazily in this process")
+    a = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.stderr.write("needs a CUDA device\n")
+        return 2
+    print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
+    if "tilelang" in a.impls and a.compile_workers > 0:
+        prewarm(a.compile_workers)
+    failures = 0 if a.no_check else check(a.impls)
+    if not a.no_bench:
+        bench(a.impls, a.entries)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

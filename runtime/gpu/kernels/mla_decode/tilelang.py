@@ -1,0 +1,492 @@
+"""MLA decode (absorbed, DeepSeek-V2/V3) on the paged latent cache in TileLang, in FlashMLA's shape.
+
+Why a second kernel next to `triton.py`: at h_q = 128 decode is compute-bound (two GEMMs per KV tile
+for every head), and Hopper's tensor cores only run at full rate through wgmma, whose M tile is 64 rows
+issued by a whole warpgroup. Triton's 16-head programs use mma.sync; this kernel puts 64 q heads in a
+CTA so each KV tile is read from memory once per 64 heads and feeds two 64-row wgmma GEMMs.
+
+One CTA per (block of 64 q heads, batch row, KV split); 384 threads = three warpgroups with fixed roles
+(the FlashMLA / TileLang `example_mla_decode_ws` division of labour):
+
+- WG2, the producer: walks the split 64 tokens at a time and gathers each token's 576-wide latent
+  row into one of two shared KV buffers with cp.async (8 threads per row, 16 B each). The slot of token
+  `pos` is `table[row, pos // PAGE] * PAGE + pos % PAGE`: PAGE = 1 is the engine's per-token
+  req_to_token, PAGE = 64 a FlashMLA block table; a gather serves both, so slots need no alignment.
+  Tokens past the split's end re-read its last token (finite data; their scores are -inf), so a
+  ragged tail never reads a slot the row does not own. The buffer's "ready" mbarrier fires when the
+  copies land (cp.async.mbarrier.arrive.noinc); its "free" mbarrier, when both consumers are done.
+- WG0: S = Q K^T for the tile (wgmma 64 x 64 x 576, Q resident in shared memory), online softmax in
+  float32 base 2 (scores past the end start at -inf), then P (bf16) and the per-head rescale factor go
+  to shared memory and WG0 does O[:, :256] += P V[:, :256].
+- WG1: waits for P, rescales and does O[:, 256:] += P V[:, 256:]. Splitting O by columns keeps each
+  consumer's accumulator at 128 registers a thread (64 x 256 float32 over 128 threads).
+
+The values are the first 512 columns of the same shared tile, so each KV byte is read once (keys and
+values). setmaxnreg moves registers from the producer to the consumers (240 / 168 / 72).
+
+One split: the CTA writes the output and the LSE. More: it writes a normalised float32 partial and its
+base-2 LSE, and a combine kernel (one CTA per (head, row)) merges the splits. The split count is chosen
+on the host (no sync) so the grid fills the SMs; pass a fixed one under CUDA graphs.
+
+Kernels are compiled on first use per (heads, dims, dtypes, page, split or not, scale); batch, pool
+size, table shape and split count are dynamic, so a serving run compiles a handful of variants."""
+
+# No `from __future__ import annotations`: TileLang reads the prim_func parameter annotations
+# (T.Tensor shapes built from local variables) at decoration time.
+import functools
+
+import torch
+
+from runtime.gpu.kernels.common import LOG2E, MAX_SPLITS, MIN_SPLIT_TOKENS, num_sms
+from runtime.gpu.kernels.mla_decode.reference import pool_2d
+
+BLOCK_H = 64  # q heads per CTA: the wgmma M tile (fewer heads are zero-padded)
+BLOCK_N = 64  # tokens per KV tile
+LN2 = 0.6931471805599453
+
+_TL_DTYPE = {
+    torch.bfloat16: "bfloat16",
+    torch.float16: "float16",
+    torch.int32: "int32",
+    torch.int64: "int64",
+}
+
+
+def available(device: torch.device) -> bool:
+    """The registry's check: CUDA on Hopper (wgmma, setmaxnreg) and `import tilelang` works."""
+    return device.type == "cuda" and _hopper(device) and _importable()
+
+
+@functools.cache
+def _importable() -> bool:
+    try:
+        import tilelang  # noqa: F401
+    except Exception:  # noqa: BLE001 - a broken install (missing CUDA libs, ...) counts as absent
+        return False
+    return True
+
+
+def _hopper(device: torch.device) -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] == 9
+
+
+def supported(q: torch.Tensor, kv_lora_rank: int) -> bool:
+    """What the kernel is built for: bf16/fp16, d_v a multiple of 128, rope dims a multiple of 8 up to
+    64 (DeepSeek: 512 + 64). Anything else goes to the Triton kernel."""
+    d_pe = q.shape[-1] - kv_lora_rank
+    return (
+        q.dtype in (torch.bfloat16, torch.float16)
+        and kv_lora_rank % 128 == 0
+        and 0 < d_pe <= 64
+        and d_pe % 8 == 0
+    )
+
+
+def choose_num_splits(batch: int, head_blocks: int, max_tokens: int, device: torch.device) -> int:
+    """The fewest splits (a power of two) whose grid fills the SMs in whole waves to >= 85%: one CTA
+    fits per SM (224 KB of shared memory), so a partial last wave idles SMs, while extra splits cost
+    partial writes and a combine. No split under MIN_SPLIT_TOKENS tokens. Host-only."""
+    sms = num_sms(device)
+    cap = max(1, min(MAX_SPLITS, -(-max_tokens // MIN_SPLIT_TOKENS)))
+    base = max(1, batch * head_blocks)
+    best, best_eff = 1, 0.0
+    s = 1
+    while s <= cap:
+        ctas = base * s
+        eff = ctas / (-(-ctas // sms) * sms)
+        if eff >= 0.85:
+            return s
+        if eff > best_eff + 1e-9:
+            best, best_eff = s, eff
+        s *= 2
+    return best
+
+
+@functools.cache
+def _kernel(
+    num_heads: int,
+    d_v: int,
+    d_pe: int,
+    dtype: str,
+    table_dtype: str,
+    rows_dtype: str,
+    lens_dtype: str,
+    page: int,
+    split: bool,
+    sm_scale: float,
+):
+    """Compile one variant (see the module doc). `sm_scale` is the softmax scale times log2(e)."""
+    import tilelang
+    import tilelang.language as T
+
+    assert d_v % 128 == 0 and d_pe % 8 == 0 and d_pe <= 64, (d_v, d_pe)
+    dim = d_v + d_pe
+    half = d_v // 2  # each consumer warpgroup owns half of the output columns
+    head_blocks = -(-num_heads // BLOCK_H)
+    valid_h = min(BLOCK_H, num_heads)
+    accum = "float32"
+
+    batch = T.dynamic("batch")
+    num_slots = T.dynamic("num_slots")
+    table_rows = T.dynamic("table_rows")
+    table_width = T.dynamic("table_width")
+    num_splits = T.dynamic("num_splits") if split else 1
+
+    @T.macro
+    def produce(KV, Table, row, slots, kv_l, kv_r, k_tail, ready, free, tile_start, last, parity, tx):
+        """Producer warpgroup: gather 64 tokens into one KV buffer (8 threads per token row)."""
+        p = tx - 256
+        lane_row = p // 8
+        lane_col = (p % 8) * 8
+        # Look the slots up before waiting for the buffer, so the table reads' latency hides under the
+        # wait (the wait is a memory barrier the compiler will not hoist the loads across).
+        for r in T.unroll(BLOCK_N // 16):
+            pos = T.min(tile_start + r * 16 + lane_row, last)  # past the end: the last token again
+            slots[r] = T.cast(Table[row, pos // page], "int64") * page + T.cast(pos % page, "int64")
+        T.barrier_wait(free[0], parity ^ 1)  # both consumers are done with this buffer's last tile
+        for r in T.unroll(BLOCK_N // 16):
+            t_row = r * 16 + lane_row
+            for u in T.unroll(half // 64):  # 16 B per cp.async, no bounds check (slots are the caller's)
+                T.ptx_cp_async(
+                    T.access_ptr(kv_l[t_row, 64 * u + lane_col], "w", 8),
+                    T.access_ptr(KV[slots[r], 64 * u + lane_col], "r", 8),
+                    8,
+                )
+                T.ptx_cp_async(
+                    T.access_ptr(kv_r[t_row, 64 * u + lane_col], "w", 8),
+                    T.access_ptr(KV[slots[r], half + 64 * u + lane_col], "r", 8),
+                    8,
+                )
+            if lane_col < d_pe:
+                T.ptx_cp_async(
+                    T.access_ptr(k_tail[t_row, lane_col], "w", 8),
+                    T.access_ptr(KV[slots[r], d_v + lane_col], "r", 8),
+                    8,
+                )
+        T.cp_async_barrier_noinc(ready[0])  # arrives once this thread's copies have landed
+
+    @T.macro
+    def score_tile(
+        Q_l, Q_r, Q_tail, kv_l, kv_r, k_tail, S_shared, alpha_shared, acc_s, acc_o_l,
+        m_i, m_prev, alpha, sumexp, sumexp_i, ready, parity, tile_start, end,
+    ):  # fmt: skip
+        """WG0, one tile: S = Q K^T, online softmax, P and alpha to shared, O_left += P V_left."""
+        T.barrier_wait(ready[0], parity)
+        # masked scores start at -inf and stay there (wgmma accumulates into acc_s)
+        for h_i, n_i in T.Parallel(BLOCK_H, BLOCK_N):
+            acc_s[h_i, n_i] = T.if_then_else(tile_start + n_i < end, 0, -T.infinity(accum))
+        T.wgmma_gemm(Q_l, kv_l, acc_s, transpose_B=True)
+        T.wgmma_gemm(Q_r, kv_r, acc_s, transpose_B=True)
+        T.wgmma_gemm(Q_tail, k_tail, acc_s, transpose_B=True)
+        T.wait_wgmma(0)
+        T.copy(m_i, m_prev)
+        T.reduce_max(acc_s, m_i, dim=1, clear=False)  # running max of the raw scores
+        for h_i in T.Parallel(BLOCK_H):
+            alpha[h_i] = T.exp2((m_prev[h_i] - m_i[h_i]) * sm_scale)
+        for h_i, n_i in T.Parallel(BLOCK_H, BLOCK_N):
+            acc_s[h_i, n_i] = T.exp2(acc_s[h_i, n_i] * sm_scale - m_i[h_i] * sm_scale)
+        T.reduce_sum(acc_s, sumexp_i, dim=1)
+        for h_i in T.Parallel(BLOCK_H):
+            sumexp[h_i] = sumexp[h_i] * alpha[h_i] + sumexp_i[h_i]
+        for h_i, d_i in T.Parallel(BLOCK_H, half):
+            acc_o_l[h_i, d_i] *= alpha[h_i]
+
+    @T.macro
+    def publish_and_accumulate(acc_s, S_shared, alpha, alpha_shared, kv_l, acc_o_l, sS_ready, free):
+        T.copy(alpha, alpha_shared)
+        T.copy(acc_s, S_shared)
+        T.gemm(S_shared, kv_l, acc_o_l)
+        T.barrier_arrive(sS_ready)
+        T.barrier_arrive(free[0])
+
+    @T.macro
+    def accumulate_right(S_shared, alpha_shared, kv_r, acc_o_r, sS_ready, sS_free, free, parity, last_tile):
+        """WG1, one tile: wait for P, rescale O_right, O_right += P V_right."""
+        T.barrier_arrive(sS_ready)
+        T.barrier_wait(sS_ready, parity)
+        for h_i, d_i in T.Parallel(BLOCK_H, half):
+            acc_o_r[h_i, d_i] *= alpha_shared[h_i]
+        T.gemm(S_shared, kv_r, acc_o_r)
+        T.barrier_arrive(free[0])
+        if not last_tile:
+            T.barrier_arrive(sS_free)
+
+    @T.macro
+    def attend(Q, KV, Table, Rows, SeqLens, Out, Lse, MidO, MidLse):
+        with T.Kernel(head_blocks, batch, num_splits, threads=384) as (hb, bid, sid):
+            Q_l = T.alloc_shared([BLOCK_H, half], dtype)
+            Q_r = T.alloc_shared([BLOCK_H, half], dtype)
+            Q_tail = T.alloc_shared([BLOCK_H, d_pe], dtype)
+            kv0_l = T.alloc_shared([BLOCK_N, half], dtype)
+            kv0_r = T.alloc_shared([BLOCK_N, half], dtype)
+            kv1_l = T.alloc_shared([BLOCK_N, half], dtype)
+            kv1_r = T.alloc_shared([BLOCK_N, half], dtype)
+            k0_tail = T.alloc_shared([BLOCK_N, d_pe], dtype)
+            k1_tail = T.alloc_shared([BLOCK_N, d_pe], dtype)
+            S_shared = T.alloc_shared([BLOCK_H, BLOCK_N], dtype)
+            alpha_shared = T.alloc_shared([BLOCK_H], accum)
+            inv_shared = T.alloc_shared([BLOCK_H], accum)
+            O_l = Q_l  # the output tile reuses Q's buffers once the last S is computed
+            O_r = Q_r
+
+            acc_s = T.alloc_fragment([BLOCK_H, BLOCK_N], accum)
+            acc_o_l = T.alloc_fragment([BLOCK_H, half], accum)
+            acc_o_r = T.alloc_fragment([BLOCK_H, half], accum)
+            m_i = T.alloc_fragment([BLOCK_H], accum)
+            m_prev = T.alloc_fragment([BLOCK_H], accum)
+            alpha = T.alloc_fragment([BLOCK_H], accum)
+            sumexp = T.alloc_fragment([BLOCK_H], accum)
+            sumexp_i = T.alloc_fragment([BLOCK_H], accum)
+            inv = T.alloc_fragment([BLOCK_H], accum)
+
+            ready0 = T.alloc_barrier(arrive_count=128)  # producer -> consumers: buffer 0 loaded
+            ready1 = T.alloc_barrier(arrive_count=128)
+            free0 = T.alloc_barrier(arrive_count=256)  # both consumers -> producer: buffer 0 free
+            free1 = T.alloc_barrier(arrive_count=256)
+            sS_ready = T.alloc_barrier(arrive_count=256)  # WG0 -> WG1: P and alpha are in shared
+            sS_free = T.alloc_barrier(arrive_count=256)  # WG1 -> WG0: done reading them
+            done = T.alloc_barrier(arrive_count=128)  # WG0 -> WG1: 1 / sum is in shared
+
+            row = T.cast(Rows[bid], "int64")
+            seq_len = T.cast(SeqLens[bid], "int32")
+            # split boundaries on tile multiples; a split past the row's end gets no tiles
+            per_split = T.ceildiv(T.ceildiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+            start = sid * per_split
+            end = T.min(start + per_split, seq_len)
+            num_tiles = T.ceildiv(T.max(end - start, 0), BLOCK_N)
+            num_pairs = T.ceildiv(num_tiles, 2)  # two buffers: tiles go in pairs (an odd one pads)
+            h0 = hb * BLOCK_H
+            tx = T.get_thread_binding()
+
+            if tx < 128:
+                T.set_max_nreg(240, 1)
+                # Q into shared (rows past the heads zeroed: padded heads give finite junk rows)
+                for h_i, d_i in T.Parallel(BLOCK_H, half):
+                    Q_l[h_i, d_i] = T.if_then_else(h0 + h_i < num_heads, Q[bid, h0 + h_i, d_i], 0)
+                for h_i, d_i in T.Parallel(BLOCK_H, half):
+                    Q_r[h_i, d_i] = T.if_then_else(h0 + h_i < num_heads, Q[bid, h0 + h_i, half + d_i], 0)
+                for h_i, d_i in T.Parallel(BLOCK_H, d_pe):
+                    Q_tail[h_i, d_i] = T.if_then_else(h0 + h_i < num_heads, Q[bid, h0 + h_i, d_v + d_i], 0)
+                T.fill(sumexp, 0)
+                T.fill(m_i, -(2**30))  # finite: exp2(m_prev - m_new) must not be inf - inf
+                T.fill(acc_o_l, 0)
+                for i_i in T.serial(num_pairs):
+                    # tile 2 i_i in buffer 0
+                    score_tile(
+                        Q_l, Q_r, Q_tail, kv0_l, kv0_r, k0_tail, S_shared, alpha_shared, acc_s, acc_o_l,
+                        m_i, m_prev, alpha, sumexp, sumexp_i, ready0, i_i & 1, start + (2 * i_i) * BLOCK_N, end,
+                    )  # fmt: skip
+                    if i_i != 0:  # WG1 has finished reading the previous P
+                        T.barrier_arrive(sS_free)
+                        T.barrier_wait(sS_free, 1)
+                    publish_and_accumulate(
+                        acc_s, S_shared, alpha, alpha_shared, kv0_l, acc_o_l, sS_ready, free0
+                    )
+                    # tile 2 i_i + 1 in buffer 1
+                    score_tile(
+                        Q_l, Q_r, Q_tail, kv1_l, kv1_r, k1_tail, S_shared, alpha_shared, acc_s, acc_o_l,
+                        m_i, m_prev, alpha, sumexp, sumexp_i, ready1, i_i & 1, start + (2 * i_i + 1) * BLOCK_N,
+                        end,
+                    )  # fmt: skip
+                    T.barrier_arrive(sS_free)
+                    T.barrier_wait(sS_free, 0)
+                    publish_and_accumulate(
+                        acc_s, S_shared, alpha, alpha_shared, kv1_l, acc_o_l, sS_ready, free1
+                    )
+                # an empty split (row shorter than the split start) has sum 0: output 0, LSE -inf
+                for h_i in T.Parallel(BLOCK_H):
+                    inv[h_i] = T.if_then_else(sumexp[h_i] > 0, 1.0 / sumexp[h_i], 0)
+                T.copy(inv, inv_shared)
+                T.barrier_arrive(done)
+                for h_i in T.Parallel(BLOCK_H):
+                    if h_i < valid_h:
+                        lse2 = T.if_then_else(
+                            sumexp[h_i] > 0, T.log2(sumexp[h_i]) + m_i[h_i] * sm_scale, -T.infinity(accum)
+                        )
+                        if split:
+                            MidLse[bid, h0 + h_i, sid] = lse2
+                        else:
+                            Lse[bid, h0 + h_i] = lse2 * LN2
+                if split:
+                    for h_i, d_i in T.Parallel(BLOCK_H, half):
+                        if h_i < valid_h:
+                            MidO[bid, h0 + h_i, sid, d_i] = acc_o_l[h_i, d_i] * inv[h_i]
+                else:
+                    for h_i, d_i in T.Parallel(BLOCK_H, half):
+                        acc_o_l[h_i, d_i] *= inv[h_i]
+                    T.copy(acc_o_l, O_l)
+                    for h_i, d_i in T.Parallel(BLOCK_H, half):
+                        if h_i < valid_h:
+                            Out[bid, h0 + h_i, d_i] = O_l[h_i, d_i]
+            elif tx < 256:
+                T.set_max_nreg(168, 1)
+                T.fill(acc_o_r, 0)
+                for i_i in T.serial(num_pairs):
+                    accumulate_right(
+                        S_shared, alpha_shared, kv0_r, acc_o_r, sS_ready, sS_free, free0, 0, False
+                    )
+                    accumulate_right(
+                        S_shared,
+                        alpha_shared,
+                        kv1_r,
+                        acc_o_r,
+                        sS_ready,
+                        sS_free,
+                        free1,
+                        1,
+                        i_i == num_pairs - 1,
+                    )
+                T.barrier_wait(done, 0)
+                if split:
+                    for h_i, d_i in T.Parallel(BLOCK_H, half):
+                        if h_i < valid_h:
+                            MidO[bid, h0 + h_i, sid, half + d_i] = acc_o_r[h_i, d_i] * inv_shared[h_i]
+                else:
+                    for h_i, d_i in T.Parallel(BLOCK_H, half):
+                        acc_o_r[h_i, d_i] *= inv_shared[h_i]
+                    T.copy(acc_o_r, O_r)
+                    for h_i, d_i in T.Parallel(BLOCK_H, half):
+                        if h_i < valid_h:
+                            Out[bid, h0 + h_i, half + d_i] = O_r[h_i, d_i]
+            else:
+                T.set_max_nreg(72, 0)
+                last = T.max(end - 1, 0)
+                slots = T.alloc_local([BLOCK_N // 16], "int64")
+                for i_i in T.serial(num_pairs):
+                    produce(KV, Table, row, slots, kv0_l, kv0_r, k0_tail, ready0, free0,
+                            start + (2 * i_i) * BLOCK_N, last, i_i & 1, tx)  # fmt: skip
+                    produce(KV, Table, row, slots, kv1_l, kv1_r, k1_tail, ready1, free1,
+                            start + (2 * i_i + 1) * BLOCK_N, last, i_i & 1, tx)  # fmt: skip
+
+    @T.macro
+    def combine(MidO, MidLse, Out, Lse):
+        """Merge the splits of one (row, head): weights exp2(lse_s - max), 4 columns a thread."""
+        with T.Kernel(num_heads, batch, threads=d_v // 4) as (h, bid):
+            tx = T.get_thread_binding()
+            top = T.alloc_var(accum, init=-T.infinity(accum))
+            total = T.alloc_var(accum, init=0)
+            acc = T.alloc_local([4], accum)
+            for s in T.serial(num_splits):
+                top = T.max(top, MidLse[bid, h, s])
+            base = T.if_then_else(top > -T.infinity(accum), top, 0)
+            for s in T.serial(num_splits):
+                total += T.exp2(MidLse[bid, h, s] - base)
+            for v in T.vectorized(4):
+                acc[v] = 0
+            for s in T.serial(num_splits):
+                w = T.exp2(MidLse[bid, h, s] - base)
+                for v in T.vectorized(4):
+                    acc[v] += w * MidO[bid, h, s, tx * 4 + v]
+            scale_out = T.if_then_else(total > 0, 1.0 / total, 0)
+            for v in T.vectorized(4):
+                Out[bid, h, tx * 4 + v] = acc[v] * scale_out
+            if tx == 0:
+                Lse[bid, h] = T.if_then_else(total > 0, (T.log2(total) + base) * LN2, -T.infinity(accum))
+
+    if split:
+
+        @T.prim_func
+        def mla_decode_split(
+            Q: T.Tensor([batch, num_heads, dim], dtype),
+            KV: T.Tensor([num_slots, dim], dtype),
+            Table: T.Tensor([table_rows, table_width], table_dtype),
+            Rows: T.Tensor([batch], rows_dtype),
+            SeqLens: T.Tensor([batch], lens_dtype),
+            MidO: T.Tensor([batch, num_heads, num_splits, d_v], accum),
+            MidLse: T.Tensor([batch, num_heads, num_splits], accum),
+            Out: T.Tensor([batch, num_heads, d_v], dtype),
+            Lse: T.Tensor([batch, num_heads], accum),
+        ):
+            attend(Q, KV, Table, Rows, SeqLens, Out, Lse, MidO, MidLse)
+            combine(MidO, MidLse, Out, Lse)
+
+        func = mla_decode_split
+    else:
+
+        @T.prim_func
+        def mla_decode_direct(
+            Q: T.Tensor([batch, num_heads, dim], dtype),
+            KV: T.Tensor([num_slots, dim], dtype),
+            Table: T.Tensor([table_rows, table_width], table_dtype),
+            Rows: T.Tensor([batch], rows_dtype),
+            SeqLens: T.Tensor([batch], lens_dtype),
+            Out: T.Tensor([batch, num_heads, d_v], dtype),
+            Lse: T.Tensor([batch, num_heads], accum),
+        ):
+            attend(Q, KV, Table, Rows, SeqLens, Out, Lse, None, None)
+
+        func = mla_decode_direct
+
+    return tilelang.compile(func, target="cuda", pass_configs=PASS_CONFIGS)
+
+
+PASS_CONFIGS = {"tl.enable_fast_math": True}
+
+
+def mla_decode_paged(
+    q: torch.Tensor,
+    pool: torch.Tensor,
+    table: torch.Tensor,
+    rows: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    kv_lora_rank: int,
+    page: int,
+    num_splits: int | None = None,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The launcher, `triton.mla_decode_paged`'s contract: q [B, Hq, D]; pool [slots, D]; token pos of
+    row r lives in slot `table[r, pos // page] * page + pos % page`. Returns (out [B, Hq, r] in q's
+    dtype, lse [B, Hq] float32 natural log). What `supported` does not cover runs the Triton kernel."""
+    batch, num_heads, dim = q.shape
+    d_pe = dim - kv_lora_rank
+    if not supported(q, kv_lora_rank):  # e.g. float32 tests: the Triton kernel takes any shape
+        from runtime.gpu.kernels.mla_decode import triton
+
+        return triton.mla_decode_paged(
+            q, pool, table, rows, seq_lens, scale, kv_lora_rank, page, num_splits, out, lse
+        )  # fmt: skip
+    assert pool.shape[-1] == dim and pool.dtype == q.dtype, (q.shape, pool.shape, pool.dtype)
+    assert pool.is_contiguous(), "the latent pool is indexed densely (a [slots, D] view)"
+    q, table = q.contiguous(), table.contiguous()  # no-ops for the engine's tensors
+    out = q.new_empty(batch, num_heads, kv_lora_rank) if out is None else out
+    lse = torch.empty(batch, num_heads, dtype=torch.float32, device=q.device) if lse is None else lse
+    assert out.is_contiguous() and lse.is_contiguous()
+    if batch == 0:
+        return out, lse
+    head_blocks = -(-num_heads // BLOCK_H)
+    if num_splits is None:
+        num_splits = choose_num_splits(batch, head_blocks, table.shape[1] * page, q.device)
+    split = num_splits > 1
+    kernel = _kernel(
+        num_heads, kv_lora_rank, d_pe, _TL_DTYPE[q.dtype], _TL_DTYPE[table.dtype], _TL_DTYPE[rows.dtype],
+        _TL_DTYPE[seq_lens.dtype], page, split, float(scale * LOG2E),
+    )  # fmt: skip
+    if split:
+        mid_o = torch.empty(batch, num_heads, num_splits, kv_lora_rank, dtype=torch.float32, device=q.device)
+        mid_lse = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=q.device)
+        kernel(q, pool, table, rows, seq_lens, mid_o, mid_lse, out, lse)
+    else:
+        kernel(q, pool, table, rows, seq_lens, out, lse)
+    return out, lse
+
+
+def mla_decode(
+    q: torch.Tensor,
+    latent_pool: torch.Tensor,
+    req_to_token: torch.Tensor,
+    rows: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    kv_lora_rank: int = 512,
+    num_splits: int | None = None,
+    out: torch.Tensor | None = None,
+    return_lse: bool = False,
+):
+    """Same contract as `reference.mla_decode` (req_to_token is the page-1 table). `num_splits` None:
+    chosen on the host from the batch and req_to_token's width (no sync); fix it under CUDA graphs."""
+    o, lse = mla_decode_paged(
+        q, pool_2d(latent_pool), req_to_token, rows, seq_lens, scale, kv_lora_rank, 1, num_splits, out
+    )
+    return (o, lse) if return_lse else o

@@ -1,0 +1,56 @@
+"""The TileLang MLA decode kernel's host side, on the CPU: where it sits in the registry, when it is
+available, and how many KV splits the launcher picks (the kernel itself is tested on CUDA in
+tests/gpu/test_kernels_mla.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runtime.gpu.kernels import registry
+from runtime.gpu.kernels.mla_decode import tilelang as tl
+
+
+def test_tilelang_comes_after_flash_mla_and_before_triton() -> None:
+    names = [i.name for i in registry.implementations("mla_decode")]
+    assert names == ["flash_mla", "tilelang", "triton", "reference"]
+
+
+def test_tilelang_is_not_available_on_the_cpu() -> None:
+    impl = next(i for i in registry.implementations("mla_decode") if i.name == "tilelang")
+    assert not impl.available(torch.device("cpu"))
+    assert registry.select("mla_decode", "cpu").name == "reference"
+
+
+def test_tilelang_needs_an_importable_tilelang(monkeypatch) -> None:
+    monkeypatch.setattr(tl, "_importable", lambda: False)
+    monkeypatch.setattr(tl, "_hopper", lambda device: True)
+    assert not tl.available(torch.device("cuda"))
+    monkeypatch.setattr(tl, "_importable", lambda: True)
+    assert tl.available(torch.device("cuda"))
+
+
+@pytest.mark.parametrize(
+    ("batch", "head_blocks", "max_tokens", "want"),
+    [
+        (64, 2, 32768, 1),  # 128 CTAs on 132 SMs: one wave is 97% full
+        (128, 1, 4096, 1),
+        (128, 2, 1024, 1),  # 256 CTAs: two waves, 97%
+        (8, 2, 3007, 8),  # 16 CTAs -> 128
+        (1, 2, 32768, 64),  # 2 CTAs -> 128
+        (1, 2, 300, 2),  # no split under 256 tokens
+        (40, 2, 8192, 8),  # 80 CTAs (61%) -> 160 (61%) -> 320 (81%) -> 640 (97%): the first >= 85%
+    ],
+)
+def test_split_count_fills_the_sms_in_whole_waves(monkeypatch, batch, head_blocks, max_tokens, want) -> None:
+    monkeypatch.setattr(tl, "num_sms", lambda device: 132)
+    got = tl.choose_num_splits(batch, head_blocks, max_tokens, torch.device("cuda"))
+    assert got == want
+
+
+def test_unsupported_dtypes_are_not_the_kernels() -> None:
+    q = torch.zeros(1, 16, 576)
+    assert not tl.supported(q, 512)  # float32
+    assert tl.supported(q.to(torch.bfloat16), 512)
+    assert not tl.supported(q.to(torch.bfloat16)[..., :516], 512)  # rope 4: not a 16-byte copy
+    assert not tl.supported(q.to(torch.bfloat16)[..., :320], 256 + 8)  # d_v not a multiple of 128
