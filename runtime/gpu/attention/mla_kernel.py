@@ -5,7 +5,7 @@ Per decode row: q_lat = q_nope W_UK (per head, into the latent space), the kerne
 over the row's latent slots (keys are whole rows, values their first kv_lora_rank dims), and W_UV maps
 the result back to v_head_dim. The kernel reads the slots through req_to_token and each row's length
 on the device, so under CUDA graphs the only host-side choice, the split count, is fixed per bucket
-from `max_seq_len`."""
+(from the batch size and req_to_token's width); eager steps choose it from their longest row."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from runtime.gpu.forward_batch import ForwardBatch
 from runtime.gpu.kernels import registry
 from runtime.gpu.kernels.common import choose_num_splits
 
-HEAD_BLOCK = 16  # q heads per program of the Triton kernel: the split count is chosen per head block
+HEAD_BLOCK = 16  # q heads per program of the Triton kernel: eager steps choose splits per head block
 
 
 @dataclass
@@ -29,7 +29,7 @@ class _Meta:
     decode_all: bool  # every token is a decode token, in row order: no gather/scatter
     rows: torch.Tensor | None  # [B] req_to_token rows of the decode rows
     seq_lens: torch.Tensor | None  # [B] their lengths including the new token
-    num_splits: int = 1
+    num_splits: int | None = None  # None: the kernel picks it from the table width (host-side, fixed)
     prefills: list[_Prefill] = field(default_factory=list)
 
 
@@ -58,7 +58,7 @@ class MLAKernelBackend(TorchMLABackend):
             elif length > 1:
                 prefills.append(self._prefill(batch, row, start, length, prefix))
             start += length
-        meta = _Meta(None, False, None, None, 1, prefills)
+        meta = _Meta(None, False, None, None, None, prefills)
         if dec_tok:
             host = torch.tensor([dec_tok, dec_rows, dec_lens], dtype=torch.int64)
             meta.decode_tokens, meta.rows, meta.seq_lens = host.to(device, non_blocking=True).unbind(0)
@@ -67,10 +67,10 @@ class MLAKernelBackend(TorchMLABackend):
         batch.attn_meta = meta
 
     def prepare_decode_graph(self, batch: ForwardBatch, seq_lens: torch.Tensor, max_seq_len: int) -> None:
-        device = batch.input_ids.device
-        self._bind(device)
-        splits = self._splits(batch.rows.shape[0], max_seq_len, device)
-        batch.attn_meta = _Meta(None, True, batch.rows, seq_lens, splits)
+        """The split count is left to the kernel: each implementation derives it on the host from the
+        batch, its own head block and req_to_token's width (max_model_len), so it is fixed per bucket."""
+        self._bind(batch.input_ids.device)
+        batch.attn_meta = _Meta(None, True, batch.rows, seq_lens, None)
 
     def forward_mla(
         self,
