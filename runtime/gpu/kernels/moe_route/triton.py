@@ -40,7 +40,8 @@ def _route(
     choice = s
     if HAS_BIAS:
         choice = s + tl.load(Bias + expert, mask=valid, other=0.0)
-    choice = tl.where(valid, choice, float("-inf"))
+    # NaN scores (diverged dummy weights) rank lowest, and every id stays < E: a bad id would fault later
+    choice = tl.where(valid & (choice == choice), choice, float("-inf"))
     if NUM_GROUPS > 1:
         top1 = tl.max(choice, 1)
         if HAS_BIAS:  # the sum of each group's two best
@@ -63,7 +64,9 @@ def _route(
     big = G_PAD * GROUP_SIZE + GS_PAD
     for i in tl.static_range(TOP_K):
         best = tl.max(tl.max(choice, 1), 0)
-        pick = tl.min(tl.min(tl.where(choice == best, expert, big), 1), 0)
+        pick = tl.minimum(
+            tl.min(tl.min(tl.where(choice == best, expert, big), 1), 0), NUM_GROUPS * GROUP_SIZE - 1
+        )
         hit = expert == pick
         ids = tl.where(slots == i, pick.to(tl.int64), ids)
         w = tl.where(slots == i, tl.sum(tl.sum(tl.where(hit, s, 0.0), 1), 0), w)
