@@ -17,7 +17,7 @@ from runtime.gpu.kernels.decode_attention import triton as kernel
 from runtime.gpu.kernels.decode_attention.reference import decode_attention as reference
 from runtime.gpu.kernels.testing import paged_case
 
-SHAPES = [(256, 1024, (1, 2)), (64, 4096, (1, 2, 4)), (1, 1024, (4, 8, 16, 32, 64))]  # (B, context, splits)
+SHAPES = [(256, 1024, (1, 2)), (64, 4096, (1, 2, 4))]  # (B, context, splits); batch 1: --graph --batch-sizes 1
 
 
 GRAPH_CALLS = 32
@@ -39,22 +39,38 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--graph", action="store_true", help="time inside a CUDA graph (small batches)")
     parser.add_argument("--batch-sizes", default=None, help="e.g. 1,8: only these shapes")
+    parser.add_argument("--kv-dtype", choices=("bf16", "fp8"), default="bf16", help="KV pool dtype")
     args_cli = parser.parse_args()
     shapes = SHAPES
     if args_cli.batch_sizes:
         wanted = {int(b) for b in args_cli.batch_sizes.split(",")}
         shapes = [(b, 1024, (2, 4, 8, 16, 32)) for b in sorted(wanted)]
     bench = graph_time_ms if args_cli.graph else (lambda fn: triton.testing.do_bench(fn, rep=40))
-    defaults = (kernel.BLOCK_N, kernel.NUM_WARPS, kernel.NUM_STAGES)
+    fp8 = args_cli.kv_dtype == "fp8"
+    size = 1 if fp8 else 2
+    defaults = kernel.LAUNCH[size]
     for batch, ctx, splits in shapes:
-        case = paged_case([ctx - 1] * batch, [1] * batch, 32, 8, 128, torch.bfloat16, "cuda", q_strided=False)
+        kv_dtype = torch.float8_e4m3fn if fp8 else None
+        case = paged_case(
+            [ctx - 1] * batch,
+            [1] * batch,
+            32,
+            8,
+            128,
+            torch.bfloat16,
+            "cuda",
+            q_strided=False,
+            kv_dtype=kv_dtype,
+        )
         args = case.decode_args()
         want = reference(*args).float()
-        kv_bytes = 2 * batch * ctx * 8 * 128 * 2
+        kv_bytes = 2 * batch * ctx * 8 * 128 * size
         results = []
         grid = ((32, 64), (2, 4), (1, 2, 4)) if args_cli.graph else ((32, 64, 128), (4, 8), (2, 3, 4))
+        if fp8 and not args_cli.graph:
+            grid = ((64, 128, 256), (4, 8), (2, 3, 4))
         for (bn, warps, stages), sp in itertools.product(itertools.product(*grid), splits):
-            kernel.BLOCK_N, kernel.NUM_WARPS, kernel.NUM_STAGES = bn, warps, stages
+            kernel.LAUNCH[size] = (bn, warps, stages)
             err = (kernel.decode_attention(*args, num_splits=sp).float() - want).abs().max().item()
             ms = bench(lambda sp=sp, args=args: kernel.decode_attention(*args, num_splits=sp))
             results.append((ms, bn, warps, stages, sp, err))
@@ -64,7 +80,7 @@ def main() -> None:
                 f"B={batch} ctx={ctx} BLOCK_N={bn} warps={warps} stages={stages} splits={sp}: "
                 f"{ms * 1e3:.1f} us, {kv_bytes / ms / 1e6:.0f} GB/s, max err {err:.1e}"
             )
-    kernel.BLOCK_N, kernel.NUM_WARPS, kernel.NUM_STAGES = defaults
+    kernel.LAUNCH[size] = defaults
 
 
 if __name__ == "__main__":

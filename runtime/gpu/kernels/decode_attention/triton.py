@@ -14,9 +14,10 @@ import triton.language as tl
 from runtime.gpu.kernels.common import LOG2E, choose_num_splits, dot_precision, next_pow2
 from runtime.gpu.kernels.triton_utils import dot_f32, dot_operand
 
-BLOCK_N = 64  # KV tokens per inner step
-NUM_WARPS = 4
-NUM_STAGES = 4  # swept on the H200: 20-22% faster than 2 at B=64-256, 1K-4K contexts (docs/PERF.md)
+# (KV tokens per inner step, warps, pipeline stages) by the KV pool's bytes per value. 16-bit: swept on
+# the H200, 4 stages 20-22% faster than 2 at B=64-256, 1K-4K contexts (docs/PERF.md). An fp8 pool
+# (--kv-cache-dtype fp8_e4m3) moves half the bytes per token: a step covers more tokens for the same tile.
+LAUNCH = {4: (64, 4, 4), 2: (64, 4, 4), 1: (128, 4, 4)}
 
 
 @triton.jit
@@ -133,6 +134,7 @@ def decode_attention(
         num_splits = choose_num_splits(batch, num_kv_heads, req_to_token.shape[1], q.device)
     group = num_q_heads // num_kv_heads
     block_d = next_pow2(head_dim)
+    block_n, num_warps, num_stages = LAUNCH[k_pool.element_size()]
     mid_o = torch.empty(batch, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(batch, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
     _stage1[(batch, num_kv_heads, num_splits)](
@@ -141,8 +143,8 @@ def decode_attention(
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
         req_to_token.stride(0),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_H=max(16, next_pow2(group)),
-        BLOCK_N=BLOCK_N, DOT_PREC=dot_precision(q.dtype), DOT_F32=dot_f32(q), num_warps=NUM_WARPS,
-        num_stages=NUM_STAGES,
+        BLOCK_N=block_n, DOT_PREC=dot_precision(q.dtype), DOT_F32=dot_f32(q), num_warps=num_warps,
+        num_stages=num_stages,
     )  # fmt: skip
     _stage2[(batch, num_q_heads)](
         mid_o, mid_lse, out, num_splits, out.stride(0), out.stride(1),
