@@ -147,9 +147,16 @@ class DeepseekV3DecoderLayer(nn.Module):
             DeepseekV3MLP(config.hidden_size, config.intermediate_size) if dense else DeepseekV3MoE(config)
         )
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, batch)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, batch: ForwardBatch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the last sublayer's output, not yet added to `residual` (None before the first layer); the
+        add is fused into the norm that follows it (as in Llama). Returns (this layer's FFN output,
+        residual): the layer's output is their sum."""
+        h, residual = (self.input_layernorm(x), x) if residual is None else self.input_layernorm(x, residual)
+        h = self.self_attn(h, positions, batch)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
 
 
 class SharedHead(nn.Module):
@@ -175,7 +182,7 @@ class DeepseekV3MTPLayer(DeepseekV3DecoderLayer):
         self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:
         x = self.eh_proj(torch.cat([self.enorm(embeds), self.hnorm(hidden)], dim=-1))
-        return self.shared_head.norm(super().forward(x, positions, batch))
+        return self.shared_head.norm(*super().forward(x, None, positions, batch))[0]
 
 
 class DeepseekV3Model(nn.Module):
@@ -191,10 +198,10 @@ class DeepseekV3Model(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
+        x, residual = self.embed_tokens(input_ids), None
         for layer in self.layers[: self.num_layers]:
-            x = layer(x, positions, batch)
-        return self.norm(x)
+            x, residual = layer(x, residual, positions, batch)
+        return self.norm(x, residual)[0]
 
 
 class DeepseekV3ForCausalLM(nn.Module):
