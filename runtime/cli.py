@@ -12,55 +12,129 @@ from runtime.config import ServerConfig
 def add_engine_flags(p: argparse.ArgumentParser) -> None:
     d = ServerConfig()
     g = p.add_argument_group("model")
-    g.add_argument("--model", default=None,
-                   help="Hugging Face model directory (config.json + safetensors), or with --load-format dummy "
-                        "a preset name (llama-3.1-8b, llama-3.2-1b, deepseek-v4-flash). Default: the embedded "
-                        "SmolLM2-135M-Instruct, converted from its GGUF file on first use")
-    g.add_argument("--served-model-name", default=None, help="model id clients send (default: directory name)")
+    g.add_argument(
+        "--model",
+        default=None,
+        help="Hugging Face model directory (config.json + safetensors), or with --load-format dummy "
+        "a preset name (llama-3.1-8b, llama-3.2-1b, deepseek-v4-flash). Default: the embedded "
+        "SmolLM2-135M-Instruct, converted from its GGUF file on first use",
+    )
+    g.add_argument(
+        "--served-model-name", default=None, help="model id clients send (default: directory name)"
+    )
     g.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model directory)")
-    g.add_argument("--load-format", choices=["auto", "dummy"], default=d.load_format,
-                   help="`dummy`: random weights of the model's config, for performance work")
+    g.add_argument(
+        "--load-format",
+        choices=["auto", "dummy"],
+        default=d.load_format,
+        help="`dummy`: random weights of the model's config, for performance work",
+    )
     g.add_argument("--device", default=d.device, help="cpu | cuda | cuda:N")
-    g.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
-                   help="default: float32 on cpu, bfloat16 on cuda")
+    g.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        default=None,
+        help="default: float32 on cpu, bfloat16 on cuda",
+    )
+    g.add_argument(
+        "--kv-cache-dtype",
+        choices=["auto", "fp8_e4m3"],
+        default=d.kv_cache_dtype,
+        help="`auto`: the model's dtype; `fp8_e4m3`: half the KV bytes (scale 1.0, as SGLang/vLLM "
+        "without calibrated scales), Llama-family models",
+    )
     g.add_argument("--seed", type=int, default=d.seed, help="seed for random weights and unseeded sampling")
-    g.add_argument("--hf-overrides", "--json-model-override-args", dest="hf_overrides", type=_json_object,
-                   default=None, metavar="JSON",
-                   help="JSON object merged into the model's config.json, as vLLM's --hf-overrides / SGLang's "
-                        "--json-model-override-args; e.g. '{\"num_hidden_layers\": 8}' keeps the first 8 layers")
+    g.add_argument(
+        "--hf-overrides",
+        "--json-model-override-args",
+        dest="hf_overrides",
+        type=_json_object,
+        default=None,
+        metavar="JSON",
+        help="JSON object merged into the model's config.json, as vLLM's --hf-overrides / SGLang's "
+        "--json-model-override-args; e.g. '{\"num_hidden_layers\": 8}' keeps the first 8 layers",
+    )
     g = p.add_argument_group("limits")
-    g.add_argument("--max-model-len", type=int, default=None,
-                   help="context length (prompt + output); default: the model's, capped at 8192")
-    g.add_argument("--max-running-requests", type=int, default=d.max_running_requests,
-                   help="requests decoded together at most")
-    g.add_argument("--max-total-tokens", type=int, default=None,
-                   help="KV pool size in tokens (default: 32768 on cpu, 262144 on cuda)")
+    g.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="context length (prompt + output); default: the model's, capped at 8192",
+    )
+    g.add_argument(
+        "--max-running-requests",
+        type=int,
+        default=d.max_running_requests,
+        help="requests decoded together at most",
+    )
+    g.add_argument(
+        "--max-total-tokens",
+        type=int,
+        default=None,
+        help="KV pool size in tokens (default: 32768 on cpu, 262144 on cuda)",
+    )
     g.add_argument("--page-size", type=int, default=d.page_size, help="tokens per KV page")
-    g.add_argument("--chunked-prefill-size", type=int, default=d.chunked_prefill_size,
-                   help="token budget of one step (prefill chunks + decodes)")
-    g.add_argument("--max-queued-requests", type=int, default=d.max_queued_requests,
-                   help="waiting requests beyond which new ones get 429")
+    g.add_argument(
+        "--chunked-prefill-size",
+        type=int,
+        default=d.chunked_prefill_size,
+        help="token budget of one step (prefill chunks + decodes)",
+    )
+    g.add_argument(
+        "--max-queued-requests",
+        type=int,
+        default=d.max_queued_requests,
+        help="waiting requests beyond which new ones get 429",
+    )
     g = p.add_argument_group("scheduling")
-    g.add_argument("--schedule-policy", choices=["fcfs", "lpm"], default=d.schedule_policy,
-                   help="admission order: first come first served, or longest cached prefix first")
-    g.add_argument("--disable-overlap", action="store_true", help="plan each step only after the last one ended")
+    g.add_argument(
+        "--schedule-policy",
+        choices=["fcfs", "lpm"],
+        default=d.schedule_policy,
+        help="admission order: first come first served, or longest cached prefix first",
+    )
+    g.add_argument(
+        "--disable-overlap", action="store_true", help="plan each step only after the last one ended"
+    )
     g.add_argument("--disable-radix-cache", action="store_true", help="no prefix caching across requests")
-    g.add_argument("--swa-replay-tokens", type=int, default=None,
-                   help="DeepSeek-V4 prefix hits: tokens before the hit recomputed to rebuild the sliding-window "
-                        "and compressor state (SWA bounded replay; default: the model's sliding window)")
-    g.add_argument("--swa-replay-exact", action="store_true",
-                   help="DeepSeek-V4 prefix hits: replay from position 0, so a hit equals a cold run (slow; for "
-                        "checking the bounded replay)")
+    g.add_argument(
+        "--swa-replay-tokens",
+        type=int,
+        default=None,
+        help="DeepSeek-V4 prefix hits: tokens before the hit recomputed to rebuild the sliding-window "
+        "and compressor state (SWA bounded replay; default: the model's sliding window)",
+    )
+    g.add_argument(
+        "--swa-replay-exact",
+        action="store_true",
+        help="DeepSeek-V4 prefix hits: replay from position 0, so a hit equals a cold run (slow; for "
+        "checking the bounded replay)",
+    )
     g = p.add_argument_group("fast path")
-    g.add_argument("--disable-cuda-graph", action="store_true",
-                   help="run decode steps eagerly instead of replaying CUDA graphs (for comparison)")
-    g.add_argument("--cuda-graph-max-bs", type=int, default=None,
-                   help="largest decode batch captured as a CUDA graph (default: --max-running-requests)")
-    g.add_argument("--attention-backend", choices=["torch", "triton"], default=None,
-                   help="default: triton on cuda, torch (the reference) on cpu")
+    g.add_argument(
+        "--disable-cuda-graph",
+        action="store_true",
+        help="run decode steps eagerly instead of replaying CUDA graphs (for comparison)",
+    )
+    g.add_argument(
+        "--cuda-graph-max-bs",
+        type=int,
+        default=None,
+        help="largest decode batch captured as a CUDA graph (default: --max-running-requests)",
+    )
+    g.add_argument(
+        "--attention-backend",
+        choices=["torch", "triton"],
+        default=None,
+        help="default: triton on cuda, torch (the reference) on cpu",
+    )
     g = p.add_argument_group("placement")
-    g.add_argument("--placement", choices=["multiprocess", "single"], default=d.placement,
-                   help="actors in a frontend + an engine process, or all in this one")
+    g.add_argument(
+        "--placement",
+        choices=["multiprocess", "single"],
+        default=d.placement,
+        help="actors in a frontend + an engine process, or all in this one",
+    )
 
 
 def _json_object(text: str) -> dict:
@@ -82,16 +156,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="conduit", description="Conduit LLM inference server")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("serve", help="start the OpenAI-compatible HTTP server",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    s = sub.add_parser(
+        "serve",
+        help="start the OpenAI-compatible HTTP server",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     s.add_argument("--host", default="127.0.0.1", help="address to listen on")
     s.add_argument("--port", type=int, default=30000, help="port to listen on")
-    s.add_argument("--kernels", action="store_true",
-                   help="print which implementation each kernel op uses on --device, then exit")
+    s.add_argument(
+        "--kernels",
+        action="store_true",
+        help="print which implementation each kernel op uses on --device, then exit",
+    )
     add_engine_flags(s)
 
-    g = sub.add_parser("generate", help="generate offline (the same actors, no HTTP)",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    g = sub.add_parser(
+        "generate",
+        help="generate offline (the same actors, no HTTP)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     g.add_argument("prompt", nargs="+", help="prompt text(s)")
     g.add_argument("--chat", action="store_true", help="treat each prompt as a user chat message")
     g.add_argument("--max-tokens", type=int, default=64)

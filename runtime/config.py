@@ -16,6 +16,7 @@ class ServerConfig(msgspec.Struct, kw_only=True):
     load_format: str = "auto"  # "auto" | "dummy" (random weights; `model` may then be a preset name)
     device: str = "cpu"
     dtype: str | None = None  # default: float32 on cpu, bfloat16 on cuda
+    kv_cache_dtype: str = "auto"  # "auto" (the model's dtype) | "fp8_e4m3"
     seed: int = 0
     # merged into the model's config.json before it is read (vLLM's --hf-overrides), e.g.
     # {"num_hidden_layers": 8} to fit a cut-down DeepSeek-V4-Flash preset on one GPU

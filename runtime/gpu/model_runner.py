@@ -35,6 +35,7 @@ class RunnerConfig:
     model_path: str
     device: str = "cpu"
     dtype: str | None = None  # default float32 on cpu, bfloat16 on cuda
+    kv_cache_dtype: str = "auto"  # "auto": the model's dtype | "fp8_e4m3" (Llama-family paged pools)
     load_format: str = "auto"  # "auto" | "dummy"
     num_kv_slots: int = 16384  # including slot 0 (padding)
     max_reqs: int = 256  # rows of req_to_token; row 0 is padding, rows 1..max_reqs usable
@@ -61,6 +62,14 @@ def _resolve_dtype(cfg: RunnerConfig) -> torch.dtype:
     if not isinstance(dt, torch.dtype):
         raise ValueError(f"unknown dtype {cfg.dtype!r}")
     return dt
+
+
+def _resolve_kv_dtype(cfg: RunnerConfig, dtype: torch.dtype) -> torch.dtype:
+    if cfg.kv_cache_dtype == "auto":
+        return dtype
+    if cfg.kv_cache_dtype in ("fp8_e4m3", "fp8"):
+        return torch.float8_e4m3fn
+    raise ValueError(f"unknown kv_cache_dtype {cfg.kv_cache_dtype!r} (auto, fp8_e4m3)")
 
 
 def _eos_ids(model_path: Path, config) -> list[int]:
@@ -92,13 +101,18 @@ class ModelRunner:
         self.supports_prefix_cache: bool = getattr(self.model, "supports_prefix_cache", True)
 
         backend = cfg.attention_backend or default_backend(self.device)
+        self.kv_dtype = _resolve_kv_dtype(cfg, self.dtype)
         if hasattr(self.model, "make_kv_cache"):  # models with their own KV layout (MLA's latent cache)
+            if self.kv_dtype != self.dtype:
+                raise ValueError(
+                    f"--kv-cache-dtype {cfg.kv_cache_dtype} is supported for Llama-family models only"
+                )
             self.kv_cache = self.model.make_kv_cache(cfg.num_kv_slots, self.dtype, self.device)
             self.attn_backend = self.model.make_attention_backend(backend)
         else:
             n_layers, hd = self.config.num_hidden_layers, head_dim_of(self.config)
             n_kv = self.model.num_kv_heads
-            self.kv_cache = KVCache(n_layers, cfg.num_kv_slots, n_kv, hd, self.dtype, self.device)
+            self.kv_cache = KVCache(n_layers, cfg.num_kv_slots, n_kv, hd, self.kv_dtype, self.device)
             self.attn_backend = get_attention_backend(backend)(
                 self.config.num_attention_heads, n_kv, hd, scale=hd**-0.5
             )
@@ -145,7 +159,7 @@ class ModelRunner:
         if hasattr(self.model, "kv_bytes_per_token"):
             return self.model.kv_bytes_per_token(self.dtype)
         return KVCache.bytes_per_token(
-            self.config.num_hidden_layers, self.model.num_kv_heads, head_dim_of(self.config), self.dtype
+            self.config.num_hidden_layers, self.model.num_kv_heads, head_dim_of(self.config), self.kv_dtype
         )
 
     # ------------------------------------------------------------------ step
@@ -166,8 +180,9 @@ class ModelRunner:
             self.last_token[sample_rows_t] = result.tokens
             parts = [result.tokens, result.logprobs, result.top_ids, result.top_logprobs]
             copies = [None if t is None else t.to("cpu", non_blocking=True) for t in parts]
-        return PendingStep(plan.step, sample_rows, copies, result.top_counts, start, self._timing_event(), t0,
-                           self._t_ref)
+        return PendingStep(
+            plan.step, sample_rows, copies, result.top_counts, start, self._timing_event(), t0, self._t_ref
+        )
 
     def _timing_event(self) -> torch.cuda.Event | None:
         """A recorded CUDA event (None on CPU). The first one is the reference the step times count from,
@@ -259,6 +274,7 @@ class ModelRunner:
         )
         self.attn_backend.prepare(batch)
         return batch, last_idx_d, sample_rows_d
+
 
 def _check_plan(plan: StepPlan, cfg: RunnerConfig) -> None:
     """Host-side checks that turn a malformed plan into a clear error instead of a device fault."""

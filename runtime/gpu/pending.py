@@ -33,8 +33,9 @@ class PendingStep:
         if not self.rows:
             return StepOutput(self.step, [], [], forward_s=forward_s, gpu_start=gpu_start, gpu_end=gpu_end)
         tokens, logprobs, top_ids, top_lps = self.copies
-        out = StepOutput(self.step, self.rows, tokens.tolist(), forward_s=forward_s, gpu_start=gpu_start,
-                         gpu_end=gpu_end)
+        out = StepOutput(
+            self.step, self.rows, tokens.tolist(), forward_s=forward_s, gpu_start=gpu_start, gpu_end=gpu_end
+        )
         if logprobs is None:
             return out
         counts = self.top_counts or [0] * len(self.rows)

@@ -126,9 +126,7 @@ class Sampler:
         bans = [(i, t) for i, s in enumerate(states) if s.n_out < s.params.min_tokens for t in s.stop_ids]
         if bans:
             idx = torch.tensor(bans, dtype=torch.int64).to(logits.device, non_blocking=True)
-            logits = logits.index_put(
-                (idx[:, 0], idx[:, 1]), logits.new_full((), float("-inf"))
-            )
+            logits = logits.index_put((idx[:, 0], idx[:, 1]), logits.new_full((), float("-inf")))
         return logits
 
     def _sample(self, logits: torch.Tensor, params: torch.Tensor, states: list[_Row]) -> torch.Tensor:

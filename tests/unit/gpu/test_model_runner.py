@@ -94,3 +94,30 @@ def test_malformed_plan_is_a_clear_error(tiny):
         runner.execute(plan)
     with pytest.raises(ValueError, match="max_model_len"):
         runner.execute(pb.plan([1], [127], [2], [5, 6]))
+
+
+def test_fp8_kv_cache_halves_kv_bytes_and_stays_close_to_the_full_precision_cache(tmp_path):
+    """--kv-cache-dtype fp8_e4m3: pools in e4m3 (scale 1), read back upcast. A prefix reused from the
+    pool (second step) carries the rounding; logits stay near the float32-cache ones."""
+    path = tmp_path / "m"
+    save_tiny_llama(path, num_key_value_heads=2)
+    runners = {
+        kv: ModelRunner(
+            RunnerConfig(str(path), num_kv_slots=512, max_reqs=4, max_model_len=128, kv_cache_dtype=kv)
+        )
+        for kv in ("auto", "fp8_e4m3")
+    }
+    assert runners["fp8_e4m3"].kv_cache.k[0].dtype == torch.float8_e4m3fn
+    assert runners["fp8_e4m3"].kv_bytes_per_token() * 4 == runners["auto"].kv_bytes_per_token()  # vs float32
+    ids = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38]
+    logits = {}
+    for kv, runner in runners.items():
+        pb = PlanBuilder()
+        runner.forward_logits(pb.plan([1], [0], [6], ids[:6], added=[seq_start(1, ids)]))
+        logits[kv] = runner.forward_logits(pb.plan([1], [6], [4], ids[6:]))
+    diff = (logits["fp8_e4m3"] - logits["auto"]).abs().max().item()
+    assert 0 < diff < 0.1 * logits["auto"].abs().max().item()
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        ModelRunner(
+            RunnerConfig(str(path), num_kv_slots=64, max_reqs=2, max_model_len=32, kv_cache_dtype="int4")
+        )
