@@ -34,7 +34,9 @@ CONFIGS = {
 def tiny(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
     ref = save_tiny_deepseek_v4(path, seed=5, **CONFIGS[request.param])
-    runner = ModelRunner(RunnerConfig(str(path), num_kv_slots=1024, max_reqs=8, max_model_len=256))
+    runner = ModelRunner(
+        RunnerConfig(str(path), num_kv_slots=1024, max_reqs=8, max_model_len=256, cpu_threads=1)
+    )
     return ref, runner
 
 
