@@ -18,7 +18,6 @@ from collections.abc import Iterator
 
 import structlog
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from runtime.gpu import loader
@@ -116,7 +115,7 @@ class DeepseekV3MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(registry.get("silu_and_mul", x.device)(gate, up))
 
 
 class DeepseekV3MoE(nn.Module):
