@@ -319,6 +319,24 @@ def deepseek_workloads(ops: list[str], device: torch.device, small: bool) -> Ite
                 "moe_grouped_gemm", f"T={tokens} E={experts} N={n} K={k}", (x, w, offsets), {}, nbytes,
                 2 * tokens * n * k, tokens=tokens,
             )  # fmt: skip
+    if "fused_moe" in ops:  # DeepSeek-V2-Lite (64 experts, top-6) and V3 (256, top-8) routed experts
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        shapes = [(4, 8, 2, 64, 32)] if small else [
+            (t, e, k, d, i) for e, k, d, i in ((64, 6, 2048, 1408), (256, 8, 7168, 2048)) for t in (1, 64, 128, 4096)
+        ]  # fmt: skip
+        for tokens, experts, k, d, i in shapes:
+            x = torch.randn(tokens, d, device=device).to(dtype)
+            w13 = torch.empty(experts, 2 * i, d, device=device, dtype=dtype).normal_(0, d**-0.5)
+            w2 = torch.empty(experts, d, i, device=device, dtype=dtype).normal_(0, i**-0.5)
+            ids = torch.rand(tokens, experts, device=device).argsort(-1)[:, :k]
+            topk_w = torch.rand(tokens, k, device=device)
+            touched = ids.unique().numel()  # weight bytes of the experts the batch routes to
+            nbytes = (touched * 3 * d * i + 2 * tokens * d) * x.element_size()
+            yield Work(
+                "fused_moe", f"T={tokens} E={experts} k={k} D={d}", (x, w13, w2, topk_w, ids), {}, nbytes,
+                2 * tokens * k * 3 * d * i, tokens=tokens,
+            )  # fmt: skip
+            del w13, w2
 
 
 if __name__ == "__main__":
