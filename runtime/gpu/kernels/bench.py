@@ -225,7 +225,9 @@ def fp8_ceiling(device: torch.device, small: bool) -> float | None:
 def _cfg_label(c) -> str:
     if hasattr(c, "block_h"):
         return f"h{c.block_h}n{c.block_n}w{c.num_warps}s{c.num_stages}"
-    return f"{c.block_m}x{c.block_n}k{c.split_k}w{c.num_warps}s{c.num_stages}"
+    if hasattr(c, "split_k"):
+        return f"{c.block_m}x{c.block_n}k{c.split_k}w{c.num_warps}s{c.num_stages}"
+    return f"{c.block_m}x{c.block_n}x{c.block_k}w{c.num_warps}s{c.num_stages}"
 
 
 def _mla_sweep(w: Work) -> list:
@@ -261,7 +263,18 @@ def _fp8_sweep(w: Work) -> list:
     ]  # fmt: skip
 
 
-SWEEPS = {"mla_decode": _mla_sweep, "fp8_block_gemm": _fp8_sweep}
+def _moe_sweep(w: Work) -> list:
+    from runtime.gpu.kernels.fused_moe.triton import MoEConfig
+
+    small_m = ((16, 64, 128, 4, 4), (16, 32, 128, 4, 4), (16, 64, 64, 4, 5), (16, 128, 128, 4, 3),
+               (16, 64, 256, 4, 3), (16, 32, 256, 2, 4), (32, 64, 128, 4, 4))  # fmt: skip
+    large_m = ((64, 128, 64, 4, 3), (64, 128, 64, 4, 4), (128, 128, 64, 8, 3), (64, 256, 64, 8, 3),
+               (128, 128, 32, 4, 4), (64, 64, 128, 4, 3))  # fmt: skip
+    per_expert = w.args[4].numel() / w.args[1].shape[0]
+    return [MoEConfig(*c) for c in (small_m if per_expert <= 16 else large_m)]
+
+
+SWEEPS = {"mla_decode": _mla_sweep, "fp8_block_gemm": _fp8_sweep, "fused_moe": _moe_sweep}
 
 
 def deepseek_workloads(ops: list[str], device: torch.device, small: bool) -> Iterator[Work]:
