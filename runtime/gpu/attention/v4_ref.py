@@ -16,7 +16,7 @@ H - R (the row's state starts there), which is why bounded replay is close to, n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -103,6 +103,43 @@ class TorchV4Backend(AttentionBackend):
                 rows.append(_Row(row, start, length, prefix, prefix + rp, positions, table, cache.row(row)))
             start += length
         batch.attn_meta = rows
+
+    def narrow(self, batch: ForwardBatch, keep: list[int]) -> tuple[ForwardBatch, torch.Tensor]:
+        """The step cut to each row's last `keep[i]` tokens, for sliding-only layers that run on those
+        alone (decoder bounded replay, models/deepseek_v4.py). A cut row's window attention reads nothing
+        below its first kept token: its state view starts there, over the same ring, so the kept tokens'
+        keys land where later steps read them. Returns the cut batch and the kept tokens' step indices.
+        Not for layers with a compressor (a cut would skip the windows it must pool)."""
+        meta, rows, idx, start, out = iter(batch.attn_meta), [], [], 0, 0
+        for length, k in zip(batch.extend_lens, keep, strict=True):
+            if length:
+                r, cut = next(meta), length - k
+                state = replace(r.state, start=r.prefix + cut) if cut else r.state
+                positions = r.positions[cut:]
+                rows.append(
+                    replace(r, start=out, length=k, prefix=r.prefix + cut, positions=positions, state=state)
+                )
+                idx.extend(range(start + cut, start + length))
+                out += k
+            start += length
+        idx_t = torch.tensor(idx, dtype=torch.int64, device=batch.input_ids.device)
+        cuts = [n - k for n, k in zip(batch.extend_lens, keep, strict=True)]
+        replay = (
+            [max(0, rp - c) for rp, c in zip(batch.replay_lens, cuts, strict=True)]
+            if batch.replay_lens
+            else []
+        )
+        cut_batch = replace(
+            batch,
+            input_ids=batch.input_ids[idx_t],
+            positions=batch.positions[idx_t],
+            out_loc=batch.out_loc[idx_t],
+            prefix_lens=[p + c for p, c in zip(batch.prefix_lens, cuts, strict=True)],
+            extend_lens=list(keep),
+            replay_lens=replay,
+            attn_meta=rows,
+        )
+        return cut_batch, idx_t
 
     def forward(self, layer, q, k, v, batch, rope=None):  # noqa: ANN001 - the MHA entry point
         raise NotImplementedError("V4 layers call forward_v4")

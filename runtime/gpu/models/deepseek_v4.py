@@ -195,12 +195,40 @@ class DeepseekV4Model(nn.Module):
         self.layers = nn.ModuleList(layers)  # MTP blocks last, as `layers.{n + i}`
         self.hc_head = HyperHead(config.hc_mult, config.hidden_size, config.hc_eps, config.rms_norm_eps)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.window, self.replay_from = config.sliding_window, replay_start(config)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         h = self.embed_tokens(input_ids).unsqueeze(1).expand(-1, self.hc_mult, -1).contiguous()
-        for layer in self.layers[: self.num_layers]:
+        skipped = None
+        for i, layer in enumerate(self.layers[: self.num_layers]):
+            if i == self.replay_from and max(batch.extend_lens, default=0) > self.window:
+                # decoder bounded replay: the trailing sliding-only layers see each row's last `window`
+                # new tokens; the others keep their streams from here (their logits are never sampled)
+                batch, idx = batch.attn_backend.narrow(
+                    batch, [min(n, self.window) for n in batch.extend_lens]
+                )
+                skipped, h, input_ids, positions = h, h[idx], input_ids[idx], positions[idx]
             h = layer(h, input_ids, positions, batch)
+        if skipped is not None:
+            h = skipped.index_copy(0, idx, h)
         return self.norm(self.hc_head(h))
+
+
+def replay_start(config) -> int | None:
+    """First layer of the decoder-side bounded replay (opt-in: config `decoder_bounded_replay`, see
+    docs/deepseek_v4.md): the sliding-only layers after the last CSA / HCA layer. None when off, or
+    when no such layers exist (V4-Flash ends on CSA) or no layer compresses (the replay would then
+    forget everything before the window)."""
+    if not getattr(config, "decoder_bounded_replay", False):
+        return None
+    types = config.layer_types[: config.num_hidden_layers]
+    compressed = [i for i, t in enumerate(types) if t != "sliding_attention"]
+    if not compressed or compressed[-1] == len(types) - 1:
+        log.warning("decoder_bounded_replay_off", reason="no sliding-only layers after a compressed one")
+        return None
+    first = compressed[-1] + 1
+    log.info("decoder_bounded_replay", layers=f"{first}..{len(types) - 1}", window=config.sliding_window)
+    return first
 
 
 class DeepseekV4ForCausalLM(nn.Module):
