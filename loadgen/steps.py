@@ -18,6 +18,7 @@ Weights and KV are random (`--load-format dummy`), so only the timings mean anyt
 
 from __future__ import annotations
 
+import json
 import statistics
 import tempfile
 import time
@@ -38,6 +39,8 @@ def add_args(p) -> None:
     p.add_argument("--device", help="default: cuda if available, else cpu")
     p.add_argument("--dtype", help="default: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--kv-cache-dtype", choices=("auto", "fp8_e4m3"), default="auto")
+    p.add_argument("--hf-overrides", type=json.loads, default=None,
+                   help="JSON merged into config.json, e.g. '{\"num_hidden_layers\": 8}' (as conduit serve)")  # fmt: skip
     p.add_argument("--attention-backend", help="torch | triton; default: triton on cuda, torch on cpu")
     p.add_argument(
         "--batch-sizes", type=_ints, default=[8, 16, 32, 64, 128, 256], help="decode B, comma-separated"
@@ -125,7 +128,7 @@ class _Bench:
         slots = 1 + max(max_b * self.per_row, prefill_need)
         self.max_len = max(self.per_row, prefill_need) + 1
         cfg = RunnerConfig(model_path=args.model_path, device=device, dtype=args.dtype, load_format=args.load_format,
-                           kv_cache_dtype=args.kv_cache_dtype,
+                           kv_cache_dtype=args.kv_cache_dtype, hf_overrides=args.hf_overrides,
                            num_kv_slots=slots, max_reqs=max_b, max_model_len=self.max_len, seed=args.seed,
                            cuda_graph=args.cuda_graph != "off",
                            attention_backend=args.attention_backend)  # fmt: skip
