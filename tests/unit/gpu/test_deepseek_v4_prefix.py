@@ -11,7 +11,6 @@ H - R is the cached compressed entries. A hit never writes the cached prefix's e
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 
 import pytest
 import torch
@@ -19,7 +18,7 @@ import torch
 from runtime.actors.scheduler.testing import run_scheduler, tokenized
 from runtime.config import ServerConfig
 from runtime.gpu.model_runner import ModelRunner, RunnerConfig
-from runtime.gpu.testing import PagedPlanBuilder, random_prompt, save_tiny_deepseek_v4, seq_start
+from runtime.gpu.testing import save_tiny_deepseek_v4, v4_hit_vs_cold
 
 SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
 CONFIGS = {  # as in test_deepseek_v4_parity.py
@@ -33,7 +32,7 @@ CONFIGS = {  # as in test_deepseek_v4_parity.py
         hc_mult=3,
     ),
 }
-PAGE, SLOTS, H, DECODE = 8, 1024, 48, 8
+PAGE, SLOTS, H = 8, 1024, 48
 EXACT_TOL = 1e-5
 
 
@@ -49,71 +48,21 @@ def runner(model):
     return ModelRunner(cfg)
 
 
-def every_position(runner, plan) -> torch.Tensor:
-    runner._check_layout(plan)
-    runner._update_table(plan)
-    batch, _, _ = runner._build_batch(plan)
-    with torch.inference_mode():
-        return runner.model.compute_logits(runner.model(batch.input_ids, batch.positions, batch))
-
-
-def prefill_and_decode(runner, pb, row, ids, hit, replay, prefix_slots=()):
-    """Row `row` computes ids[hit:] after replaying the `replay` tokens before `hit`, in two chunks, then
-    decodes DECODE greedy tokens. Returns the logits of positions hit.. and of the decodes, and the tokens."""
-    start, mid = hit - replay, hit + (len(ids) - hit) // 2
-    added = [seq_start(row, ids, prefix_slots=prefix_slots)]
-    first = pb.plan(
-        [row], [start], [mid - start], ids[start:mid], added=added, replay=[replay] if replay else []
-    )
-    logits = [every_position(runner, first)[replay:]]
-    logits.append(every_position(runner, pb.plan([row], [mid], [len(ids) - mid], ids[mid:])))
-    tokens = [int(logits[-1][-1].argmax())]
-    for pos in range(len(ids), len(ids) + DECODE - 1):
-        logits.append(runner.forward_logits(pb.plan([row], [pos], [1], tokens[-1:])))
-        tokens.append(int(logits[-1][-1].argmax()))
-    return torch.cat(logits), tokens
-
-
-def cached_entries(runner, pb, row) -> dict[tuple[str, int], torch.Tensor]:
-    """The pool entries of row's first H positions, per compressed layer."""
-    cache, out = runner.kv_cache, {}
-    for kind, pools in (("entries", cache.entries), ("index_keys", cache.index_keys)):
-        for lid, pool in pools.items():
-            rate = SLOTS // pool.shape[0]
-            out[kind, lid] = pool[[pb.slot(row, p) // rate for p in range(0, H, rate)]].clone()
-    return out
-
-
-def hit_and_cold(runner, replay: int, seed: int):
-    """(hit logits, cold logits) at positions >= H and the decodes, and the two greedy continuations."""
-    prefix = random_prompt(H, seed)
-    a, b = prefix + random_prompt(7, seed + 1), prefix + random_prompt(9, seed + 2)
-    pb = PagedPlanBuilder(PAGE, SLOTS, seed)
-    runner.execute(pb.plan([1], [0], [len(a)], a, added=[seq_start(1, a)]))  # request A caches the prefix
-    before = cached_entries(runner, pb, 1)
-    cold, cold_tokens = prefill_and_decode(runner, pb, 2, b, 0, 0)
-    hit, hit_tokens = prefill_and_decode(runner, pb, 3, b, H, replay, pb.share(3, 1, H))
-    after = cached_entries(runner, pb, 1)
-    assert all(torch.equal(before[k], after[k]) for k in before), "a hit overwrote cached entries"
-    return hit, cold[H:], hit_tokens, cold_tokens
-
-
-@pytest.mark.parametrize("seed", [1])
-def test_exact_replay_hit_equals_a_cold_run(runner, seed):
-    hit, cold, hit_tokens, cold_tokens = hit_and_cold(runner, replay=H, seed=seed)
-    torch.testing.assert_close(hit, cold, atol=EXACT_TOL, rtol=0)
-    assert hit_tokens == cold_tokens
+def test_exact_replay_hit_equals_a_cold_run(runner):
+    r = v4_hit_vs_cold(runner, H, replay=H, seed=1)
+    torch.testing.assert_close(r.hit, r.cold, atol=EXACT_TOL, rtol=0)
+    assert r.hit_tokens == r.cold_tokens and r.cache_untouched
 
 
 def test_bounded_replay_reads_nothing_below_h_minus_r(runner):
     cfg = runner.config
     window, field = cfg.sliding_window, cfg.num_hidden_layers * (cfg.sliding_window - 1)
     assert runner.prefix_replay == window  # the default bound
-    hit, cold, _, _ = hit_and_cold(runner, replay=window, seed=3)
-    assert (hit - cold).abs().max() > 1e-3  # not exact by design (figures in docs/deepseek_v4.md)
-    hit, cold, hit_tokens, cold_tokens = hit_and_cold(runner, replay=field, seed=3)
-    torch.testing.assert_close(hit, cold, atol=EXACT_TOL, rtol=0)  # the receptive field: exact again
-    assert hit_tokens == cold_tokens
+    r = v4_hit_vs_cold(runner, H, replay=window, seed=3)
+    assert r.max_diff > 1e-3 and r.cache_untouched  # not exact by design (figures: docs/deepseek_v4.md)
+    r = v4_hit_vs_cold(runner, H, replay=field, seed=3)
+    torch.testing.assert_close(r.hit, r.cold, atol=EXACT_TOL, rtol=0)  # the receptive field: exact again
+    assert r.hit_tokens == r.cold_tokens and r.cache_untouched
 
 
 def greedy_reference(ref, ids: list[int], n: int) -> list[int]:
@@ -130,8 +79,8 @@ def test_scheduled_hits_retraction_and_row_reuse_match_transformers(model):
     with exact replay: requests sharing a 16-token prefix hit it once the first ones finish, rows are
     reused, and every greedy continuation equals transformers'."""
     path, ref = model
-    cfg = RunnerConfig(str(path), num_kv_slots=96, max_reqs=3, max_model_len=128, cpu_threads=1)
-    runner = ModelRunner(dataclasses.replace(cfg, swa_replay_exact=True))
+    exact = dict(swa_replay_exact=True, cpu_threads=1)
+    runner = ModelRunner(RunnerConfig(str(path), num_kv_slots=96, max_reqs=3, max_model_len=128, **exact))
     g = torch.Generator().manual_seed(3)
     shared = torch.randint(3, 128, (16,), generator=g).tolist()
     prompts = [shared + torch.randint(3, 128, (3 + i,), generator=g).tolist() for i in range(4)]
