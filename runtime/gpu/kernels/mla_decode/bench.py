@@ -31,6 +31,7 @@ from runtime.gpu.kernels.mla_decode.testing import mla_case
 from runtime.gpu.kernels.testing import TOLERANCE, close_ratio
 
 R, DPE = 512, 64
+_DEFAULT_OPTS: tuple[str, ...] = ()  # set from the TileLang module in main()
 # FlashMLA's dense decode on this H200 kind (issue 8), median of triton do_bench: FLOP/s at h_q 128,
 # bytes/s at h_q 16
 FLASH_MLA = {
@@ -58,18 +59,52 @@ CHECKS = [  # lens, h_q, dtype, num_splits (None: the host's choice), entry poin
 ]
 
 
-def _tl_keys() -> list[tuple]:
-    """The TileLang variants the checks and points use (see tilelang._kernel's arguments)."""
+def _tl_keys(variants: list[tuple[str, ...]]) -> list[tuple]:
+    """The TileLang variants the checks and points will use (tilelang._kernel's arguments): every
+    schedule for bf16 at page 1 (the op) and 64 (a block table), splits only where a check needs them;
+    fp16 and the diagnostics only where they run."""
     from runtime.gpu.kernels.common import LOG2E
+    from runtime.gpu.kernels.mla_decode.tilelang import schedule
 
     keys = set()
     for hq, dtype, table_dtype, page in (
         (128, "bfloat16", "int64", 1), (16, "bfloat16", "int64", 1), (16, "float16", "int64", 1),
         (128, "bfloat16", "int32", 64), (16, "bfloat16", "int32", 64),
     ):  # fmt: skip
-        for split in (False, True):
-            keys.add((hq, R, DPE, dtype, table_dtype, "int64", "int64", page, split, float(SCALE * LOG2E)))
+        for opts in variants:
+            default = opts == _DEFAULT_OPTS
+            if _diagnostic(opts):
+                splits = (False,) if (hq, dtype, page) == (128, "bfloat16", 1) else ()
+            elif dtype == "float16" or page != 1:
+                splits = (False, True) if default else (False,) if dtype == "bfloat16" else ()
+            else:
+                splits = (False, True)
+            for split in splits:
+                sched = schedule(opts, page)
+                keys.add(
+                    (
+                        hq,
+                        R,
+                        DPE,
+                        dtype,
+                        table_dtype,
+                        "int64",
+                        "int64",
+                        page,
+                        split,
+                        float(SCALE * LOG2E),
+                        sched,
+                    )
+                )
     return sorted(keys)
+
+
+def _diagnostic(opts: tuple[str, ...]) -> bool:
+    return "no_load" in opts or "no_compute" in opts
+
+
+def _parse_variant(text: str) -> tuple[str, ...]:
+    return tuple(sorted(o for o in text.split(",") if o))
 
 
 def _compile_one(key: tuple) -> str:
@@ -80,13 +115,11 @@ def _compile_one(key: tuple) -> str:
         tl._kernel(*key)
     except Exception as e:  # noqa: BLE001 - reported, the main process will hit it again
         return f"{key}: {type(e).__name__}: {str(e).splitlines()[-1][:200] if str(e) else ''}"
-    return (
-        f"{key[0]:>3} {key[3]} table {key[4]} page {key[7]} split {key[8]}: {time.perf_counter() - t0:.0f} s"
-    )
+    return f"{key[0]:>3} {key[3]} {key[4]} page {key[7]} split {key[8]} {key[10]}: {time.perf_counter() - t0:.0f} s"
 
 
-def prewarm(workers: int) -> None:
-    keys = _tl_keys()
+def prewarm(workers: int, variants: list[tuple[str, ...]]) -> None:
+    keys = _tl_keys(variants)
     t0 = time.perf_counter()
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=min(workers, len(keys)), mp_context=ctx) as pool:
@@ -106,6 +139,14 @@ def _impl(name: str):
     return m.mla_decode, m.mla_decode_paged
 
 
+def _use(name: str, opts: tuple[str, ...] | None) -> None:
+    """Point the TileLang launcher at a schedule variant (None: the module's default)."""
+    if name == "tilelang":
+        from runtime.gpu.kernels.mla_decode import tilelang as tl
+
+        tl.DEFAULT_OPTS = _DEFAULT_OPTS if opts is None else opts
+
+
 def _run(name: str, entry: str, c, num_splits=None):
     op, paged = _impl(name)
     if entry == "op":
@@ -114,14 +155,22 @@ def _run(name: str, entry: str, c, num_splits=None):
     return paged(c.q, c.pool[:, 0], c.block_table, rows, c.seq_lens, c.scale, R, c.page_size, num_splits)
 
 
-def check(names: list[str]) -> int:
+def check(names: list[str], variants: list[tuple[str, ...]]) -> int:
     failures = 0
+    runs = [
+        (n, v) for n in names for v in (variants if n == "tilelang" else [None]) if not _diagnostic(v or ())
+    ]
     for lens, hq, dtype, splits, entry in CHECKS:
         c = mla_case(lens, hq, dtype, "cuda", page_size=64, seed=len(lens) + hq)
         want, want_lse = reference.mla_decode(*c.args(), return_lse=True)
         fin = want_lse.isfinite()
-        for name in names:
-            label = f"{name:<8} {entry:<5} h={hq:<3} {str(dtype)[6:]:<8} splits={splits!s:<4} B={len(lens)} max={max(lens)}"
+        for name, opts in runs:
+            if opts not in (None, _DEFAULT_OPTS) and (
+                dtype != torch.bfloat16 or (entry == "table" and splits != 1)
+            ):
+                continue  # compiled for the default schedule only (see _tl_keys)
+            _use(name, opts)
+            label = f"{name:<8} {_label(opts):<13} {entry:<5} h={hq:<3} {str(dtype)[6:]:<8} splits={splits!s:<4} B={len(lens)} max={max(lens)}"
             try:
                 got, lse = _run(name, entry, c, splits)
                 torch.cuda.synchronize()
@@ -141,11 +190,23 @@ def check(names: list[str]) -> int:
     return failures
 
 
-def bench(names: list[str], entries: list[str]) -> None:
+def _label(opts: tuple[str, ...] | None) -> str:
+    return "-" if opts is None else (",".join(opts) or "base")
+
+
+def bench(
+    names: list[str],
+    entries: list[str],
+    variants: list[tuple[str, ...]],
+    points: list[tuple],
+    ab_points: list[tuple] | None = None,
+) -> None:
+    from runtime.gpu.kernels.mla_decode.tilelang import schedule
+
     print(
-        f"{'impl':<8} {'entry':<5} {'h_q':>3} {'B':>4} {'ctx':>6} {'us':>8} {'TFLOP/s':>8} {'TB/s':>6} {'FlashMLA':>10} {'ratio':>6}"
+        f"{'impl':<8} {'schedule':<13} {'entry':<5} {'h_q':>3} {'B':>4} {'ctx':>6} {'us':>8} {'TFLOP/s':>8} {'TB/s':>6} {'FlashMLA':>10} {'ratio':>6}"
     )
-    for hq, batch, ctx in POINTS:
+    for hq, batch, ctx in points:
         try:
             c = mla_case([ctx] * batch, hq, torch.bfloat16, "cuda", 64, R, DPE, nan_fill=False)
         except Exception as e:  # noqa: BLE001
@@ -154,10 +215,21 @@ def bench(names: list[str], entries: list[str]) -> None:
         flops = 2 * c.kv_tokens * hq * (2 * R + DPE)
         nbytes = (c.kv_tokens * (R + DPE) + batch * hq * (2 * R + DPE)) * c.pool.element_size()
         anchor = FLASH_MLA.get((hq, batch, ctx))
-        for name in names:
+        runs = [(n, v) for n in names for v in (variants if n == "tilelang" else [None])]
+        if ab_points is not None and (hq, batch, ctx) not in ab_points:
+            runs = [(n, v) for n, v in runs if v in (None, _DEFAULT_OPTS)]
+        seen = set()
+        for name, opts in runs:
+            _use(name, opts)
             for entry in entries:
                 if name == "triton" and entry == "table":
                     continue
+                shown = opts
+                if opts is not None:
+                    shown = schedule(opts, 1 if entry == "op" else 64)  # what this entry point runs
+                    if (entry, shown) in seen or (_diagnostic(opts) and (entry, hq) != ("op", 128)):
+                        continue  # the same kernel as an earlier line / not compiled
+                    seen.add((entry, shown))
                 try:
                     _run(name, entry, c)  # compile / warm up outside the graph
                     ms = bench_ms(
@@ -172,13 +244,13 @@ def bench(names: list[str], entries: list[str]) -> None:
                     )
                     ratio = "" if anchor is None else f"{100 * mine / anchor:.0f}%"
                     print(
-                        f"{name:<8} {entry:<5} {hq:>3} {batch:>4} {ctx:>6} {ms * 1e3:8.1f} {fl / 1e12:8.1f} "
+                        f"{name:<8} {_label(shown):<13} {entry:<5} {hq:>3} {batch:>4} {ctx:>6} {ms * 1e3:8.1f} {fl / 1e12:8.1f} "
                         f"{bw / 1e12:6.2f} {ref:>10} {ratio:>6}",
                         flush=True,
                     )
                 except Exception as e:  # noqa: BLE001
                     print(
-                        f"{name:<8} {entry:<5} {hq:>3} {batch:>4} {ctx:>6} ERROR {type(e).__name__}: {str(e)[:300]}"
+                        f"{name:<8} {_label(shown):<13} {entry:<5} {hq:>3} {batch:>4} {ctx:>6} ERROR {type(e).__name__}: {str(e)[:300]}"
                     )
         del c
         torch.cuda.empty_cache()
@@ -191,16 +263,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-check", action="store_true")
     p.add_argument("--no-bench", action="store_true")
     p.add_argument("--compile-workers", type=int, default=12, help="0: compile lazily in this process")
+    p.add_argument(
+        "--variants", nargs="*", default=None,
+        help="TileLang schedule options to compare, e.g. '' chunked tma,chunked no_load (default: the module's)",
+    )  # fmt: skip
+    p.add_argument(
+        "--points", nargs="*", default=None, help="h_q:batch:context, e.g. 128:64:4096 (default: all)"
+    )
+    p.add_argument(
+        "--ab-points", nargs="*", default=None, help="where non-default variants run (default: all)"
+    )
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         sys.stderr.write("needs a CUDA device\n")
         return 2
     print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
+    global _DEFAULT_OPTS
+    if "tilelang" in a.impls:
+        from runtime.gpu.kernels.mla_decode import tilelang as tl
+
+        _DEFAULT_OPTS = tl.DEFAULT_OPTS
+    variants = [_DEFAULT_OPTS] if a.variants is None else [_parse_variant(v) for v in a.variants]
+    points = POINTS if a.points is None else [tuple(int(x) for x in p.split(":")) for p in a.points]
+    ab_points = None if a.ab_points is None else [tuple(int(x) for x in p.split(":")) for p in a.ab_points]
     if "tilelang" in a.impls and a.compile_workers > 0:
-        prewarm(a.compile_workers)
-    failures = 0 if a.no_check else check(a.impls)
+        prewarm(a.compile_workers, variants)
+    failures = 0 if a.no_check else check(a.impls, variants)
     if not a.no_bench:
-        bench(a.impls, a.entries)
+        bench(a.impls, a.entries, variants, points, ab_points)
     return 1 if failures else 0
 
 

@@ -28,8 +28,17 @@ One split: the CTA writes the output and the LSE. More: it writes a normalised f
 base-2 LSE, and a combine kernel (one CTA per (head, row)) merges the splits. The split count is chosen
 on the host (no sync) so the grid fills the SMs; pass a fixed one under CUDA graphs.
 
-Kernels are compiled on first use per (heads, dims, dtypes, page, split or not, scale); batch, pool
-size, table shape and split count are dynamic, so a serving run compiles a handful of variants."""
+Schedule options (`_kernel`'s `opts`; `DEFAULT_OPTS` is the one measured best, docs/PERF.md): "tma"
+loads whole tiles of a page-64 block table with one bulk copy per part (+3-4% there; the per-token
+table always gathers); "chunked" (per-part ready/free barriers) measured no gain; "early_p" hands P to
+WG1 before WG0's own half of PV, so the buffer frees one PV sooner: it passed the GPU test's nine
+op-signature shapes on the H200 but is not yet timed. Measured on the H200 at h_q = 128: the math alone runs at ~600 TFLOP/s,
+the loads alone at ~1000 TFLOP/s-equivalent, both together ~470-490: with two 72 KB KV buffers (all
+that fits beside Q) a tile's loads only start when the tile two back has finished its PV, and overlap
+poorly with the math. That overlap is the remaining gap to FlashMLA at 4K-32K.
+
+Kernels are compiled on first use per (heads, dims, dtypes, page, split or not, scale, schedule); batch,
+pool size, table shape and split count are dynamic, so a serving run compiles a handful of variants."""
 
 # No `from __future__ import annotations`: TileLang reads the prim_func parameter annotations
 # (T.Tensor shapes built from local variables) at decoration time.
@@ -43,6 +52,7 @@ from runtime.gpu.kernels.mla_decode.reference import pool_2d
 BLOCK_H = 64  # q heads per CTA: the wgmma M tile (fewer heads are zero-padded)
 BLOCK_N = 64  # tokens per KV tile
 LN2 = 0.6931471805599453
+DEFAULT_OPTS: tuple[str, ...] = ("tma",)  # see _kernel: the schedule measured best on the H200 (PERF.md)
 
 _TL_DTYPE = {
     torch.bfloat16: "bfloat16",
@@ -82,6 +92,12 @@ def supported(q: torch.Tensor, kv_lora_rank: int) -> bool:
     )
 
 
+def schedule(opts: tuple[str, ...], page: int) -> tuple[str, ...]:
+    """The options that apply at this page size (TMA needs whole 64-token tiles in a page), sorted: one
+    compiled variant per distinct schedule."""
+    return tuple(sorted(o for o in opts if o != "tma" or page % BLOCK_N == 0))
+
+
 def choose_num_splits(batch: int, head_blocks: int, max_tokens: int, device: torch.device) -> int:
     """The fewest splits (a power of two) whose grid fills the SMs in whole waves to >= 85%: one CTA
     fits per SM (224 KB of shared memory), so a partial last wave idles SMs, while extra splits cost
@@ -114,12 +130,26 @@ def _kernel(
     page: int,
     split: bool,
     sm_scale: float,
+    opts: tuple[str, ...] = DEFAULT_OPTS,
 ):
-    """Compile one variant (see the module doc). `sm_scale` is the softmax scale times log2(e)."""
+    """Compile one variant (see the module doc). `sm_scale` is the softmax scale times log2(e).
+
+    `opts` (a sorted tuple): "early_p": WG0 hands P to WG1 before, not after, its own half of PV;
+    "chunked": each KV buffer is three parts (rope tail, left and right value
+    halves) with their own ready / free barriers, so QK^T starts on the first part while the rest
+    lands and each part is refilled as soon as its last reader is done; "tma": with pages of a
+    multiple of 64 tokens, full tiles arrive by TMA (one bulk copy per part) instead of the cp.async
+    gather. Diagnostics (wrong results, for timing): "no_load" skips the copies, "no_compute" the math."""
     import tilelang
     import tilelang.language as T
 
     assert d_v % 128 == 0 and d_pe % 8 == 0 and d_pe <= 64, (d_v, d_pe)
+    assert set(opts) <= {"early_p", "chunked", "tma", "no_load", "no_compute"}, opts
+    early_p = "early_p" in opts
+    chunked = "chunked" in opts
+    use_tma = "tma" in opts and page % BLOCK_N == 0
+    load = "no_load" not in opts
+    compute = "no_compute" not in opts
     dim = d_v + d_pe
     half = d_v // 2  # each consumer warpgroup owns half of the output columns
     head_blocks = -(-num_heads // BLOCK_H)
@@ -133,8 +163,61 @@ def _kernel(
     num_splits = T.dynamic("num_splits") if split else 1
 
     @T.macro
-    def produce(KV, Table, row, slots, kv_l, kv_r, k_tail, ready, free, tile_start, last, parity, tx):
-        """Producer warpgroup: gather 64 tokens into one KV buffer (8 threads per token row)."""
+    def gather_part(KV, slots, dst, col0, width, ready, lane_row, lane_col):
+        """cp.async 16 B per thread and row (8 threads per token row, 16 rows per pass), then an arrive
+        on `ready` that fires once this thread's copies have landed."""
+        for r in T.unroll(BLOCK_N // 16):
+            for u in T.unroll(-(-width // 64)):
+                if width % 64 == 0 or 64 * u + lane_col < width:
+                    if load:
+                        T.ptx_cp_async(
+                            T.access_ptr(dst[r * 16 + lane_row, 64 * u + lane_col], "w", 8),
+                            T.access_ptr(KV[slots[r], col0 + 64 * u + lane_col], "r", 8),
+                            8,
+                        )
+        T.cp_async_barrier_noinc(ready[0])
+
+    @T.macro
+    def load_part(KV, slots, dst, col0, width, ready, lane_row, lane_col, full, base):
+        if use_tma:
+            if full:  # a whole tile inside one page: one bulk copy, the TMA unit swizzles it
+                if load:
+                    T.tma_copy(KV[base : base + BLOCK_N, col0 : col0 + width], dst, barrier=ready[0])
+                T.barrier_arrive(ready[0])
+            else:  # the row's last, partial tile: the gather (its tail re-reads the last token)
+                gather_part(KV, slots, dst, col0, width, ready, lane_row, lane_col)
+        else:
+            gather_part(KV, slots, dst, col0, width, ready, lane_row, lane_col)
+
+    @T.macro
+    def gather_all(KV, slots, kv_l, kv_r, k_tail, ready, lane_row, lane_col):
+        for r in T.unroll(BLOCK_N // 16):
+            t_row = r * 16 + lane_row
+            for u in T.unroll(half // 64):  # 16 B per cp.async, no bounds check (slots are the caller's)
+                if load:
+                    T.ptx_cp_async(
+                        T.access_ptr(kv_l[t_row, 64 * u + lane_col], "w", 8),
+                        T.access_ptr(KV[slots[r], 64 * u + lane_col], "r", 8),
+                        8,
+                    )
+                    T.ptx_cp_async(
+                        T.access_ptr(kv_r[t_row, 64 * u + lane_col], "w", 8),
+                        T.access_ptr(KV[slots[r], half + 64 * u + lane_col], "r", 8),
+                        8,
+                    )
+            if lane_col < d_pe:
+                if load:
+                    T.ptx_cp_async(
+                        T.access_ptr(k_tail[t_row, lane_col], "w", 8),
+                        T.access_ptr(KV[slots[r], d_v + lane_col], "r", 8),
+                        8,
+                    )
+        T.cp_async_barrier_noinc(ready[0])
+
+    @T.macro
+    def produce(KV, Table, row, slots, buf, tile_start, end, last, parity, tx):
+        """Producer warpgroup: one tile into one KV buffer, the parts in the order QK^T reads them."""
+        kv_l, kv_r, k_tail, ready_t, ready_l, ready_r, free_t, free_l, free_r = buf
         p = tx - 256
         lane_row = p // 8
         lane_col = (p % 8) * 8
@@ -143,71 +226,95 @@ def _kernel(
         for r in T.unroll(BLOCK_N // 16):
             pos = T.min(tile_start + r * 16 + lane_row, last)  # past the end: the last token again
             slots[r] = T.cast(Table[row, pos // page], "int64") * page + T.cast(pos % page, "int64")
-        T.barrier_wait(free[0], parity ^ 1)  # both consumers are done with this buffer's last tile
-        for r in T.unroll(BLOCK_N // 16):
-            t_row = r * 16 + lane_row
-            for u in T.unroll(half // 64):  # 16 B per cp.async, no bounds check (slots are the caller's)
-                T.ptx_cp_async(
-                    T.access_ptr(kv_l[t_row, 64 * u + lane_col], "w", 8),
-                    T.access_ptr(KV[slots[r], 64 * u + lane_col], "r", 8),
-                    8,
-                )
-                T.ptx_cp_async(
-                    T.access_ptr(kv_r[t_row, 64 * u + lane_col], "w", 8),
-                    T.access_ptr(KV[slots[r], half + 64 * u + lane_col], "r", 8),
-                    8,
-                )
-            if lane_col < d_pe:
-                T.ptx_cp_async(
-                    T.access_ptr(k_tail[t_row, lane_col], "w", 8),
-                    T.access_ptr(KV[slots[r], d_v + lane_col], "r", 8),
-                    8,
-                )
-        T.cp_async_barrier_noinc(ready[0])  # arrives once this thread's copies have landed
+        if use_tma:  # a full tile lies in one page (tile starts are multiples of 64, pages too)
+            full = tile_start + BLOCK_N <= end
+            base = T.cast(Table[row, tile_start // page], "int64") * page + T.cast(tile_start % page, "int64")
+        else:
+            full = False
+            base = 0
+        if chunked:
+            T.barrier_wait(free_t[0], parity ^ 1)  # the tail's reader (QK^T) is done with it
+            load_part(KV, slots, k_tail, d_v, d_pe, ready_t, lane_row, lane_col, full, base)
+            T.barrier_wait(free_l[0], parity ^ 1)  # WG0 is done (QK^T and its PV half)
+            load_part(KV, slots, kv_l, 0, half, ready_l, lane_row, lane_col, full, base)
+            T.barrier_wait(free_r[0], parity ^ 1)  # WG1 is done (its PV half)
+            load_part(KV, slots, kv_r, half, half, ready_r, lane_row, lane_col, full, base)
+        else:
+            T.barrier_wait(free_t[0], parity ^ 1)  # both consumers are done with this buffer
+            if use_tma:
+                if full:
+                    if load:
+                        T.tma_copy(KV[base : base + BLOCK_N, d_v:dim], k_tail, barrier=ready_t[0])
+                        T.tma_copy(KV[base : base + BLOCK_N, 0:half], kv_l, barrier=ready_t[0])
+                        T.tma_copy(KV[base : base + BLOCK_N, half:d_v], kv_r, barrier=ready_t[0])
+                    T.barrier_arrive(ready_t[0])
+                else:
+                    gather_all(KV, slots, kv_l, kv_r, k_tail, ready_t, lane_row, lane_col)
+            else:
+                gather_all(KV, slots, kv_l, kv_r, k_tail, ready_t, lane_row, lane_col)
 
     @T.macro
     def score_tile(
-        Q_l, Q_r, Q_tail, kv_l, kv_r, k_tail, S_shared, alpha_shared, acc_s, acc_o_l,
-        m_i, m_prev, alpha, sumexp, sumexp_i, ready, parity, tile_start, end,
+        Q_l, Q_r, Q_tail, buf, acc_s, acc_o_l, m_i, m_prev, alpha, sumexp, sumexp_i, parity, tile_start, end,
     ):  # fmt: skip
-        """WG0, one tile: S = Q K^T, online softmax, P and alpha to shared, O_left += P V_left."""
-        T.barrier_wait(ready[0], parity)
+        """WG0, one tile: S = Q K^T (part by part as they land), online softmax, O_left rescaled."""
+        kv_l, kv_r, k_tail, ready_t, ready_l, ready_r, free_t, free_l, free_r = buf
         # masked scores start at -inf and stay there (wgmma accumulates into acc_s)
         for h_i, n_i in T.Parallel(BLOCK_H, BLOCK_N):
             acc_s[h_i, n_i] = T.if_then_else(tile_start + n_i < end, 0, -T.infinity(accum))
-        T.wgmma_gemm(Q_l, kv_l, acc_s, transpose_B=True)
-        T.wgmma_gemm(Q_r, kv_r, acc_s, transpose_B=True)
-        T.wgmma_gemm(Q_tail, k_tail, acc_s, transpose_B=True)
-        T.wait_wgmma(0)
-        T.copy(m_i, m_prev)
-        T.reduce_max(acc_s, m_i, dim=1, clear=False)  # running max of the raw scores
-        for h_i in T.Parallel(BLOCK_H):
-            alpha[h_i] = T.exp2((m_prev[h_i] - m_i[h_i]) * sm_scale)
-        for h_i, n_i in T.Parallel(BLOCK_H, BLOCK_N):
-            acc_s[h_i, n_i] = T.exp2(acc_s[h_i, n_i] * sm_scale - m_i[h_i] * sm_scale)
-        T.reduce_sum(acc_s, sumexp_i, dim=1)
-        for h_i in T.Parallel(BLOCK_H):
-            sumexp[h_i] = sumexp[h_i] * alpha[h_i] + sumexp_i[h_i]
-        for h_i, d_i in T.Parallel(BLOCK_H, half):
-            acc_o_l[h_i, d_i] *= alpha[h_i]
+        T.barrier_wait(ready_t[0], parity)
+        if compute:
+            T.wgmma_gemm(Q_tail, k_tail, acc_s, transpose_B=True)
+        if chunked:
+            T.barrier_wait(ready_l[0], parity)
+        if compute:
+            T.wgmma_gemm(Q_l, kv_l, acc_s, transpose_B=True)
+        if chunked:
+            T.barrier_wait(ready_r[0], parity)
+        if compute:
+            T.wgmma_gemm(Q_r, kv_r, acc_s, transpose_B=True)
+            T.wait_wgmma(0)
+        if chunked:
+            T.barrier_arrive(free_t[0])
+        if compute:
+            T.copy(m_i, m_prev)
+            T.reduce_max(acc_s, m_i, dim=1, clear=False)  # running max of the raw scores
+            for h_i in T.Parallel(BLOCK_H):
+                alpha[h_i] = T.exp2((m_prev[h_i] - m_i[h_i]) * sm_scale)
+            for h_i, n_i in T.Parallel(BLOCK_H, BLOCK_N):
+                acc_s[h_i, n_i] = T.exp2(acc_s[h_i, n_i] * sm_scale - m_i[h_i] * sm_scale)
+            T.reduce_sum(acc_s, sumexp_i, dim=1)
+            for h_i in T.Parallel(BLOCK_H):
+                sumexp[h_i] = sumexp[h_i] * alpha[h_i] + sumexp_i[h_i]
+            for h_i, d_i in T.Parallel(BLOCK_H, half):
+                acc_o_l[h_i, d_i] *= alpha[h_i]
 
     @T.macro
-    def publish_and_accumulate(acc_s, S_shared, alpha, alpha_shared, kv_l, acc_o_l, sS_ready, free):
+    def publish_and_accumulate(acc_s, S_shared, alpha, alpha_shared, buf, acc_o_l, sS_ready):
+        """WG0: P and alpha to shared for WG1, then O_left += P V_left."""
+        kv_l, kv_r, k_tail, ready_t, ready_l, ready_r, free_t, free_l, free_r = buf
         T.copy(alpha, alpha_shared)
         T.copy(acc_s, S_shared)
-        T.gemm(S_shared, kv_l, acc_o_l)
-        T.barrier_arrive(sS_ready)
-        T.barrier_arrive(free[0])
+        if early_p:  # WG1's half of PV runs alongside WG0's, so the buffer frees one PV sooner
+            T.fence_proxy_async()  # P was written by plain stores; WG1's wgmma reads it (async proxy)
+            T.barrier_arrive(sS_ready)
+        if compute:
+            T.gemm(S_shared, kv_l, acc_o_l)
+        if not early_p:
+            T.barrier_arrive(sS_ready)
+        T.barrier_arrive(free_l[0])
 
     @T.macro
-    def accumulate_right(S_shared, alpha_shared, kv_r, acc_o_r, sS_ready, sS_free, free, parity, last_tile):
+    def accumulate_right(S_shared, alpha_shared, buf, acc_o_r, sS_ready, sS_free, parity, last_tile):
         """WG1, one tile: wait for P, rescale O_right, O_right += P V_right."""
+        kv_l, kv_r, k_tail, ready_t, ready_l, ready_r, free_t, free_l, free_r = buf
         T.barrier_arrive(sS_ready)
         T.barrier_wait(sS_ready, parity)
-        for h_i, d_i in T.Parallel(BLOCK_H, half):
-            acc_o_r[h_i, d_i] *= alpha_shared[h_i]
-        T.gemm(S_shared, kv_r, acc_o_r)
-        T.barrier_arrive(free[0])
+        if compute:
+            for h_i, d_i in T.Parallel(BLOCK_H, half):
+                acc_o_r[h_i, d_i] *= alpha_shared[h_i]
+            T.gemm(S_shared, kv_r, acc_o_r)
+        T.barrier_arrive(free_r[0])
         if not last_tile:
             T.barrier_arrive(sS_free)
 
@@ -239,10 +346,30 @@ def _kernel(
             sumexp_i = T.alloc_fragment([BLOCK_H], accum)
             inv = T.alloc_fragment([BLOCK_H], accum)
 
-            ready0 = T.alloc_barrier(arrive_count=128)  # producer -> consumers: buffer 0 loaded
-            ready1 = T.alloc_barrier(arrive_count=128)
-            free0 = T.alloc_barrier(arrive_count=256)  # both consumers -> producer: buffer 0 free
-            free1 = T.alloc_barrier(arrive_count=256)
+            # producer -> consumers "ready", consumers -> producer "free", per buffer (and per part
+            # when chunked; otherwise one barrier stands for all three parts)
+            if chunked:
+                ready0_t = T.alloc_barrier(arrive_count=128)
+                ready0_l = T.alloc_barrier(arrive_count=128)
+                ready0_r = T.alloc_barrier(arrive_count=128)
+                ready1_t = T.alloc_barrier(arrive_count=128)
+                ready1_l = T.alloc_barrier(arrive_count=128)
+                ready1_r = T.alloc_barrier(arrive_count=128)
+                free0_t = T.alloc_barrier(arrive_count=128)  # WG0 after QK^T
+                free0_l = T.alloc_barrier(arrive_count=128)  # WG0 after its PV half
+                free0_r = T.alloc_barrier(arrive_count=128)  # WG1 after its PV half
+                free1_t = T.alloc_barrier(arrive_count=128)
+                free1_l = T.alloc_barrier(arrive_count=128)
+                free1_r = T.alloc_barrier(arrive_count=128)
+                buf0 = (kv0_l, kv0_r, k0_tail, ready0_t, ready0_l, ready0_r, free0_t, free0_l, free0_r)
+                buf1 = (kv1_l, kv1_r, k1_tail, ready1_t, ready1_l, ready1_r, free1_t, free1_l, free1_r)
+            else:
+                ready0 = T.alloc_barrier(arrive_count=128)
+                ready1 = T.alloc_barrier(arrive_count=128)
+                free0 = T.alloc_barrier(arrive_count=256)  # WG0 and WG1 after their PV halves
+                free1 = T.alloc_barrier(arrive_count=256)
+                buf0 = (kv0_l, kv0_r, k0_tail, ready0, ready0, ready0, free0, free0, free0)
+                buf1 = (kv1_l, kv1_r, k1_tail, ready1, ready1, ready1, free1, free1, free1)
             sS_ready = T.alloc_barrier(arrive_count=256)  # WG0 -> WG1: P and alpha are in shared
             sS_free = T.alloc_barrier(arrive_count=256)  # WG1 -> WG0: done reading them
             done = T.alloc_barrier(arrive_count=128)  # WG0 -> WG1: 1 / sum is in shared
@@ -273,26 +400,21 @@ def _kernel(
                 for i_i in T.serial(num_pairs):
                     # tile 2 i_i in buffer 0
                     score_tile(
-                        Q_l, Q_r, Q_tail, kv0_l, kv0_r, k0_tail, S_shared, alpha_shared, acc_s, acc_o_l,
-                        m_i, m_prev, alpha, sumexp, sumexp_i, ready0, i_i & 1, start + (2 * i_i) * BLOCK_N, end,
+                        Q_l, Q_r, Q_tail, buf0, acc_s, acc_o_l, m_i, m_prev, alpha, sumexp, sumexp_i,
+                        i_i & 1, start + (2 * i_i) * BLOCK_N, end,
                     )  # fmt: skip
                     if i_i != 0:  # WG1 has finished reading the previous P
                         T.barrier_arrive(sS_free)
                         T.barrier_wait(sS_free, 1)
-                    publish_and_accumulate(
-                        acc_s, S_shared, alpha, alpha_shared, kv0_l, acc_o_l, sS_ready, free0
-                    )
+                    publish_and_accumulate(acc_s, S_shared, alpha, alpha_shared, buf0, acc_o_l, sS_ready)
                     # tile 2 i_i + 1 in buffer 1
                     score_tile(
-                        Q_l, Q_r, Q_tail, kv1_l, kv1_r, k1_tail, S_shared, alpha_shared, acc_s, acc_o_l,
-                        m_i, m_prev, alpha, sumexp, sumexp_i, ready1, i_i & 1, start + (2 * i_i + 1) * BLOCK_N,
-                        end,
+                        Q_l, Q_r, Q_tail, buf1, acc_s, acc_o_l, m_i, m_prev, alpha, sumexp, sumexp_i,
+                        i_i & 1, start + (2 * i_i + 1) * BLOCK_N, end,
                     )  # fmt: skip
                     T.barrier_arrive(sS_free)
                     T.barrier_wait(sS_free, 0)
-                    publish_and_accumulate(
-                        acc_s, S_shared, alpha, alpha_shared, kv1_l, acc_o_l, sS_ready, free1
-                    )
+                    publish_and_accumulate(acc_s, S_shared, alpha, alpha_shared, buf1, acc_o_l, sS_ready)
                 # an empty split (row shorter than the split start) has sum 0: output 0, LSE -inf
                 for h_i in T.Parallel(BLOCK_H):
                     inv[h_i] = T.if_then_else(sumexp[h_i] > 0, 1.0 / sumexp[h_i], 0)
@@ -322,19 +444,9 @@ def _kernel(
                 T.set_max_nreg(168, 1)
                 T.fill(acc_o_r, 0)
                 for i_i in T.serial(num_pairs):
+                    accumulate_right(S_shared, alpha_shared, buf0, acc_o_r, sS_ready, sS_free, 0, False)
                     accumulate_right(
-                        S_shared, alpha_shared, kv0_r, acc_o_r, sS_ready, sS_free, free0, 0, False
-                    )
-                    accumulate_right(
-                        S_shared,
-                        alpha_shared,
-                        kv1_r,
-                        acc_o_r,
-                        sS_ready,
-                        sS_free,
-                        free1,
-                        1,
-                        i_i == num_pairs - 1,
+                        S_shared, alpha_shared, buf1, acc_o_r, sS_ready, sS_free, 1, i_i == num_pairs - 1
                     )
                 T.barrier_wait(done, 0)
                 if split:
@@ -353,10 +465,10 @@ def _kernel(
                 last = T.max(end - 1, 0)
                 slots = T.alloc_local([BLOCK_N // 16], "int64")
                 for i_i in T.serial(num_pairs):
-                    produce(KV, Table, row, slots, kv0_l, kv0_r, k0_tail, ready0, free0,
-                            start + (2 * i_i) * BLOCK_N, last, i_i & 1, tx)  # fmt: skip
-                    produce(KV, Table, row, slots, kv1_l, kv1_r, k1_tail, ready1, free1,
-                            start + (2 * i_i + 1) * BLOCK_N, last, i_i & 1, tx)  # fmt: skip
+                    produce(KV, Table, row, slots, buf0, start + (2 * i_i) * BLOCK_N, end, last, i_i & 1, tx)
+                    produce(
+                        KV, Table, row, slots, buf1, start + (2 * i_i + 1) * BLOCK_N, end, last, i_i & 1, tx
+                    )
 
     @T.macro
     def combine(MidO, MidLse, Out, Lse):
@@ -461,7 +573,7 @@ def mla_decode_paged(
     split = num_splits > 1
     kernel = _kernel(
         num_heads, kv_lora_rank, d_pe, _TL_DTYPE[q.dtype], _TL_DTYPE[table.dtype], _TL_DTYPE[rows.dtype],
-        _TL_DTYPE[seq_lens.dtype], page, split, float(scale * LOG2E),
+        _TL_DTYPE[seq_lens.dtype], page, split, float(scale * LOG2E), schedule(DEFAULT_OPTS, page),
     )  # fmt: skip
     if split:
         mid_o = torch.empty(batch, num_heads, num_splits, kv_lora_rank, dtype=torch.float32, device=q.device)
