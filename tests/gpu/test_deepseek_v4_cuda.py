@@ -1,6 +1,7 @@
-"""DeepSeek-V4 on CUDA (PyTorch reference attention through the paged pools; no V4 kernels yet): float32
-logits match transformers' use_cache=False forwards (prefill, chunked prefill, decode), bfloat16 stays
-within bf16 tolerance of them, and an exact-replay prefix hit equals a cold run on the device."""
+"""DeepSeek-V4 on CUDA (TorchV4Backend through the paged pools, its attention on the `sparse_attention`
+op): float32 logits match transformers' use_cache=False forwards (prefill, chunked prefill, decode),
+bfloat16 stays within bf16 tolerance of them, and an exact-replay prefix hit equals a cold run on the
+device."""
 
 from __future__ import annotations
 

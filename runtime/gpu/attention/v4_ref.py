@@ -6,7 +6,8 @@ Per request and layer, each query t attends one shared K=V head over
   this step closes), gathered from the pool through req_to_token, and for CSA only the Lightning
   Indexer's top-k of those;
 plus a per-head sink logit that takes probability mass but has no value. Requests are attended one by
-one (a reference, not a kernel); prefill, chunked prefill and decode are the same code path.
+one; prefill, chunked prefill and decode are the same code path. On CUDA the attention itself runs the
+`sparse_attention` kernel op on each request's keys and mask (`attend_selected`); the rest is PyTorch.
 
 Replay (prefix-cache hits): a row may start at position H - R with `replay` = R leading tokens whose
 windows are already in the pools (a cached prefix ending at H). Those tokens run through every layer to
@@ -23,6 +24,7 @@ import torch
 
 from runtime.gpu.attention.base import AttentionBackend
 from runtime.gpu.forward_batch import ForwardBatch
+from runtime.gpu.kernels import registry
 from runtime.gpu.kv_cache_v4 import RowState, Tail
 
 if TYPE_CHECKING:
@@ -40,6 +42,22 @@ def attend_with_sink(
     sink = sinks.to(logits.dtype).view(-1, 1, 1).expand(-1, logits.shape[1], 1)
     probs = torch.cat([logits, sink], dim=-1).softmax(-1)[..., :-1]
     return torch.einsum("hlk,kd->lhd", probs.to(kv.dtype), kv)
+
+
+def attend_selected(
+    q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """`attend_with_sink`, on CUDA through the `sparse_attention` op (kernels/sparse_attention): each query
+    selects the columns of `kv` its mask keeps (indices, -1 elsewhere), so no [H, L, K] score tensor."""
+    if q.device.type != "cuda":
+        return attend_with_sink(q, kv, mask, sinks, scale)
+    return registry.get("sparse_attention", q.device)(q, kv, selected_indices(mask), sinks, scale)
+
+
+def selected_indices(mask: torch.Tensor) -> torch.Tensor:
+    """mask [L, K] bool -> indices [L, K] int32: column k where mask[l, k], else -1."""
+    cols = torch.arange(mask.shape[1], dtype=torch.int32, device=mask.device)
+    return torch.where(mask, cols, -1)
 
 
 @dataclass
@@ -177,7 +195,7 @@ class TorchV4Backend(AttentionBackend):
                     )
                     visible = visible & comp.indexer.select(x[s:e], qr[s:e], pos, index_keys, attn.rope)
                 keys, mask = torch.cat([keys, entries]), torch.cat([mask, visible], dim=1)
-            out[s:e] = attend_with_sink(q[s:e], keys, mask, attn.sinks, self.scale)
+            out[s:e] = attend_selected(q[s:e], keys, mask, attn.sinks, self.scale)
             keep = min(r.length, w)
             layer.window[key_pos[-keep:] % w] = kv[e - keep : e]
         return out

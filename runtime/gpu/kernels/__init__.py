@@ -14,6 +14,7 @@ from runtime.gpu.kernels import (  # noqa: F401  (imported to register their imp
     rms_norm,
     rope,
     silu_and_mul,
+    sparse_attention,
 )
 from runtime.gpu.kernels.registry import describe, get, implementations, ops, select
 

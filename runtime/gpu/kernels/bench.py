@@ -274,13 +274,31 @@ def _moe_sweep(w: Work) -> list:
     return [MoEConfig(*c) for c in (small_m if per_expert <= 16 else large_m)]
 
 
-SWEEPS = {"mla_decode": _mla_sweep, "fp8_block_gemm": _fp8_sweep, "fused_moe": _moe_sweep}
+def _sparse_sweep(w: Work) -> list:
+    from runtime.gpu.kernels.sparse_attention.triton import SparseConfig
+
+    return [
+        SparseConfig(h, n, warps, stages)
+        for h, n, warps, stages in (
+            (16, 16, 4, 2), (16, 64, 4, 2), (16, 32, 4, 3), (16, 32, 8, 2),
+            (32, 32, 8, 2), (32, 16, 8, 2), (64, 16, 8, 2), (64, 32, 8, 1),
+        )
+    ]  # fmt: skip
+
+
+SWEEPS = {
+    "mla_decode": _mla_sweep,
+    "fp8_block_gemm": _fp8_sweep,
+    "fused_moe": _moe_sweep,
+    "sparse_attention": _sparse_sweep,
+}
 
 
 def deepseek_workloads(ops: list[str], device: torch.device, small: bool) -> Iterator[Work]:
     """MLA decode (bf16 latent pool, page 64, FlashMLA FLOP/byte accounting: FLOPs = 2 * sum(seqlen) *
     h_q * (576 + 512), bytes = KV + Q + O) at h_q 128/16, batch 64/128, contexts 1K..32K; FP8 block GEMM
-    and the activation quantizer at DeepSeek-V3 shapes. Labels carry the anchor to compare with."""
+    and the activation quantizer at DeepSeek-V3 shapes; V4 sparse attention (FLOPs = 4 * selected rows *
+    heads * d, bytes = selected rows * d + indices + Q + O). Labels carry the anchor to compare with."""
     if "mla_decode" in ops:
         from runtime.gpu.kernels.mla_decode.testing import mla_case
 
@@ -350,6 +368,19 @@ def deepseek_workloads(ops: list[str], device: torch.device, small: bool) -> Ite
                 2 * tokens * k * 3 * d * i, tokens=tokens,
             )  # fmt: skip
             del w13, w2
+    if "sparse_attention" in ops:  # DeepSeek-V4-Flash: 64 heads, d 512, 128 window rows + 512 top-k entries
+        from runtime.gpu.kernels.sparse_attention.testing import sparse_case
+
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        heads, dim, window, topk = (4, 64, 8, 24) if small else (64, 512, 128, 512)
+        for tokens in (4,) if small else (1, 64, 128, 4096):
+            c = sparse_case(tokens, heads, dim, window, topk, dtype, device, prefix=8192, nan_fill=False)
+            rows, elem = c.selected, c.q.element_size()  # every (token, selected row) pair is gathered
+            nbytes = rows * dim * elem + c.indices.numel() * 4 + 2 * c.q.numel() * elem
+            yield Work(
+                "sparse_attention", f"h={heads} T={tokens} K={window}+{topk}", c.args(), {}, nbytes,
+                4 * rows * heads * dim, tokens=tokens,
+            )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -346,6 +346,49 @@ def moe_grouped_gemm_bf16_empty_and_ragged_experts():
     return close_ratio(got, reference.moe_grouped_gemm(x, w, offsets), *_tol(torch.bfloat16))
 
 
+def _sparse(
+    tokens: int, dim: int, window: int, topk: int, dtype, sinks: bool = True, empty=(), heads=4, **kw
+) -> float:
+    """DeepSeek-V4 sparse attention, K = window + topk with -1 where a token has fewer rows; `empty`:
+    tokens whose whole list is -1 (output 0, or only the sink's share)."""
+    from runtime.gpu.kernels.sparse_attention import reference, triton
+    from runtime.gpu.kernels.sparse_attention.testing import sparse_case
+    from runtime.gpu.kernels.testing import close_ratio
+
+    c = sparse_case(tokens, heads, dim, window, topk, dtype, "cpu", seed=tokens + dim + topk, **kw)
+    for idx in (c.indices, c.extra_indices):
+        if idx is not None:
+            idx[list(empty)] = -1
+    args = (c.q, c.kv, c.indices, c.sinks if sinks else None, c.scale)
+    got = triton.sparse_attention(*args, **c.kwargs())
+    return close_ratio(got, reference.sparse_attention(*args, **c.kwargs()), *_tol(dtype))
+
+
+@case
+def sparse_attention_fp32_d32_k7_early_tokens():
+    return _sparse(6, 32, 3, 4, torch.float32, prefix=1)  # first tokens: window and entries padded -1
+
+
+@case
+def sparse_attention_bf16_d64_k16_ragged_topk_length():
+    return _sparse(5, 64, 8, 8, torch.bfloat16, prefix=20, ragged=True)
+
+
+@case
+def sparse_attention_fp32_d64_two_sources_no_sink_empty_token():
+    return _sparse(5, 64, 5, 11, torch.float32, sinks=False, empty=[2], prefix=30, two_sources=True)
+
+
+@case
+def sparse_attention_bf16_d32_k16_empty_token_with_sink():
+    return _sparse(4, 32, 4, 12, torch.bfloat16, empty=[0, 3], prefix=40)
+
+
+@case
+def sparse_attention_fp32_20_heads_two_head_blocks():
+    return _sparse(3, 32, 4, 3, torch.float32, heads=20, prefix=12)
+
+
 # ------------------------------------------------------------------ the pytest side
 
 _HAS_TRITON = importlib.util.find_spec("triton") is not None
