@@ -8,6 +8,7 @@ from runtime.gpu.kernels import (  # noqa: F401  (imported to register their imp
     extend_attention,
     fp8_gemm,
     fused_moe,
+    mhc,
     mla_decode,
     moe_grouped_gemm,
     moe_route,

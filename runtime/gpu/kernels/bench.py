@@ -381,6 +381,28 @@ def deepseek_workloads(ops: list[str], device: torch.device, small: bool) -> Ite
                 "sparse_attention", f"h={heads} T={tokens} K={window}+{topk}", c.args(), {}, nbytes,
                 4 * rows * heads * dim, tokens=tokens,
             )  # fmt: skip
+    if "mhc_pre" in ops or "mhc_post" in ops:  # DeepSeek-V4-Flash: 4 streams, D 4096, 20 Sinkhorn iterations
+        from runtime.gpu.kernels.mhc.reference import mhc_pre
+        from runtime.gpu.kernels.mhc.testing import mhc_case
+
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        n, d = 4, 64 if small else 4096
+        for tokens in (4,) if small else (1, 64, 4096):
+            c = mhc_case(tokens, n, d, dtype, device, iters=20)
+            elem, mixings = c.h.element_size(), tokens * (n + n * n) * 4  # + post and comb, float32
+            if "mhc_pre" in ops:  # reads h and fn, writes x (normed: the fused RMSNorm) and the mixings
+                nbytes = (c.h.numel() + tokens * d) * elem + c.fn.numel() * 4 + mixings
+                yield Work(
+                    "mhc_pre", f"T={tokens} n={n} D={d} +norm", c.pre_args(norm=True), {}, nbytes,
+                    2 * c.h.numel() * c.fn.shape[0], tokens=tokens,
+                )  # fmt: skip
+            if "mhc_post" in ops:  # reads h, out and the mixings, writes h'
+                _, post, comb = mhc_pre(*c.pre_args())
+                nbytes = (2 * c.h.numel() + c.out.numel()) * elem + mixings
+                yield Work(
+                    "mhc_post", f"T={tokens} n={n} D={d}", (c.h, c.out, post, comb), {}, nbytes,
+                    2 * c.h.numel() * (n + 1), tokens=tokens,
+                )  # fmt: skip
 
 
 if __name__ == "__main__":

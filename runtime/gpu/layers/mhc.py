@@ -4,17 +4,16 @@ At each sublayer site the streams h [T, n, D] give, through one small projection
 concatenation, three mixings: `pre` collapses the streams into the sublayer's input, `post` spreads its
 output back over the streams, and `comb` (made doubly stochastic by Sinkhorn iterations) mixes the
 streams into each other: h'_k = post_k f(x) + sum_j comb[j, k] h_j. The hyper-head collapses the streams
-once more before the final norm. Computed in float32 whatever the model dtype, like the reference."""
+once more before the final norm. The math is the `mhc_pre` / `mhc_post` ops (kernels/mhc/: fused Triton
+kernels on CUDA, the float32 PyTorch reference elsewhere); these modules hold the parameters."""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-
-def _unit_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
+from runtime.gpu.kernels import registry
+from runtime.gpu.kernels.mhc.reference import mhc_head
 
 
 class _Float32(nn.Module):
@@ -35,27 +34,19 @@ class HyperConnection(_Float32):
         self.base = nn.Parameter(torch.zeros(width, dtype=torch.float32))
         self.scale = nn.Parameter(torch.ones(3, dtype=torch.float32))
 
-    def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """h [T, n, D] -> (sublayer input x [T, D], post [T, n], comb [T, n, n])."""
-        n = self.n
-        mix = F.linear(_unit_rms(h.flatten(1).float(), self.norm_eps), self.fn)
-        pre_w, post_w, comb_w = mix.split([n, n, n * n], dim=-1)
-        pre_b, post_b, comb_b = self.base.split([n, n, n * n])
-        pre = torch.sigmoid(pre_w * self.scale[0] + pre_b) + self.hc_eps
-        post = 2 * torch.sigmoid(post_w * self.scale[1] + post_b)
-        comb = torch.softmax(comb_w.view(-1, n, n) * self.scale[2] + comb_b.view(n, n), dim=-1) + self.hc_eps
-        comb = comb / (comb.sum(-2, keepdim=True) + self.hc_eps)
-        for _ in range(self.iters - 1):
-            comb = comb / (comb.sum(-1, keepdim=True) + self.hc_eps)
-            comb = comb / (comb.sum(-2, keepdim=True) + self.hc_eps)
-        x = (pre.unsqueeze(-1) * h).sum(1).to(h.dtype)
-        return x, post, comb
+    def forward(
+        self, h: torch.Tensor, norm: nn.Module | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """h [T, n, D] -> (sublayer input x [T, D], post [T, n], comb [T, n, n]). With `norm` (an RMSNorm:
+        the sublayer's input norm), x comes out normed by it, in the same launch on CUDA."""
+        w, eps = (None, 1e-6) if norm is None else (norm.weight, norm.eps)
+        fn = registry.get("mhc_pre", h.device)
+        return fn(h, self.fn, self.base, self.scale, self.n, self.iters, self.hc_eps, self.norm_eps, w, eps)
 
     @staticmethod
     def merge(h: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
         """h'_k = post_k out + sum_j comb[j, k] h_j  (h [T, n, D], out [T, D])."""
-        dt = h.dtype
-        return post.to(dt).unsqueeze(-1) * out.unsqueeze(-2) + torch.matmul(comb.to(dt).transpose(-1, -2), h)
+        return registry.get("mhc_post", h.device)(h, out, post, comb)
 
 
 class HyperHead(_Float32):
@@ -69,6 +60,4 @@ class HyperHead(_Float32):
         self.hc_scale = nn.Parameter(torch.ones(1, dtype=torch.float32))
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        mix = F.linear(_unit_rms(h.flatten(1).float(), self.norm_eps), self.hc_fn)
-        pre = torch.sigmoid(mix * self.hc_scale + self.hc_base) + self.hc_eps
-        return (pre.unsqueeze(-1) * h).sum(1).to(h.dtype)
+        return mhc_head(h, self.hc_fn, self.hc_base, self.hc_scale, self.hc_eps, self.norm_eps)

@@ -152,10 +152,10 @@ class DeepseekV4DecoderLayer(nn.Module):
         self, h: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:
         """h: the residual streams [T, hc_mult, D]."""
-        x, post, comb = self.attn_hc(h)
-        h = HyperConnection.merge(h, self.self_attn(self.input_layernorm(x), positions, batch), post, comb)
-        x, post, comb = self.ffn_hc(h)
-        return HyperConnection.merge(h, self.mlp(self.post_attention_layernorm(x), input_ids), post, comb)
+        x, post, comb = self.attn_hc(h, norm=self.input_layernorm)  # x comes out normed
+        h = HyperConnection.merge(h, self.self_attn(x, positions, batch), post, comb)
+        x, post, comb = self.ffn_hc(h, norm=self.post_attention_layernorm)
+        return HyperConnection.merge(h, self.mlp(x, input_ids), post, comb)
 
 
 class DeepseekV4MTPBlock(DeepseekV4DecoderLayer):

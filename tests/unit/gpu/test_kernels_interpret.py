@@ -332,6 +332,70 @@ def fp8_block_gemm_split_k3():
     return _fp8_gemm(17, 160, 384, 3)
 
 
+def _mhc_pre(tokens: int, n: int, dim: int, dtype, norm: bool = False, iters: int = 20) -> float:
+    """x (normed with `norm`) against the dtype's tolerance, post and comb (float32) against 1e-5."""
+    from runtime.gpu.kernels.mhc import reference, triton
+    from runtime.gpu.kernels.mhc.testing import mhc_case
+    from runtime.gpu.kernels.testing import close_ratio
+
+    c = mhc_case(tokens, n, dim, dtype, "cpu", iters=iters, seed=tokens + n + dim)
+    (x, post, comb), (wx, wpost, wcomb) = (f(*c.pre_args(norm)) for f in (triton.mhc_pre, reference.mhc_pre))
+    assert x.dtype == wx.dtype and post.dtype == comb.dtype == torch.float32
+    return max(close_ratio(x, wx, *_tol(dtype)), close_ratio(post, wpost, 1e-5, 1e-5),
+               close_ratio(comb, wcomb, 1e-5, 1e-5))  # fmt: skip
+
+
+@case
+def mhc_pre_fp32_n4_split_k_over_token_blocks():
+    return _mhc_pre(37, 4, 96, torch.float32)
+
+
+@case
+def mhc_pre_bf16_n4_one_token_with_norm():
+    return _mhc_pre(1, 4, 64, torch.bfloat16, norm=True)
+
+
+@case
+def mhc_pre_bf16_n3_with_norm_two_d_chunks():
+    return _mhc_pre(3, 3, 2100, torch.bfloat16, norm=True, iters=7)  # D past BLOCK_D 2048, ragged
+
+
+@case
+def mhc_pre_fp32_n2_one_sinkhorn_iter():
+    return _mhc_pre(6, 2, 24, torch.float32, iters=1)
+
+
+@case
+def mhc_pre_fp32_no_tokens():
+    return _mhc_pre(0, 4, 64, torch.float32, norm=True)
+
+
+def _mhc_post(tokens: int, n: int, dim: int, dtype) -> float:
+    from runtime.gpu.kernels.mhc import reference, triton
+    from runtime.gpu.kernels.mhc.testing import mhc_case
+    from runtime.gpu.kernels.testing import close_ratio
+
+    c = mhc_case(tokens, n, dim, dtype, "cpu", seed=tokens + n)
+    _, post, comb = reference.mhc_pre(*c.pre_args())
+    got = triton.mhc_post(c.h, c.out, post, comb)
+    return close_ratio(got, reference.mhc_post(c.h, c.out, post, comb), *_tol(dtype))
+
+
+@case
+def mhc_post_fp32_n3_ragged_d():
+    return _mhc_post(5, 3, 1100, torch.float32)
+
+
+@case
+def mhc_post_bf16_n4_one_token():
+    return _mhc_post(1, 4, 256, torch.bfloat16)
+
+
+@case
+def mhc_post_bf16_n2():
+    return _mhc_post(9, 2, 100, torch.bfloat16)
+
+
 @case
 def moe_grouped_gemm_bf16_empty_and_ragged_experts():
     from runtime.gpu.kernels.moe_grouped_gemm import reference, triton
