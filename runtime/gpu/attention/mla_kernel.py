@@ -48,16 +48,7 @@ class MLAKernelBackend(TorchMLABackend):
     def prepare(self, batch: ForwardBatch) -> None:
         device = batch.input_ids.device
         self._bind(device)
-        dec_tok, dec_rows, dec_lens, prefills = [], [], [], []
-        start = 0
-        for row, prefix, length in zip(batch.rows_list, batch.prefix_lens, batch.extend_lens, strict=True):
-            if length == 1:
-                dec_tok.append(start)
-                dec_rows.append(row)
-                dec_lens.append(prefix + 1)
-            elif length > 1:
-                prefills.append(self._prefill(batch, row, start, length, prefix))
-            start += length
+        dec_tok, dec_rows, dec_lens, prefills = self._split_rows(batch)
         meta = _Meta(None, False, None, None, None, prefills)
         if dec_tok:
             host = torch.tensor([dec_tok, dec_rows, dec_lens], dtype=torch.int64)

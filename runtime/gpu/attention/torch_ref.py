@@ -35,8 +35,9 @@ class _Meta:
 
 
 class TorchAttentionBackend(AttentionBackend):
-    def prepare(self, batch: ForwardBatch) -> None:
-        device = batch.input_ids.device
+    def _split_rows(self, batch: ForwardBatch) -> tuple[list[int], list[int], list[int], list[_Prefill]]:
+        """Host lists of the step's decode rows (token index, row, length with the new token) and its
+        prefill/extend rows (one `_Prefill` each), in plan order."""
         dec_tok, dec_rows, dec_lens, prefills = [], [], [], []
         start = 0
         for row, prefix, length in zip(batch.rows_list, batch.prefix_lens, batch.extend_lens, strict=True):
@@ -47,6 +48,11 @@ class TorchAttentionBackend(AttentionBackend):
             elif length > 1:
                 prefills.append(self._prefill(batch, row, start, length, prefix))
             start += length
+        return dec_tok, dec_rows, dec_lens, prefills
+
+    def prepare(self, batch: ForwardBatch) -> None:
+        device = batch.input_ids.device
+        dec_tok, dec_rows, dec_lens, prefills = self._split_rows(batch)
         meta = _Meta(None, False, None, None, None, prefills)
         if dec_tok:
             host = torch.tensor([dec_tok, dec_rows, dec_lens], dtype=torch.int64)

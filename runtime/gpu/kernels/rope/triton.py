@@ -32,6 +32,18 @@ def _rotate_heads(X, Out, t, stride_xt, stride_xh, stride_ot, stride_oh, n_heads
 
 
 @triton.jit
+def _cos_sin(Cos, Sin, pos, stride_c, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    """The two halves of the position's cos and sin rows (the table repeats them), in float32."""
+    offs_d = tl.arange(0, BLOCK_HALF)
+    mask_d = offs_d < HALF
+    c1 = tl.load(Cos + pos * stride_c + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+    c2 = tl.load(Cos + pos * stride_c + HALF + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+    s1 = tl.load(Sin + pos * stride_c + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+    s2 = tl.load(Sin + pos * stride_c + HALF + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+    return c1, c2, s1, s2
+
+
+@triton.jit
 def _rope(
     Pos, Q, K, Cos, Sin, QOut, KOut, n_q_heads, n_kv_heads,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_qot, stride_qoh, stride_kot, stride_koh, stride_c,
@@ -39,12 +51,7 @@ def _rope(
 ):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(Pos + t).to(tl.int64)
-    offs_d = tl.arange(0, BLOCK_HALF)
-    mask_d = offs_d < HALF
-    c1 = tl.load(Cos + pos * stride_c + offs_d, mask=mask_d, other=0.0).to(tl.float32)
-    c2 = tl.load(Cos + pos * stride_c + HALF + offs_d, mask=mask_d, other=0.0).to(tl.float32)
-    s1 = tl.load(Sin + pos * stride_c + offs_d, mask=mask_d, other=0.0).to(tl.float32)
-    s2 = tl.load(Sin + pos * stride_c + HALF + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+    c1, c2, s1, s2 = _cos_sin(Cos, Sin, pos, stride_c, HALF, BLOCK_HALF)
     _rotate_heads(Q, QOut, t, stride_qt, stride_qh, stride_qot, stride_qoh, n_q_heads, c1, c2, s1, s2,
                   HALF, BLOCK_HQ, BLOCK_HALF)  # fmt: skip
     _rotate_heads(K, KOut, t, stride_kt, stride_kh, stride_kot, stride_koh, n_kv_heads, c1, c2, s1, s2,
@@ -83,12 +90,7 @@ def _rope_store(
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(Pos + t).to(tl.int64)
     slot = tl.load(Loc + t).to(tl.int64)
-    offs_d = tl.arange(0, BLOCK_HALF)
-    mask_d = offs_d < HALF
-    c1 = tl.load(Cos + pos * stride_c + offs_d, mask=mask_d, other=0.0).to(tl.float32)
-    c2 = tl.load(Cos + pos * stride_c + HALF + offs_d, mask=mask_d, other=0.0).to(tl.float32)
-    s1 = tl.load(Sin + pos * stride_c + offs_d, mask=mask_d, other=0.0).to(tl.float32)
-    s2 = tl.load(Sin + pos * stride_c + HALF + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+    c1, c2, s1, s2 = _cos_sin(Cos, Sin, pos, stride_c, HALF, BLOCK_HALF)
     _rotate_heads(Q, QOut, t, stride_qt, stride_qh, stride_qot, stride_qoh, n_q_heads, c1, c2, s1, s2,
                   HALF, BLOCK_HQ, BLOCK_HALF)  # fmt: skip
     # The pool row of this token is "token" `slot` of a [slots, Hkv, D] tensor: same helper, t = slot.
