@@ -159,52 +159,70 @@ YARN_ROPE = dict(
 )
 
 
+_TINY_MLA = dict(  # MLA and MoE shapes shared by the tiny V2 and V3 configs
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=96,
+    moe_intermediate_size=32,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=4,  # the reference's eager path repeats K/V heads // this
+    q_lora_rank=32,
+    kv_lora_rank=32,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=8,
+    v_head_dim=16,
+    n_routed_experts=8,
+    n_shared_experts=1,
+    num_experts_per_tok=3,
+    first_k_dense_replace=1,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+
 def tiny_deepseek_v3_config(**overrides):
     """Every V3 feature at toy sizes: q LoRA, interleaved rope, 1 dense + 2 MoE layers, 4 expert groups."""
     from transformers import DeepseekV3Config
 
     kw = dict(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=96,
-        moe_intermediate_size=32,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=4,  # the reference's eager path repeats K/V heads // this
-        q_lora_rank=32,
-        kv_lora_rank=32,
-        qk_nope_head_dim=16,
-        qk_rope_head_dim=8,
-        v_head_dim=16,
-        n_routed_experts=8,
-        n_shared_experts=1,
-        num_experts_per_tok=3,
+        _TINY_MLA,
         n_group=4,
         topk_group=2,
-        first_k_dense_replace=1,
         routed_scaling_factor=2.5,
         norm_topk_prob=True,
         num_nextn_predict_layers=0,
-        max_position_embeddings=256,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-        bos_token_id=1,
-        eos_token_id=2,
         architectures=["DeepseekV3ForCausalLM"],
     )
     kw.update(overrides)
     return DeepseekV3Config(**kw)
 
 
-def random_deepseek_v3(seed: int = 0, **overrides):
-    """transformers' DeepseekV3ForCausalLM (float32, eager attention) with every weight random, including
-    the norms, the router and its correction bias (zero by default, which would hide routing bugs)."""
-    from transformers import DeepseekV3ForCausalLM
+def tiny_deepseek_v2_config(**overrides):
+    """V2 at toy sizes: V3's shapes with V2 routing (softmax, top-3 experts within the best 2 of 4 groups
+    by their maximum score, no correction bias, unnormalised weights times 16 as in V2)."""
+    from transformers import DeepseekV2Config
 
-    torch.manual_seed(seed)
-    config = tiny_deepseek_v3_config(**overrides)
-    config._attn_implementation = "eager"
-    model = DeepseekV3ForCausalLM(config).float().eval()
+    kw = dict(
+        _TINY_MLA,
+        topk_method="group_limited_greedy",
+        n_group=4,
+        topk_group=2,
+        routed_scaling_factor=16.0,
+        norm_topk_prob=False,
+        architectures=["DeepseekV2ForCausalLM"],
+    )
+    kw.update(overrides)
+    return DeepseekV2Config(**kw)
+
+
+def _randomized(model):
+    """Every weight random, including the norms, the router and V3's correction bias (transformers'
+    init leaves them at one and zero, which would hide norm and routing bugs)."""
+    model = model.float().eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
@@ -217,10 +235,32 @@ def random_deepseek_v3(seed: int = 0, **overrides):
     return model
 
 
+def random_deepseek_v3(seed: int = 0, **overrides):
+    """transformers' DeepseekV3ForCausalLM (float32, eager attention) with every weight random."""
+    from transformers import DeepseekV3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = tiny_deepseek_v3_config(**overrides)
+    config._attn_implementation = "eager"
+    return _randomized(DeepseekV3ForCausalLM(config))
+
+
 def save_tiny_deepseek_v3(path: Path, seed: int = 0, **overrides):
     """A real checkpoint directory (config.json + model.safetensors, per-expert tensor names as the
     released checkpoints) of a random tiny DeepSeek-V3; returns the transformers model."""
     model = random_deepseek_v3(seed, **overrides)
+    model.save_pretrained(path)
+    return model
+
+
+def save_tiny_deepseek_v2(path: Path, seed: int = 0, **overrides):
+    """As `save_tiny_deepseek_v3`, for transformers' DeepseekV2ForCausalLM (float32, eager attention)."""
+    from transformers import DeepseekV2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = tiny_deepseek_v2_config(**overrides)
+    config._attn_implementation = "eager"
+    model = _randomized(DeepseekV2ForCausalLM(config))
     model.save_pretrained(path)
     return model
 
@@ -349,6 +389,28 @@ def random_deepseek_v4(seed: int = 0, **overrides):
                 experts = torch.rand(b.shape[0], config.n_routed_experts).argsort(-1)
                 b.copy_(experts[:, : b.shape[1]])
     return model
+
+
+V4_SLIDING, V4_CSA, V4_HCA = (
+    "sliding_attention",
+    "compressed_sparse_attention",
+    "heavily_compressed_attention",
+)
+# The tiny V4 configs the parity and prefix tests (and `loadgen.v4_replay`) run, as overrides of
+# `random_deepseek_v4`'s defaults: "v4" = sliding, CSA (rate 4, indexer top-2), HCA (rate 8), CSA with
+# hash MoE then learned routing, window 8; "wide_topk" = HCA first, the indexer keeps every causal
+# entry, window 5, 3 mHC streams, two hash layers.
+V4_TINY_CONFIGS: dict[str, dict] = {
+    "v4": dict(),
+    "wide_topk": dict(
+        layer_types=[V4_HCA, V4_CSA, V4_SLIDING],
+        mlp_layer_types=["hash_moe", "hash_moe", "moe"],
+        num_hidden_layers=3,
+        index_topk=64,
+        sliding_window=5,
+        hc_mult=3,
+    ),
+}
 
 
 def save_tiny_deepseek_v4(path: Path, seed: int = 0, **overrides):

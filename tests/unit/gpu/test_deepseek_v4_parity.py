@@ -10,24 +10,11 @@ import pytest
 import torch
 
 from runtime.gpu.model_runner import ModelRunner, RunnerConfig
-from runtime.gpu.testing import PagedPlanBuilder, save_tiny_deepseek_v4, seq_start
+from runtime.gpu.testing import V4_TINY_CONFIGS, PagedPlanBuilder, save_tiny_deepseek_v4, seq_start
 
 TOL = 1e-4
 PAGE = 8  # lcm of the compress rates 4 and 8: a page holds whole windows
-SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
-CONFIGS = {
-    # sliding, CSA (rate 4, indexer top-2), HCA (rate 8), CSA; hash MoE then learned routing; window 8
-    "v4": dict(),
-    # HCA first, indexer keeps every causal entry, window 5, 3 mHC streams, two hash layers
-    "wide_topk": dict(
-        layer_types=[HCA, CSA, SLIDING],
-        mlp_layer_types=["hash_moe", "hash_moe", "moe"],
-        num_hidden_layers=3,
-        index_topk=64,
-        sliding_window=5,
-        hc_mult=3,
-    ),
-}
+CONFIGS = V4_TINY_CONFIGS
 
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))

@@ -18,20 +18,9 @@ import torch
 from runtime.actors.scheduler.testing import run_scheduler, tokenized
 from runtime.config import ServerConfig
 from runtime.gpu.model_runner import ModelRunner, RunnerConfig
-from runtime.gpu.testing import save_tiny_deepseek_v4, v4_hit_vs_cold
+from runtime.gpu.testing import V4_TINY_CONFIGS, save_tiny_deepseek_v4, v4_hit_vs_cold
 
-SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
-CONFIGS = {  # as in test_deepseek_v4_parity.py
-    "v4": dict(),
-    "wide_topk": dict(
-        layer_types=[HCA, CSA, SLIDING],
-        mlp_layer_types=["hash_moe", "hash_moe", "moe"],
-        num_hidden_layers=3,
-        index_topk=64,
-        sliding_window=5,
-        hc_mult=3,
-    ),
-}
+CONFIGS = V4_TINY_CONFIGS
 PAGE, SLOTS, H = 8, 1024, 48
 EXACT_TOL = 1e-5
 
