@@ -20,25 +20,38 @@ __all__ = ["HashRouter", "RoutedExperts", "TopkRouter", "score", "swiglu"]
 
 
 class TopkRouter(nn.Module):
-    """Scores (sigmoid, or softmax for V2), group-limited top-k on scores + correction bias, weights
-    from the plain scores, optionally normalised, times `routed_scaling_factor`.
+    """Scores, group-limited top-k on scores (+ correction bias), weights from the plain scores,
+    optionally normalised, times `routed_scaling_factor`. `topk_method` picks the variant:
+
+    - "noaux_tc" (V3, V4; the default): sigmoid (V4: sqrt-softplus) scores plus a correction bias; a
+      group's score is the sum of its best two.
+    - "group_limited_greedy" (V2, V2.5): softmax scores, no bias; top-k within the `topk_group` groups
+      with the highest maximum score.
+    - "greedy" (V2-Lite): softmax scores, no bias, plain top-k (any `n_group` is ignored).
 
     Kept in float32 whatever the model dtype (like the reference's `_keep_in_fp32_modules_strict`):
     selection is decided by small differences of the correction bias."""
 
+    METHODS = ("noaux_tc", "group_limited_greedy", "greedy")
+
     def __init__(self, config) -> None:
         super().__init__()
+        method = getattr(config, "topk_method", None) or "noaux_tc"
+        if method not in self.METHODS:
+            raise ValueError(f"topk_method {method!r} is not supported; supported: {self.METHODS}")
         self.num_experts = config.n_routed_experts
         self.top_k = config.num_experts_per_tok
-        self.num_groups = getattr(config, "n_group", None) or 1
+        self.num_groups = 1 if method == "greedy" else getattr(config, "n_group", None) or 1
         self.topk_group = getattr(config, "topk_group", None) or self.num_groups
         self.scaling = getattr(config, "routed_scaling_factor", 1.0)
-        self.scoring = getattr(config, "scoring_func", "sigmoid")
+        self.has_bias = method == "noaux_tc"
+        default_scoring = "sigmoid" if self.has_bias else "softmax"
+        self.scoring = getattr(config, "scoring_func", None) or default_scoring
         self.weight = nn.Parameter(torch.zeros(self.num_experts, config.hidden_size, dtype=torch.float32))
-        # V2 routers have no correction bias (`topk_method` "greedy" / "group_limited_greedy").
-        self.has_bias = getattr(config, "topk_method", "noaux_tc") == "noaux_tc"
         if self.has_bias:
             self.e_score_correction_bias = nn.Parameter(torch.zeros(self.num_experts, dtype=torch.float32))
+        # V2's configs say False (transformers' V2 router never normalises; DeepSeek's own code does when
+        # True); V3's say True
         self.norm_topk_prob = bool(getattr(config, "norm_topk_prob", self.has_bias))
 
     def _apply(self, fn, recurse=True):

@@ -8,6 +8,8 @@ from torch import nn
 
 _MODELS: dict[str, str] = {
     "LlamaForCausalLM": "runtime.gpu.models.llama:LlamaForCausalLM",
+    # V2 / V2-Lite / V2.5 are V3's model with V2 routing, which TopkRouter reads from the config
+    "DeepseekV2ForCausalLM": "runtime.gpu.models.deepseek_v3:DeepseekV3ForCausalLM",
     "DeepseekV3ForCausalLM": "runtime.gpu.models.deepseek_v3:DeepseekV3ForCausalLM",
     "DeepseekV4ForCausalLM": "runtime.gpu.models.deepseek_v4:DeepseekV4ForCausalLM",
 }

@@ -1,11 +1,15 @@
 """DeepSeek-V3 / R1: multi-head latent attention (MLA), DeepSeekMoE, multi-token-prediction (MTP) layers.
+Also DeepSeek-V2 / V2-Lite / V2.5 (`DeepseekV2ForCausalLM`): the same model without MTP layers; its
+routing (softmax, "greedy" or "group_limited_greedy", no correction bias) is read from the config by
+`TopkRouter`, and its complex-number rope is V3's interleaved rope (V2 configs have no `rope_interleave`).
 
-Exact against transformers' `deepseek_v3` (tests/unit/gpu/test_deepseek_v3_parity.py). A layer is
-`x + MLA(norm(x))`, then `x + FFN(norm(x))` where the FFN is a dense SwiGLU for the first
-`first_k_dense_replace` layers and DeepSeekMoE after. How MLA attends over the paged latent cache
-(expanded for prefill, absorbed for decode) lives in the attention backend (`attention/mla_ref.py`, the
-reference; `attention/mla_kernel.py`, decode through the `mla_decode` op). The routed experts run the
-`fused_moe` op. On CUDA neither reads the device on the host, so decode steps run as CUDA graphs.
+Exact against transformers' `deepseek_v3` and `deepseek_v2` (tests/unit/gpu/test_deepseek_v3_parity.py,
+test_deepseek_v2_parity.py). A layer is `x + MLA(norm(x))`, then `x + FFN(norm(x))` where the FFN is a
+dense SwiGLU for the first `first_k_dense_replace` layers and DeepSeekMoE after. How MLA attends over the
+paged latent cache (expanded for prefill, absorbed for decode) lives in the attention backend
+(`attention/mla_ref.py`, the reference; `attention/mla_kernel.py`, decode through the `mla_decode` op).
+The routed experts run the `fused_moe` op. On CUDA neither reads the device on the host, so decode
+steps run as CUDA graphs.
 
 MTP layers are `model.layers.{num_hidden_layers + i}` in checkpoints; they are loaded when present and
 run through `mtp_forward`, but decoding does not use them yet."""

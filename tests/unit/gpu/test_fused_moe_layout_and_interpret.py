@@ -138,6 +138,8 @@ ROUTE_CASES = {  # tokens, experts, top_k, groups, topk_group, scoring, bias, no
     "route_v3_grouped_sigmoid_bias": (9, 256, 8, 8, 4, "sigmoid", True, True),
     "route_v2lite_as_v3_flat": (7, 64, 6, 1, 1, "sigmoid", True, False),
     "route_v2_softmax_groups_no_bias": (5, 16, 2, 4, 1, "softmax", False, False),
+    "route_v2_group_limited_greedy": (5, 160, 6, 8, 3, "softmax", False, False),
+    "route_v2lite_greedy": (7, 64, 6, 1, 1, "softmax", False, False),
     "route_v4_sqrtsoftplus": (6, 12, 2, 1, 1, "sqrtsoftplus", True, True),
     "route_odd_groups_top1": (4, 12, 1, 3, 2, "softmax", False, True),
 }
