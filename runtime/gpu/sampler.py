@@ -3,11 +3,14 @@
 Per-row sampling parameters live in one device table indexed by request row (written once at
 registration), so a step reads them with one gather and never syncs per row. The host keeps only what
 decides which code paths a step needs (any penalties? any top-k/top-p? who is seeded?) and how many
-tokens each row has produced (for min_tokens).
+tokens each row has produced (for min_tokens and seeded draws).
 
-Sampling uses the exponential race (argmax of p / Exp(1) noise), which draws from softmax exactly and
-lets each seeded row draw its noise from its own generator: a seeded request gives the same tokens
-whatever its batch neighbours are.
+Sampling uses the exponential race (argmax of p / Exp(1) noise), which draws from softmax exactly. A
+seeded row draws the noise for its n-th output token from its generator re-seeded with `draw_seed(seed,
+n)`, so its noise is a function of (seed, n) alone, not a stream whose position is state: the same tokens
+whatever the batch neighbours, and a row re-registered after a retraction (`SeqStart.output_ids`, its
+tokens so far) resumes exactly where it was, its penalty counts and min_tokens progress rebuilt from the
+same tokens.
 
 Nothing here waits on the device: host-side choices (which paths a step needs) come from host state,
 host-to-device copies are non-blocking, and the runner copies the tokens back once per step."""
@@ -28,8 +31,8 @@ TEMP, TOP_P, MIN_P, TOP_K, REP, FREQ, PRES = range(7)
 class _Row:
     params: SamplingParams
     stop_ids: list[int]
-    generator: torch.Generator | None
-    n_out: int = 0
+    generator: torch.Generator | None  # seeded rows: re-seeded before every draw (draw_seed)
+    n_out: int = 0  # tokens produced (before a retraction too): min_tokens progress, the next draw's index
 
     @property
     def penalized(self) -> bool:
@@ -61,11 +64,10 @@ class Sampler:
         self.prompt_mask: torch.Tensor | None = None  # [rows, V] token occurs in the prompt
 
     def register(self, start: SeqStart) -> None:
+        """A request enters `start.row`; after a retraction, `start.output_ids` restores where it was."""
         p = start.params
-        gen = None
-        if p.seed is not None:
-            gen = torch.Generator(device=self.device).manual_seed(p.seed)
-        row = _Row(p, list(start.stop_ids), gen)
+        gen = None if p.seed is None else torch.Generator(device=self.device)
+        row = _Row(p, list(start.stop_ids), gen, len(start.output_ids))
         self.rows[start.row] = row
         values = [p.temperature, p.top_p, p.min_p, max(p.top_k, 0), p.repetition_penalty]
         values += [p.frequency_penalty, p.presence_penalty]
@@ -80,6 +82,10 @@ class Sampler:
             if start.prompt_ids:
                 ids = torch.tensor(start.prompt_ids, dtype=torch.int64).to(self.device, non_blocking=True)
                 self.prompt_mask[start.row, ids] = True
+            if start.output_ids:
+                ids = torch.tensor(start.output_ids, dtype=torch.int64).to(self.device, non_blocking=True)
+                ones = torch.ones_like(ids, dtype=torch.int32)
+                self.counts[start.row].index_put_((ids,), ones, accumulate=True)
 
     def release(self, row: int) -> None:
         self.rows.pop(row, None)
@@ -145,9 +151,27 @@ class Sampler:
         noise = torch.empty_like(probs).exponential_(generator=self.generator)
         for i, s in enumerate(states):
             if s.generator is not None:
-                noise[i].exponential_(generator=s.generator)
+                noise[i].exponential_(generator=s.generator.manual_seed(draw_seed(s.params.seed, s.n_out)))
         sampled = (probs / noise.clamp_min_(1e-20)).argmax(dim=-1)
         return torch.where(greedy, logits.argmax(dim=-1), sampled)
+
+
+_M64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def draw_seed(seed: int, n: int) -> int:
+    """The generator seed for a request's n-th output token (n from 0): `seed` and `n` folded together by
+    splitmix64, the way JAX's fold_in derives a key from a key and a counter. Different draws of one
+    request, and requests with nearby seeds (the choices of one request use seed + i), get unrelated
+    streams."""
+    return _splitmix64(_splitmix64(seed & _M64) ^ n)
 
 
 def _top_k_top_p(

@@ -134,14 +134,21 @@ class PagedPlanBuilder(PlanBuilder):
 
 
 def seq_start(
-    row: int, prompt: list[int], params: SamplingParams = GREEDY, stop_ids=(), prefix_slots=()
+    row: int,
+    prompt: list[int],
+    params: SamplingParams = GREEDY,
+    stop_ids=(),
+    prefix_slots=(),
+    output_ids=(),
 ) -> SeqStart:
+    """`output_ids`: what a request re-admitted after a retraction had generated."""
     return SeqStart(
         row=row,
         params=params,
         prompt_ids=list(prompt),
         prefix_slots=list(prefix_slots),
         stop_ids=list(stop_ids),
+        output_ids=list(output_ids),
     )
 
 

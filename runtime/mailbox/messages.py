@@ -98,13 +98,18 @@ class TrackRequest(Struct, frozen=True, tag=True, array_like=True, kw_only=True)
 
 
 class SeqStart(Struct, frozen=True, array_like=True):
-    """A request entering the worker's request table at `row` (on admission or re-admission)."""
+    """A request entering the worker's request table at `row` (on admission or re-admission).
+
+    A request re-admitted after a retraction brings the tokens it generated before (`output_ids`): the
+    sampler rebuilds its penalty counts and min_tokens progress from them, and its seeded draws resume at
+    token index len(output_ids), so its sampling continues as if it had never left."""
 
     row: int
     params: SamplingParams
     prompt_ids: list[int]  # for repetition penalties
     prefix_slots: list[int]  # KV slots of the cached prefix, written to req_to_token[row, :len]
     stop_ids: list[int]  # banned until min_tokens is reached
+    output_ids: list[int] = []  # tokens generated before a retraction (empty on first admission)
 
 
 class StepPlan(Struct, frozen=True, tag=True, array_like=True):

@@ -5,7 +5,9 @@ Memory: admission reserves an estimate of each running request's future KV (rema
 decaying `new_token_ratio`, as SGLang does) so decode rarely runs dry; when it does, the cache is evicted
 first, then the requests with the least progress are retracted (their KV handed to the cache, requeued at
 the front). A victim may still have a step in flight: its token is kept when it comes back, and the
-victim is not readmitted before that.
+victim is not readmitted before that. Re-admission prefills prompt + outputs again (less what the cache
+still holds) and its `SeqStart` carries the outputs, so the worker's sampler resumes the request's
+penalties, min_tokens progress and seeded random draws exactly (`runtime/gpu/sampler.py`).
 
 Cost per step is O(rows in the plan): the running set is an insertion-ordered dict (O(1) removal), the
 waiting queue is only re-sorted when it changed, and sums over the running set are taken only when a
@@ -214,8 +216,9 @@ class BatchPlanner:
         if allow_prefill and budget > 0:
             filling = list(self.filling)
             admitted = self._admit_waiting(budget - sum(r.fill_len - r.kv_len for r in filling))
-            for r in admitted:
-                added.append(SeqStart(r.row, r.params, r.prompt_ids, list(r.slots), sorted(r.stop_ids)))
+            for r in admitted:  # a re-admitted request brings its outputs: its sampling state resumes
+                slots, stops, outs = list(r.slots), sorted(r.stop_ids), list(r.output_ids)
+                added.append(SeqStart(r.row, r.params, r.prompt_ids, slots, stops, outs))
             for r in filling + admitted:
                 rp = r.replay  # the first chunk after a hit starts with the replay, within the budget
                 room = max(budget - rp, 1) if budget > 0 else 0  # (at least one new token: may overrun)

@@ -188,8 +188,11 @@ def tokenized(
     priority: int = 0,
     arrival: float = 0.0,
     max_tokens: int | None = -1,
+    params: SamplingParams | None = None,
 ) -> TokenizedRequest:
-    params = SamplingParams(max_tokens=max_new if max_tokens == -1 else max_tokens, temperature=0.0)
+    """A request as the tokenizer sends it; greedy unless `params` says otherwise."""
+    if params is None:
+        params = SamplingParams(max_tokens=max_new if max_tokens == -1 else max_tokens, temperature=0.0)
     return TokenizedRequest(
         rid=rid,
         input_ids=prompt,

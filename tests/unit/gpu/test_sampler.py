@@ -133,3 +133,65 @@ def test_released_row_state_is_reset_on_reregistration():
     s.release(1)
     s.register(seq_start(1, [], P(temperature=0.0, frequency_penalty=1.0)))
     assert int(s.counts[1].sum()) == 0 and s.rows[1].n_out == 0
+
+
+# ---------------------------------------------------------------- re-admission after a retraction
+
+RESUMED = P(
+    temperature=1.0,
+    top_p=0.95,
+    seed=77,
+    repetition_penalty=1.5,
+    frequency_penalty=0.5,
+    presence_penalty=0.3,
+    min_tokens=6,
+)
+
+
+def test_a_row_restarted_with_its_outputs_samples_like_a_row_that_never_stopped():
+    g = torch.Generator().manual_seed(11)
+    steps = [torch.randn(2, V, generator=g) * 2 for _ in range(12)]
+    steps = [x[[0, 0, 1]] for x in steps]  # both request rows see the same logits; a neighbour others
+    for x in steps:
+        x[:, 3] += 3.0  # the stop token is likely: the min_tokens ban decides
+    prompt, stops = [0, 1, 2, 5], [3]
+    s = make({1: RESUMED, 2: RESUMED, 4: P(temperature=1.0)}, {1: prompt, 2: prompt}, {1: stops, 2: stops})
+    never, restarted, penalized = [], [], []
+    for i, x in enumerate(steps):
+        if i == 4:  # row 2 is retracted and comes back in row 6 with what it had generated
+            s.release(2)
+            s.register(seq_start(6, prompt, RESUMED, stops, output_ids=restarted))
+        rows = [1, 2 if i < 4 else 6, 4]
+        rows_t = torch.tensor(rows)
+        penalized.append(s._penalize(x, s.table[rows_t], rows_t, [s.rows[r] for r in rows]))
+        toks = sample(s, x, rows).tokens.tolist()
+        never.append(toks[0])
+        restarted.append(toks[1])
+    assert restarted == never
+    for p in penalized:  # both rows saw the same logits, so their penalized logits must agree exactly
+        assert torch.equal(p[0], p[1])
+    assert torch.equal(s.counts[1], s.counts[6]) and s.rows[6].n_out == len(steps)
+    assert 3 not in never[:6]  # banned until min_tokens
+
+    # without its outputs, the restarted row would draw, penalize and ban differently
+    fresh = make({1: RESUMED}, {1: prompt}, {1: stops})
+    assert [sample(fresh, x[:1], [1]).tokens.item() for x in steps[4:]] != never[4:]
+
+
+def test_min_tokens_counts_the_outputs_before_a_retraction():
+    logits = torch.zeros(1, V)
+    logits[0, 2] = 10.0  # the stop token is by far the best
+    s = Sampler(max_rows=8, vocab_size=V, device="cpu")
+    s.register(seq_start(1, [], P(temperature=0.0, min_tokens=5), [2], output_ids=[7, 8, 9]))
+    assert [sample(s, logits, [1]).tokens.item() for _ in range(3)] == [0, 0, 2]
+
+
+def test_seeded_rows_follow_the_softmax_distribution():
+    # each draw has its own seed (seed, token index): the draws must still be softmax samples
+    logits = torch.tensor([[2.0, 1.0, 0.0] + [-30.0] * (V - 3)]).repeat(8, 1)
+    s = make({r: P(temperature=1.0, seed=r) for r in range(1, 9)})
+    counts = torch.zeros(V)
+    for _ in range(150):
+        counts += torch.bincount(sample(s, logits, list(range(1, 9))).tokens, minlength=V)
+    freq = counts[:3] / counts.sum()
+    torch.testing.assert_close(freq, torch.softmax(logits[0, :3], -1), atol=0.04, rtol=0)
