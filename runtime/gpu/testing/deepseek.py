@@ -1,0 +1,269 @@
+"""Tiny random DeepSeek-V2 / V3 / V4 checkpoints and configs, saved by transformers, with every weight
+random (norms, routers and biases included, so routing bugs show), and a V3 decode scenario."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from runtime.gpu.testing.plans import PlanBuilder, seq_start
+
+YARN_ROPE = dict(
+    rope_type="yarn",
+    rope_theta=10000.0,
+    factor=8.0,
+    original_max_position_embeddings=32,  # x 8 = max_position_embeddings
+    beta_fast=32.0,
+    beta_slow=1.0,
+    mscale=1.0,
+    mscale_all_dim=0.8,
+)
+
+
+_TINY_MLA = dict(  # MLA and MoE shapes shared by the tiny V2 and V3 configs
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=96,
+    moe_intermediate_size=32,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=4,  # the reference's eager path repeats K/V heads // this
+    q_lora_rank=32,
+    kv_lora_rank=32,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=8,
+    v_head_dim=16,
+    n_routed_experts=8,
+    n_shared_experts=1,
+    num_experts_per_tok=3,
+    first_k_dense_replace=1,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+
+def tiny_deepseek_v3_config(**overrides):
+    """Every V3 feature at toy sizes: q LoRA, interleaved rope, 1 dense + 2 MoE layers, 4 expert groups."""
+    from transformers import DeepseekV3Config
+
+    kw = dict(
+        _TINY_MLA,
+        n_group=4,
+        topk_group=2,
+        routed_scaling_factor=2.5,
+        norm_topk_prob=True,
+        num_nextn_predict_layers=0,
+        architectures=["DeepseekV3ForCausalLM"],
+    )
+    kw.update(overrides)
+    return DeepseekV3Config(**kw)
+
+
+def tiny_deepseek_v2_config(**overrides):
+    """V2 at toy sizes: V3's shapes with V2 routing (softmax, top-3 experts within the best 2 of 4 groups
+    by their maximum score, no correction bias, unnormalised weights times 16 as in V2)."""
+    from transformers import DeepseekV2Config
+
+    kw = dict(
+        _TINY_MLA,
+        topk_method="group_limited_greedy",
+        n_group=4,
+        topk_group=2,
+        routed_scaling_factor=16.0,
+        norm_topk_prob=False,
+        architectures=["DeepseekV2ForCausalLM"],
+    )
+    kw.update(overrides)
+    return DeepseekV2Config(**kw)
+
+
+def _randomized(model):
+    """Every weight random, including the norms, the router and V3's correction bias (transformers'
+    init leaves them at one and zero, which would hide norm and routing bugs)."""
+    model = model.float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+            elif name.endswith("gate.weight"):
+                p.normal_(0.0, 0.3)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.uniform_(-0.2, 0.2)
+    return model
+
+
+def random_deepseek_v3(seed: int = 0, **overrides):
+    """transformers' DeepseekV3ForCausalLM (float32, eager attention) with every weight random."""
+    from transformers import DeepseekV3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = tiny_deepseek_v3_config(**overrides)
+    config._attn_implementation = "eager"
+    return _randomized(DeepseekV3ForCausalLM(config))
+
+
+def save_tiny_deepseek_v3(path: Path, seed: int = 0, **overrides):
+    """A real checkpoint directory (config.json + model.safetensors, per-expert tensor names as the
+    released checkpoints) of a random tiny DeepSeek-V3; returns the transformers model."""
+    model = random_deepseek_v3(seed, **overrides)
+    model.save_pretrained(path)
+    return model
+
+
+def save_tiny_deepseek_v2(path: Path, seed: int = 0, **overrides):
+    """As `save_tiny_deepseek_v3`, for transformers' DeepseekV2ForCausalLM (float32, eager attention)."""
+    from transformers import DeepseekV2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = tiny_deepseek_v2_config(**overrides)
+    config._attn_implementation = "eager"
+    model = _randomized(DeepseekV2ForCausalLM(config))
+    model.save_pretrained(path)
+    return model
+
+
+def decode_scenario(runner, seed: int = 0) -> tuple[list[torch.Tensor], list[list[int]]]:
+    """Prefill rows of different lengths, then decode steps whose batch shrinks and grows (padded
+    buckets), mixing fed-back tokens (use_last) with explicit ones, and one mixed prefill+decode step.
+    Returns every decode step's float32 logits on the host and every step's greedy tokens."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = runner.vocab_size
+    prompts = {r: torch.randint(3, vocab, (n,), generator=g).tolist() for r, n in ((1, 5), (2, 9), (3, 13))}
+    pb = PlanBuilder()
+    lens = {r: len(p) for r, p in prompts.items()}
+    added = [seq_start(r, p) for r, p in prompts.items()]
+    out = runner.execute(
+        pb.plan(list(prompts), [0, 0, 0], list(lens.values()), sum(prompts.values(), []), added=added)
+    )
+    logits, tokens = [], [out.tokens]
+    schedule = [[1, 2, 3], [1, 2, 3], [1, 3], [2], [1, 2, 3], [1, 2, 3]]
+    for i, rows in enumerate(schedule):
+        use_last = [(r + i) % 2 == 0 for r in rows]
+        ids = [int(torch.randint(3, vocab, (1,), generator=g)) for last in use_last if not last]
+        plan = pb.plan(rows, [lens[r] for r in rows], [1] * len(rows), ids, use_last=use_last)
+        logits.append(runner.forward_logits(plan).float().cpu())
+        for r in rows:
+            lens[r] += 1
+    # a mixed step (row 4 prefills while the others decode) runs eagerly, then decoding resumes
+    new = torch.randint(3, vocab, (6,), generator=g).tolist()
+    rows = [1, 2, 3, 4]
+    out = runner.execute(pb.plan(rows, [lens[1], lens[2], lens[3], 0], [1, 1, 1, 6], new,
+                                 use_last=[True, True, True, False], added=[seq_start(4, new)]))  # fmt: skip
+    tokens.append(out.tokens)
+    lens.update({1: lens[1] + 1, 2: lens[2] + 1, 3: lens[3] + 1, 4: 6})
+    for _ in range(3):
+        out = runner.execute(pb.plan(rows, [lens[r] for r in rows], [1] * 4, [], use_last=[True] * 4))
+        tokens.append(out.tokens)
+        for r in rows:
+            lens[r] += 1
+    return logits, tokens
+
+
+V4_LAYERS = ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention",
+             "compressed_sparse_attention"]  # fmt: skip
+
+
+def tiny_deepseek_v4_config(**overrides):
+    """V4 at toy sizes with every layer kind: sliding, CSA (rate 4, top-2 of the indexer), HCA (rate 8),
+    a hash-routed MoE layer first; window 8, 2 mHC streams."""
+    from transformers import DeepseekV4Config
+
+    kw = dict(
+        vocab_size=128,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        num_hidden_layers=4,
+        head_dim=32,
+        partial_rotary_factor=0.25,
+        q_lora_rank=32,
+        o_groups=2,
+        o_lora_rank=16,
+        sliding_window=8,
+        hc_mult=2,
+        hc_sinkhorn_iters=3,
+        index_n_heads=16,  # ReLU scores tie at exactly 0 when every head is negative: keep that rare
+        index_head_dim=16,
+        index_topk=2,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        layer_types=V4_LAYERS,
+        mlp_layer_types=["hash_moe", "moe", "moe", "moe"],
+        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+        num_nextn_predict_layers=0,
+        max_position_embeddings=256,
+        swiglu_limit=0.5,  # small enough that the clamps bite at these sizes
+        bos_token_id=1,
+        eos_token_id=2,
+        architectures=["DeepseekV4ForCausalLM"],
+    )
+    kw.update(overrides)
+    return DeepseekV4Config(**kw)
+
+
+def random_deepseek_v4(seed: int = 0, **overrides):
+    """transformers' DeepseekV4ForCausalLM (float32) with every weight random, including what its init
+    leaves at zero or one: sinks, position biases, mHC base/scale, correction bias, and `tid2eid`."""
+    from transformers import DeepseekV4ForCausalLM
+
+    torch.manual_seed(seed)
+    config = tiny_deepseek_v4_config(**overrides)
+    model = DeepseekV4ForCausalLM(config).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            leaf = name.rsplit(".", 1)[-1]
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+            elif leaf in ("sinks", "position_bias"):
+                p.normal_(0.0, 1.0)
+            elif leaf in ("base", "hc_base"):
+                p.normal_(0.0, 0.5)
+            elif leaf in ("scale", "hc_scale"):
+                p.uniform_(0.5, 1.5)
+            elif leaf in ("fn", "hc_fn") or name.endswith("gate.weight"):
+                p.normal_(0.0, 0.3)
+            elif p.dim() >= 2:
+                p.normal_(0.0, 0.1)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.uniform_(-0.2, 0.2)
+            elif name.endswith("tid2eid"):
+                experts = torch.rand(b.shape[0], config.n_routed_experts).argsort(-1)
+                b.copy_(experts[:, : b.shape[1]])
+    return model
+
+
+V4_SLIDING, V4_CSA, V4_HCA = (
+    "sliding_attention",
+    "compressed_sparse_attention",
+    "heavily_compressed_attention",
+)
+# The tiny V4 configs the parity and prefix tests (and `loadgen.v4_replay`) run, as overrides of
+# `random_deepseek_v4`'s defaults: "v4" = sliding, CSA (rate 4, indexer top-2), HCA (rate 8), CSA with
+# hash MoE then learned routing, window 8; "wide_topk" = HCA first, the indexer keeps every causal
+# entry, window 5, 3 mHC streams, two hash layers.
+V4_TINY_CONFIGS: dict[str, dict] = {
+    "v4": dict(),
+    "wide_topk": dict(
+        layer_types=[V4_HCA, V4_CSA, V4_SLIDING],
+        mlp_layer_types=["hash_moe", "hash_moe", "moe"],
+        num_hidden_layers=3,
+        index_topk=64,
+        sliding_window=5,
+        hc_mult=3,
+    ),
+}
+
+
+def save_tiny_deepseek_v4(path: Path, seed: int = 0, **overrides):
+    """A real checkpoint directory of a random tiny DeepSeek-V4 (transformers saves the upstream tensor
+    names: `attn.wq_a`, `ffn.experts.N.w1`, `hc_attn_fn`...); returns the transformers model."""
+    model = random_deepseek_v4(seed, **overrides)
+    model.save_pretrained(path)
+    return model
