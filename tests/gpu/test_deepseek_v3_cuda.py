@@ -13,15 +13,26 @@ import torch
 
 from runtime.gpu.attention.mla_kernel import MLAKernelBackend
 from runtime.gpu.model_runner import ModelRunner, RunnerConfig
-from runtime.gpu.testing import YARN_ROPE, PlanBuilder, decode_scenario, save_tiny_deepseek_v3, seq_start
+from runtime.gpu.testing import (
+    YARN_ROPE,
+    PlanBuilder,
+    decode_scenario,
+    save_tiny_deepseek_v2,
+    save_tiny_deepseek_v3,
+    seq_start,
+)
 
 pytestmark = pytest.mark.gpu
 
-CONFIGS = {
-    "v3": dict(),
-    "yarn_direct_q": dict(
-        rope_parameters=YARN_ROPE, q_lora_rank=None, first_k_dense_replace=2, num_hidden_layers=4
+CONFIGS = {  # name: (checkpoint builder, overrides)
+    "v3": (save_tiny_deepseek_v3, dict()),
+    "yarn_direct_q": (
+        save_tiny_deepseek_v3,
+        dict(rope_parameters=YARN_ROPE, q_lora_rank=None, first_k_dense_replace=2, num_hidden_layers=4),
     ),
+    # DeepseekV2ForCausalLM: softmax routing within the best groups (moe_route's V2 path), no bias
+    "v2_group_limited": (save_tiny_deepseek_v2, dict()),
+    "v2_lite_greedy": (save_tiny_deepseek_v2, dict(topk_method="greedy", q_lora_rank=None)),
 }
 # DeepSeek-V2-Lite's shapes in the V3 architecture (V3 routing): 15.7B parameters.
 V2_LITE_SHAPE = dict(
@@ -60,7 +71,8 @@ V2_LITE_SHAPE = dict(
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_cuda_logits_match_transformers(tmp_path, name, dtype):
     torch.backends.cuda.matmul.allow_tf32 = False
-    ref = save_tiny_deepseek_v3(tmp_path, seed=7, **CONFIGS[name]).cuda()
+    build, overrides = CONFIGS[name]
+    ref = build(tmp_path, seed=7, **overrides).cuda()
     cfg = RunnerConfig(
         str(tmp_path), device="cuda", dtype=dtype, num_kv_slots=4096, max_reqs=8, max_model_len=256
     )
