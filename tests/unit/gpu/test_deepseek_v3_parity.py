@@ -1,4 +1,6 @@
-"""Our DeepSeek-V3 through the paged latent cache matches transformers' DeepseekV3ForCausalLM (float32)."""
+"""Our DeepSeek-V3 through the paged latent cache matches transformers' DeepseekV3ForCausalLM (float32), and
+so does DeepseekV2ForCausalLM, which the same model serves with V2 routing (against transformers'
+DeepseekV2ForCausalLM)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from runtime.gpu.testing import (
     YARN_ROPE,
     PlanBuilder,
     reference_logits,
+    save_tiny_deepseek_v2,
     save_tiny_deepseek_v3,
     seq_start,
     shuffled_slots,
@@ -17,27 +20,41 @@ from runtime.gpu.testing import (
 from runtime.gpu.testing import random_prompt as prompt
 
 TOL = 1e-4
-CONFIGS = {
+CONFIGS = {  # name: (checkpoint builder, overrides)
     # q LoRA, interleaved rope, 1 dense + 2 MoE layers, 4 expert groups of 2 (top-2 groups, top-3 experts)
-    "v3": dict(),
+    "v3": (save_tiny_deepseek_v3, dict()),
     # YaRN with mscale (rope tables and softmax scale), direct q_proj, 2 dense layers, 2 groups
-    "yarn_direct_q": dict(
-        rope_parameters=YARN_ROPE,
-        q_lora_rank=None,
-        first_k_dense_replace=2,
-        num_hidden_layers=4,
-        n_group=2,
-        topk_group=1,
+    "yarn_direct_q": (
+        save_tiny_deepseek_v3,
+        dict(
+            rope_parameters=YARN_ROPE,
+            q_lora_rank=None,
+            first_k_dense_replace=2,
+            num_hidden_layers=4,
+            n_group=2,
+            topk_group=1,
+        ),
     ),
     # every layer MoE, one group, rotate-half rope, unnormalised top-k weights, 2 shared experts
-    "flat_routing": dict(
-        first_k_dense_replace=0,
-        n_group=1,
-        topk_group=1,
-        rope_interleave=False,
-        norm_topk_prob=False,
-        n_shared_experts=2,
-        num_experts_per_tok=2,
+    "flat_routing": (
+        save_tiny_deepseek_v3,
+        dict(
+            first_k_dense_replace=0,
+            n_group=1,
+            topk_group=1,
+            rope_interleave=False,
+            norm_topk_prob=False,
+            n_shared_experts=2,
+            num_experts_per_tok=2,
+        ),
+    ),
+    # V2 / V2.5: q LoRA, group-limited greedy (best 2 of 4 groups), YaRN with mscale, 1 dense + 2 MoE layers
+    "v2": (save_tiny_deepseek_v2, dict(rope_parameters=YARN_ROPE)),
+    # V2-Lite: direct q_proj, plain greedy top-k (n_group set but ignored, as in transformers), default
+    # rope, 2 shared experts, weights times 1
+    "v2_lite": (
+        save_tiny_deepseek_v2,
+        dict(q_lora_rank=None, topk_method="greedy", routed_scaling_factor=1.0, n_shared_experts=2),
     ),
 }
 
@@ -45,7 +62,8 @@ CONFIGS = {
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
 def tiny(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
-    ref = save_tiny_deepseek_v3(path, seed=7, **CONFIGS[request.param])
+    build, overrides = CONFIGS[request.param]
+    ref = build(path, seed=7, **overrides)
     runner = ModelRunner(RunnerConfig(str(path), num_kv_slots=1024, max_reqs=8, max_model_len=256))
     return ref, runner
 
