@@ -36,3 +36,12 @@ class ForwardBatch:
     @property
     def num_tokens(self) -> int:
         return self.input_ids.shape[0]
+
+
+def token_positions(prefix_lens: list[int], extend_lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Host tensors for a step's flattened tokens: each token's position in its row, and each row's
+    first token index (row i's new tokens are positions prefix_lens[i] .. + extend_lens[i] - 1)."""
+    ext = torch.tensor(extend_lens, dtype=torch.int64)
+    starts = torch.cumsum(ext, 0) - ext
+    positions = torch.repeat_interleave(torch.tensor(prefix_lens, dtype=torch.int64) - starts, ext)
+    return positions + torch.arange(len(positions)), starts

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from runtime.gpu.forward_batch import token_positions
 from runtime.gpu.layers.compressor import Compressor
 
 
@@ -122,14 +123,14 @@ class V4StateCache:
         m = self.page_multiple
         if m == 1:
             return
-        i = 0
-        for row, p, e in zip(plan.rows, plan.prefix_lens, plan.extend_lens, strict=True):
-            if any((slot - pos) % m for pos, slot in enumerate(plan.out_loc[i : i + e], p)):
-                raise ValueError(
-                    f"step {plan.step}: row {row} has KV slots not aligned to positions modulo {m}; "
-                    f"DeepSeek-V4 needs position-aligned pages of a multiple of {m} tokens"
-                )
-            i += e
+        positions, starts = token_positions(plan.prefix_lens, plan.extend_lens)
+        bad = torch.nonzero((torch.tensor(plan.out_loc, dtype=torch.int64) - positions) % m).flatten()
+        if len(bad):  # one vectorized pass: a Python loop over every slot cost about 1 ms at 8K tokens
+            row = plan.rows[int(torch.searchsorted(starts, bad[0], right=True)) - 1]
+            raise ValueError(
+                f"step {plan.step}: row {row} has KV slots not aligned to positions modulo {m}; "
+                f"DeepSeek-V4 needs position-aligned pages of a multiple of {m} tokens"
+            )
 
     @staticmethod
     def bytes_per_token(config, dtype: torch.dtype) -> int:

@@ -20,7 +20,7 @@ import torch
 from runtime.gpu import loader, presets
 from runtime.gpu.attention import default_backend, get_attention_backend
 from runtime.gpu.cuda_graph import DecodeGraphs
-from runtime.gpu.forward_batch import ForwardBatch
+from runtime.gpu.forward_batch import ForwardBatch, token_positions
 from runtime.gpu.kv_cache import KVCache
 from runtime.gpu.layers import RotaryEmbedding
 from runtime.gpu.models import get_model_class
@@ -236,11 +236,9 @@ class ModelRunner:
         ext = torch.tensor(plan.extend_lens, dtype=torch.int64)
         rows = torch.tensor(plan.rows, dtype=torch.int64)
         use_last = torch.tensor(plan.use_last, dtype=torch.bool)
-        num_tokens = int(ext.sum())
-        starts = torch.cumsum(ext, 0) - ext
+        positions, starts = token_positions(plan.prefix_lens, plan.extend_lens)
+        num_tokens = len(positions)
         tok_row = torch.repeat_interleave(rows, ext)
-        positions = torch.repeat_interleave(torch.tensor(plan.prefix_lens) - starts, ext)
-        positions += torch.arange(num_tokens)
         ids = torch.zeros(num_tokens, dtype=torch.int64)
         ids[~torch.repeat_interleave(use_last, ext)] = torch.tensor(plan.input_ids, dtype=torch.int64)
         sample = torch.tensor(plan.sample, dtype=torch.bool)
