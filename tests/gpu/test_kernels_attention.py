@@ -8,26 +8,18 @@ import pytest
 import torch
 
 from runtime.gpu.kernels import registry
-from runtime.gpu.kernels.testing import TOLERANCE, close_ratio, paged_case
+from runtime.gpu.kernels.testing import (
+    TOLERANCE,
+    close_ratio,
+    impl_names,
+    load_impl,
+    load_reference,
+    paged_case,
+)
 
 pytestmark = pytest.mark.gpu
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
-
-
-def _impls(op: str) -> list[str]:
-    return [i.name for i in registry.implementations(op) if i.name != "reference"]
-
-
-def _fn(op: str, name: str):
-    impl = next(i for i in registry.implementations(op) if i.name == name)
-    if not impl.available(torch.device("cuda")):
-        pytest.skip(f"{op}/{name} not available here")
-    return impl.load()
-
-
-def _ref(op: str):
-    return next(i for i in registry.implementations(op) if i.name == "reference").load()
 
 
 def _lens(batch: int, max_ctx: int, seed: int) -> list[int]:
@@ -49,28 +41,28 @@ DECODE_SHAPES = [  # batch, max context, q heads, kv heads, head_dim, page size
 ]
 
 
-@pytest.mark.parametrize("name", _impls("decode_attention"))
+@pytest.mark.parametrize("name", impl_names("decode_attention"))
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", DECODE_SHAPES, ids=lambda s: "b{}-ctx{}-h{}/{}-d{}-page{}".format(*s))
 def test_decode_attention_matches_reference(name: str, dtype: torch.dtype, shape: tuple) -> None:
     batch, ctx, hq, hkv, d, page = shape
     lens = _lens(batch, ctx, seed=batch + ctx)
     c = paged_case([n - 1 for n in lens], [1] * batch, hq, hkv, d, dtype, "cuda", page_size=page)
-    want = _ref("decode_attention")(*c.decode_args())
-    got = _fn("decode_attention", name)(*c.decode_args())
+    want = load_reference("decode_attention")(*c.decode_args())
+    got = load_impl("decode_attention", name)(*c.decode_args())
     assert close_ratio(got, want, *TOLERANCE[dtype]) <= 1.0
 
 
 @pytest.mark.parametrize("num_splits", [1, 2, 7, 64])
 def test_decode_attention_any_split_count_gives_the_same_answer(num_splits: int) -> None:
     c = paged_case([0, 63, 64, 65, 3000], [1] * 5, 32, 8, 128, torch.bfloat16, "cuda")
-    want = _ref("decode_attention")(*c.decode_args())
-    got = _fn("decode_attention", "triton")(*c.decode_args(), num_splits=num_splits)
+    want = load_reference("decode_attention")(*c.decode_args())
+    got = load_impl("decode_attention", "triton")(*c.decode_args(), num_splits=num_splits)
     assert close_ratio(got, want, *TOLERANCE[torch.bfloat16]) <= 1.0
 
 
 @pytest.mark.parametrize("op", ["decode_attention", "extend_attention"])
-@pytest.mark.parametrize("name", _impls("decode_attention"))
+@pytest.mark.parametrize("name", impl_names("decode_attention"))
 def test_attention_reads_an_fp8_kv_pool_under_bf16_queries(op: str, name: str) -> None:
     """--kv-cache-dtype fp8_e4m3: the kernels upcast the pool as they load it; the reference does the same."""
     prefix, ext = ([0, 63, 1000, 4000], [1] * 4) if op == "decode_attention" else ([0, 500, 17], [300, 64, 1])
@@ -79,7 +71,9 @@ def test_attention_reads_an_fp8_kv_pool_under_bf16_queries(op: str, name: str) -
     )
     assert c.k_pool.dtype == torch.float8_e4m3fn
     args = c.decode_args() if op == "decode_attention" else c.extend_args()
-    assert close_ratio(_fn(op, name)(*args), _ref(op)(*args), *TOLERANCE[torch.bfloat16]) <= 1.0
+    assert (
+        close_ratio(load_impl(op, name)(*args), load_reference(op)(*args), *TOLERANCE[torch.bfloat16]) <= 1.0
+    )
 
 
 EXTEND_SHAPES = [  # prefix lens, extend lens, q heads, kv heads, head_dim, page size
@@ -92,7 +86,7 @@ EXTEND_SHAPES = [  # prefix lens, extend lens, q heads, kv heads, head_dim, page
 ]
 
 
-@pytest.mark.parametrize("name", _impls("extend_attention"))
+@pytest.mark.parametrize("name", impl_names("extend_attention"))
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(
     "shape", EXTEND_SHAPES, ids=lambda s: "b{}-h{}/{}-d{}-page{}".format(len(s[0]), *s[2:])
@@ -100,8 +94,8 @@ EXTEND_SHAPES = [  # prefix lens, extend lens, q heads, kv heads, head_dim, page
 def test_extend_attention_matches_reference(name: str, dtype: torch.dtype, shape: tuple) -> None:
     prefix, ext, hq, hkv, d, page = shape
     c = paged_case(prefix, ext, hq, hkv, d, dtype, "cuda", page_size=page)
-    want = _ref("extend_attention")(*c.extend_args())
-    got = _fn("extend_attention", name)(*c.extend_args())
+    want = load_reference("extend_attention")(*c.extend_args())
+    got = load_impl("extend_attention", name)(*c.extend_args())
     assert close_ratio(got, want, *TOLERANCE[dtype]) <= 1.0
 
 

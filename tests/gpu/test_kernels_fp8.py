@@ -11,21 +11,10 @@ import torch
 
 from runtime.gpu.kernels import registry
 from runtime.gpu.kernels.fp8_gemm import reference
-from runtime.gpu.kernels.testing import close_ratio
+from runtime.gpu.kernels.testing import close_ratio, impl_names, load_impl
 from runtime.gpu.quant.fp8 import quantize
 
 pytestmark = pytest.mark.gpu
-
-
-def _impls(op: str) -> list[str]:
-    return [i.name for i in registry.implementations(op) if i.name != "reference"]
-
-
-def _fn(op: str, name: str):
-    impl = next(i for i in registry.implementations(op) if i.name == name)
-    if not impl.available(torch.device("cuda")):
-        pytest.skip(f"{op}/{name} not available here")
-    return impl.load()
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -40,7 +29,7 @@ SHAPES = [(m, n, k) for m in (1, 64, 128, 4096) for n, k in NK] + [
 ]
 
 
-@pytest.mark.parametrize("name", _impls("fp8_block_gemm"))
+@pytest.mark.parametrize("name", impl_names("fp8_block_gemm"))
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "m{}-n{}-k{}".format(*s))
 def test_fp8_block_gemm_matches_reference(name: str, shape: tuple) -> None:
     m, n, k = shape
@@ -52,7 +41,7 @@ def test_fp8_block_gemm_matches_reference(name: str, shape: tuple) -> None:
     xq, xs = reference.act_quant(x)
     wq, ws = quantize(w, (128, 128))
     want = reference.fp8_block_gemm(xq, xs, wq, ws)
-    got = _fn("fp8_block_gemm", name)(xq, xs, wq, ws)
+    got = load_impl("fp8_block_gemm", name)(xq, xs, wq, ws)
     ratio = close_ratio(got, want, 2e-3 * want.abs().max().item(), 1e-2)
     print(
         f"\n  {name} {shape}: {ratio:.3f}x tol; fp8 path vs bf16 matmul rel. error {_rel(got, x @ w.T):.4f}"
@@ -60,12 +49,12 @@ def test_fp8_block_gemm_matches_reference(name: str, shape: tuple) -> None:
     assert got.dtype == torch.bfloat16 and ratio <= 1.0
 
 
-@pytest.mark.parametrize("name", _impls("fp8_act_quant"))
+@pytest.mark.parametrize("name", impl_names("fp8_act_quant"))
 @pytest.mark.parametrize("shape", [(1, 7168), (64, 2048), (4096, 7168), (7, 300)], ids=str)
 def test_fp8_act_quant_matches_reference(name: str, shape: tuple) -> None:
     x = (torch.randn(*shape, device="cuda") * 4).to(torch.bfloat16)
     x[0, : min(128, shape[1])] = 0  # an all-zero group
-    q, s = _fn("fp8_act_quant", name)(x)
+    q, s = load_impl("fp8_act_quant", name)(x)
     qr, sr = reference.act_quant(x)
     assert q.dtype == torch.float8_e4m3fn and s.dtype == torch.float32 and s.shape == sr.shape
     scale_err = ((s - sr).abs() / sr).max().item()

@@ -14,26 +14,11 @@ import torch
 
 from runtime.gpu.kernels import registry
 from runtime.gpu.kernels.mla_decode.testing import mla_case
-from runtime.gpu.kernels.testing import TOLERANCE, close_ratio
+from runtime.gpu.kernels.testing import TOLERANCE, close_ratio, impl_names, load_impl, load_reference
 
 pytestmark = pytest.mark.gpu
 
 OP = "mla_decode"
-
-
-def _impls() -> list[str]:
-    return [i.name for i in registry.implementations(OP) if i.name != "reference"]
-
-
-def _fn(name: str):
-    impl = next(i for i in registry.implementations(OP) if i.name == name)
-    if not impl.available(torch.device("cuda")):
-        pytest.skip(f"{OP}/{name} not available here")
-    return impl.load()
-
-
-def _ref():
-    return next(i for i in registry.implementations(OP) if i.name == "reference").load()
 
 
 def _lens(batch: int, max_ctx: int, seed: int) -> list[int]:
@@ -67,14 +52,14 @@ SHAPES = [  # batch, max context, q heads
 ]
 
 
-@pytest.mark.parametrize("name", _impls())
+@pytest.mark.parametrize("name", impl_names(OP))
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}-ctx{}-h{}".format(*s))
 def test_mla_decode_matches_reference(name: str, shape: tuple) -> None:
     batch, ctx, hq = shape
     dtype = torch.bfloat16
     c = mla_case(_lens(batch, ctx, seed=batch + ctx), hq, dtype, "cuda", page_size=64, seed=hq)
-    want, want_lse = _ref()(*c.args(), return_lse=True)
-    fn = _fn(name)
+    want, want_lse = load_reference(OP)(*c.args(), return_lse=True)
+    fn = load_impl(OP, name)
     fn(*c.args())  # compile
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -87,16 +72,16 @@ def test_mla_decode_matches_reference(name: str, shape: tuple) -> None:
 def test_mla_decode_triton_other_dtypes_and_page_sizes(dtype: torch.dtype) -> None:
     for page in (1, 16):
         c = mla_case([300, 1, 0, 129], 16, dtype, "cuda", page_size=page, seed=page)
-        want, want_lse = _ref()(*c.args(), return_lse=True)
-        got, lse = _fn("triton")(*c.args(), return_lse=True)
+        want, want_lse = load_reference(OP)(*c.args(), return_lse=True)
+        got, lse = load_impl(OP, "triton")(*c.args(), return_lse=True)
         _check(f"triton {dtype} page {page}", got, want, lse, want_lse, dtype, 0.0)
 
 
 @pytest.mark.parametrize("num_splits", [1, 2, 7, 64])
 def test_mla_decode_triton_any_split_count(num_splits: int) -> None:
     c = mla_case([0, 63, 64, 65, 3000], 128, torch.bfloat16, "cuda", page_size=64)
-    want, want_lse = _ref()(*c.args(), return_lse=True)
-    got, lse = _fn("triton")(*c.args(), num_splits=num_splits, return_lse=True)
+    want, want_lse = load_reference(OP)(*c.args(), return_lse=True)
+    got, lse = load_impl(OP, "triton")(*c.args(), num_splits=num_splits, return_lse=True)
     _check(f"triton splits={num_splits}", got, want, lse, want_lse, torch.bfloat16, 0.0)
 
 
@@ -114,7 +99,7 @@ def test_flash_mla_signature_front_end(s_q: int) -> None:
         q, c.k_cache(), c.block_table, c.cache_seqlens, 512, meta, splits, softmax_scale=c.scale, causal=True
     )
     assert out.shape == (8, s_q, 128, 512) and lse.shape == (8, 128, s_q)
-    ref = _ref()
+    ref = load_reference(OP)
     for i in range(s_q):
         seen = c.seq_lens - (s_q - 1 - i)
         want, want_lse = ref(q[:, i], c.pool, c.req_to_token, c.rows, seen, c.scale, 512, return_lse=True)
@@ -125,7 +110,7 @@ def test_flash_mla_signature_front_end(s_q: int) -> None:
 def test_mla_decode_triton_under_cuda_graph() -> None:
     """Fixed split count: capturable, and replays give the reference answer for new inputs."""
     c = mla_case([1000, 64, 4000], 16, torch.bfloat16, "cuda", page_size=64)
-    fn = _fn("triton")
+    fn = load_impl(OP, "triton")
     out = torch.empty(3, 16, 512, dtype=torch.bfloat16, device="cuda")
     fn(*c.args(), num_splits=8, out=out)
     g = torch.cuda.CUDAGraph()
@@ -133,7 +118,7 @@ def test_mla_decode_triton_under_cuda_graph() -> None:
         fn(*c.args(), num_splits=8, out=out)
     c.q.copy_(torch.randn_like(c.q))
     g.replay()
-    want = _ref()(*c.args())
+    want = load_reference(OP)(*c.args())
     assert close_ratio(out, want, *TOLERANCE[torch.bfloat16]) <= 1.0
 
 
@@ -145,8 +130,8 @@ def test_mla_decode_triton_under_cuda_graph() -> None:
 def test_mla_decode_tilelang_any_split_count(hq: int, num_splits: int) -> None:
     """Empty rows, rows of one token, rows ending mid-page and splits longer than rows."""
     c = mla_case([0, 1, 63, 64, 65, 3000], hq, torch.bfloat16, "cuda", page_size=64, seed=num_splits)
-    want, want_lse = _ref()(*c.args(), return_lse=True)
-    got, lse = _fn("tilelang")(*c.args(), num_splits=num_splits, return_lse=True)
+    want, want_lse = load_reference(OP)(*c.args(), return_lse=True)
+    got, lse = load_impl(OP, "tilelang")(*c.args(), num_splits=num_splits, return_lse=True)
     _check(f"tilelang h={hq} splits={num_splits}", got, want, lse, want_lse, torch.bfloat16, 0.0)
 
 
@@ -154,11 +139,11 @@ def test_mla_decode_tilelang_any_split_count(hq: int, num_splits: int) -> None:
 @pytest.mark.parametrize("num_splits", [None, 1])
 def test_mla_decode_tilelang_reads_a_block_table(hq: int, num_splits) -> None:
     """The FlashMLA inputs (block table of 64-token pages, int32) through the same kernel."""
-    _fn("tilelang")
+    load_impl(OP, "tilelang")
     from runtime.gpu.kernels.mla_decode.tilelang import mla_decode_paged
 
     c = mla_case(_lens(9, 5000, seed=hq), hq, torch.bfloat16, "cuda", page_size=64, seed=hq + 1)
-    want, want_lse = _ref()(*c.args(), return_lse=True)
+    want, want_lse = load_reference(OP)(*c.args(), return_lse=True)
     rows = torch.arange(9, device="cuda")
     got, lse = mla_decode_paged(
         c.q, c.pool[:, 0], c.block_table, rows, c.seq_lens, c.scale, 512, 64, num_splits
@@ -170,14 +155,14 @@ def test_mla_decode_tilelang_reads_a_block_table(hq: int, num_splits) -> None:
 def test_mla_decode_tilelang_fp16_and_the_fp32_fallback(dtype: torch.dtype) -> None:
     """fp16 runs the TileLang kernel; float32 (not a wgmma input here) is handed to the Triton one."""
     c = mla_case([300, 1, 0, 129], 16, dtype, "cuda", page_size=16, seed=5)
-    want, want_lse = _ref()(*c.args(), return_lse=True)
-    got, lse = _fn("tilelang")(*c.args(), return_lse=True)
+    want, want_lse = load_reference(OP)(*c.args(), return_lse=True)
+    got, lse = load_impl(OP, "tilelang")(*c.args(), return_lse=True)
     _check(f"tilelang {dtype}", got, want, lse, want_lse, dtype, 0.0)
 
 
 def test_mla_decode_tilelang_under_cuda_graph() -> None:
     c = mla_case([1000, 64, 4000], 128, torch.bfloat16, "cuda", page_size=64)
-    fn = _fn("tilelang")
+    fn = load_impl(OP, "tilelang")
     out = torch.empty(3, 128, 512, dtype=torch.bfloat16, device="cuda")
     for splits in (1, 8):
         fn(*c.args(), num_splits=splits, out=out)
@@ -186,5 +171,5 @@ def test_mla_decode_tilelang_under_cuda_graph() -> None:
             fn(*c.args(), num_splits=splits, out=out)
         c.q.copy_(torch.randn_like(c.q))
         g.replay()
-        want = _ref()(*c.args())
+        want = load_reference(OP)(*c.args())
         assert close_ratio(out, want, *TOLERANCE[torch.bfloat16]) <= 1.0, splits

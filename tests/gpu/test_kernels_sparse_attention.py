@@ -12,9 +12,8 @@ import time
 import pytest
 import torch
 
-from runtime.gpu.kernels import registry
 from runtime.gpu.kernels.sparse_attention.testing import sparse_case
-from runtime.gpu.kernels.testing import TOLERANCE, close_ratio
+from runtime.gpu.kernels.testing import TOLERANCE, close_ratio, impl_names, load_impl, load_reference
 
 pytestmark = pytest.mark.gpu
 
@@ -22,24 +21,9 @@ OP = "sparse_attention"
 H, D, WINDOW, TOPK = 64, 512, 128, 512  # V4-Flash
 
 
-def _impls() -> list[str]:
-    return [i.name for i in registry.implementations(OP) if i.name != "reference"]
-
-
-def _fn(name: str):
-    impl = next(i for i in registry.implementations(OP) if i.name == name)
-    if not impl.available(torch.device("cuda")):
-        pytest.skip(f"{OP}/{name} not available here")
-    return impl.load()
-
-
-def _ref():
-    return next(i for i in registry.implementations(OP) if i.name == "reference").load()
-
-
 def _check(label: str, fn, c, dtype: torch.dtype, sinks: bool = True) -> None:
     args = (c.q, c.kv, c.indices, c.sinks if sinks else None, c.scale)
-    want = _ref()(*args, **c.kwargs())
+    want = load_reference(OP)(*args, **c.kwargs())
     fn(*args, **c.kwargs())  # compile
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -51,43 +35,43 @@ def _check(label: str, fn, c, dtype: torch.dtype, sinks: bool = True) -> None:
     assert ratio <= 1.0
 
 
-@pytest.mark.parametrize("name", _impls())
+@pytest.mark.parametrize("name", impl_names(OP))
 @pytest.mark.parametrize("tokens", [1, 64, 4096])
 def test_v4_flash_shapes_match_reference(name: str, tokens: int) -> None:
     """Tokens after an 8K prefix: full windows, 512 distinct visible entries each."""
     c = sparse_case(tokens, H, D, WINDOW, TOPK, torch.bfloat16, "cuda", prefix=8192, seed=tokens)
-    _check(f"{name} T={tokens}", _fn(name), c, torch.bfloat16)
+    _check(f"{name} T={tokens}", load_impl(OP, name), c, torch.bfloat16)
 
 
-@pytest.mark.parametrize("name", _impls())
+@pytest.mark.parametrize("name", impl_names(OP))
 @pytest.mark.parametrize("two_sources", [False, True], ids=["one_pool", "two_sources"])
 def test_early_tokens_ragged_lengths_and_two_sources(name: str, two_sources: bool) -> None:
     """Positions 0..299: windows cut at 0 and fewer than 512 visible entries (-1 padding), and a random
     topk_length per token whose tail points at NaN rows."""
     c = sparse_case(300, H, D, WINDOW, TOPK, torch.bfloat16, "cuda", two_sources=two_sources, ragged=True)
     c.indices[7] = -1  # a token with no row of the first source
-    _check(f"{name} ragged two_sources={two_sources}", _fn(name), c, torch.bfloat16)
+    _check(f"{name} ragged two_sources={two_sources}", load_impl(OP, name), c, torch.bfloat16)
 
 
-@pytest.mark.parametrize("name", _impls())
+@pytest.mark.parametrize("name", impl_names(OP))
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
 def test_other_dtypes(name: str, dtype: torch.dtype) -> None:
     c = sparse_case(64, H, D, WINDOW, TOPK, dtype, "cuda", prefix=3000, seed=1)
-    _check(f"{name} {dtype}", _fn(name), c, dtype)
+    _check(f"{name} {dtype}", load_impl(OP, name), c, dtype)
 
 
-@pytest.mark.parametrize("name", _impls())
+@pytest.mark.parametrize("name", impl_names(OP))
 @pytest.mark.parametrize("shape", [(4, 32, 3, 4), (20, 64, 16, 48), (128, 512, 1, 7)], ids=str)
 def test_small_shapes_without_sink(name: str, shape: tuple) -> None:
     """Heads 4 / 20 / 128 (not a multiple of the head block), d 32 / 64, K 7..64; no sink."""
     heads, dim, window, topk = shape
     c = sparse_case(37, heads, dim, window, topk, torch.bfloat16, "cuda", prefix=50, seed=heads)
-    _check(f"{name} H={heads} d={dim} K={window + topk}", _fn(name), c, torch.bfloat16, sinks=False)
+    _check(f"{name} H={heads} d={dim} K={window + topk}", load_impl(OP, name), c, torch.bfloat16, sinks=False)
 
 
 def test_triton_under_cuda_graph() -> None:
     c = sparse_case(64, H, D, WINDOW, TOPK, torch.bfloat16, "cuda", prefix=1000, ragged=True, seed=2)
-    fn = _fn("triton")
+    fn = load_impl(OP, "triton")
     out = torch.empty_like(c.q)
     fn(*c.args(), **c.kwargs(), out=out)
     g = torch.cuda.CUDAGraph()
@@ -96,7 +80,7 @@ def test_triton_under_cuda_graph() -> None:
     c.q.copy_(torch.randn_like(c.q))
     c.topk_length.copy_(torch.minimum(c.topk_length, torch.randint_like(c.topk_length, 0, 200)))  # not past
     g.replay()
-    want = _ref()(*c.args(), **c.kwargs())
+    want = load_reference(OP)(*c.args(), **c.kwargs())
     assert close_ratio(out, want, *TOLERANCE[torch.bfloat16]) <= 1.0
 
 

@@ -1,4 +1,5 @@
-"""Random paged-attention inputs for the kernel tests and the benchmark.
+"""Random paged-attention inputs for the kernel tests and the benchmark, closeness and tolerances, and
+the registry lookups every kernel test makes (the implementations to test, loaded or skipped).
 
 Slots are handed out a page at a time in shuffled order (so a row's slots are scattered over the pool
 for any page size), rows sit at shuffled indices of req_to_token, and every slot no row owns (slot 0
@@ -7,9 +8,13 @@ included) holds NaN: a kernel that reads one poisons its output."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+
+from runtime.gpu.kernels import registry
 
 
 @dataclass
@@ -112,3 +117,22 @@ def close_ratio(actual: torch.Tensor, expected: torch.Tensor, atol: float, rtol:
 
 # Tolerances of a kernel against its float32-accumulating reference, per input dtype.
 TOLERANCE = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
+
+
+def impl_names(op: str) -> list[str]:
+    """The op's implementations other than the reference: what a kernel test compares to it."""
+    return [i.name for i in registry.implementations(op) if i.name != "reference"]
+
+
+def load_impl(op: str, name: str, device: str = "cuda") -> Callable[..., Any]:
+    """The named implementation, or the calling test skipped when it cannot run here."""
+    import pytest
+
+    impl = next(i for i in registry.implementations(op) if i.name == name)
+    if not impl.available(torch.device(device)):
+        pytest.skip(f"{op}/{name} not available here")
+    return impl.load()
+
+
+def load_reference(op: str) -> Callable[..., Any]:
+    return next(i for i in registry.implementations(op) if i.name == "reference").load()
