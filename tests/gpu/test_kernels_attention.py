@@ -10,6 +10,7 @@ import torch
 from runtime.gpu.kernels import registry
 from runtime.gpu.kernels.testing import (
     TOLERANCE,
+    backend_outputs,
     close_ratio,
     impl_names,
     load_impl,
@@ -103,7 +104,6 @@ def test_triton_backend_is_the_cuda_choice_and_matches_the_torch_backend() -> No
     """Prefill, a mixed step and decode steps through both backends on one cache give the same outputs."""
     from runtime.gpu.attention.torch_ref import TorchAttentionBackend
     from runtime.gpu.attention.triton_backend import TritonAttentionBackend
-    from runtime.gpu.forward_batch import ForwardBatch
     from runtime.gpu.kv_cache import KVCache
 
     assert registry.select("decode_attention", "cuda").name != "reference"
@@ -127,25 +127,12 @@ def test_triton_backend_is_the_cuda_choice_and_matches_the_torch_backend() -> No
         q = torch.randn(t, hq, d, generator=g, device="cuda").to(dtype)
         k = torch.randn(t, hkv, d, generator=g, device="cuda").to(dtype)
         v = torch.randn(t, hkv, d, generator=g, device="cuda").to(dtype)
-        outs = []
-        for backend in (
-            TorchAttentionBackend(hq, hkv, d, d**-0.5),
-            TritonAttentionBackend(hq, hkv, d, d**-0.5),
-        ):
-            batch = ForwardBatch(
-                input_ids=torch.zeros(t, dtype=torch.int64, device="cuda"),
-                positions=torch.tensor(positions, device="cuda"),
-                out_loc=torch.tensor(out_loc, device="cuda"),
-                rows=torch.tensor(rows, device="cuda"),
-                rows_list=rows,
-                prefix_lens=[lens[r] for r in rows],
-                extend_lens=[ext[r] for r in rows],
-                req_to_token=r2t,
-                kv_cache=cache,
-                attn_backend=backend,
-            )
-            backend.prepare(batch)
-            outs.append(backend.forward(0, q, k, v, batch))
+        backends = (TorchAttentionBackend(hq, hkv, d, d**-0.5), TritonAttentionBackend(hq, hkv, d, d**-0.5))
+        outs = backend_outputs(
+            backends, q, k, v, rows=rows, positions=positions, out_loc=out_loc,
+            prefix_lens=[lens[r] for r in rows], extend_lens=[ext[r] for r in rows], req_to_token=r2t,
+            kv_cache=cache,
+        )  # fmt: skip
         assert close_ratio(outs[1], outs[0], *TOLERANCE[dtype]) <= 1.0, ext
         for row in rows:
             lens[row] += ext[row]

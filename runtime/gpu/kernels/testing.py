@@ -136,3 +136,29 @@ def load_impl(op: str, name: str, device: str = "cuda") -> Callable[..., Any]:
 
 def load_reference(op: str) -> Callable[..., Any]:
     return next(i for i in registry.implementations(op) if i.name == "reference").load()
+
+
+def backend_outputs(backends, q, k, v, *, rows, positions, out_loc, prefix_lens, extend_lens, req_to_token,
+                    kv_cache) -> list[torch.Tensor]:  # fmt: skip
+    """Layer 0 of one step through each attention backend on the same cache (each stores the step's k, v
+    again, identically): their outputs, to compare backends on runner-shaped steps."""
+    from runtime.gpu.forward_batch import ForwardBatch
+
+    device = q.device
+    outs = []
+    for backend in backends:
+        batch = ForwardBatch(
+            input_ids=torch.zeros(len(out_loc), dtype=torch.int64, device=device),
+            positions=torch.tensor(positions, device=device),
+            out_loc=torch.tensor(out_loc, device=device),
+            rows=torch.tensor(rows, device=device),
+            rows_list=list(rows),
+            prefix_lens=list(prefix_lens),
+            extend_lens=list(extend_lens),
+            req_to_token=req_to_token,
+            kv_cache=kv_cache,
+            attn_backend=backend,
+        )
+        backend.prepare(batch)
+        outs.append(backend.forward(0, q, k, v, batch))
+    return outs

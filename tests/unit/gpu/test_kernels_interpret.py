@@ -176,10 +176,9 @@ def triton_backend_matches_torch_backend_mixed_then_decode():
     an all-decode step, against the PyTorch reference backend on the same cache."""
     from runtime.gpu.attention.torch_ref import TorchAttentionBackend
     from runtime.gpu.attention.triton_backend import TritonAttentionBackend
-    from runtime.gpu.forward_batch import ForwardBatch
     from runtime.gpu.kernels.decode_attention.triton import decode_attention
     from runtime.gpu.kernels.extend_attention.triton import extend_attention
-    from runtime.gpu.kernels.testing import close_ratio
+    from runtime.gpu.kernels.testing import backend_outputs, close_ratio
     from runtime.gpu.kv_cache import KVCache
 
     hq, hkv, d, dtype = 6, 2, 64, torch.float32
@@ -208,27 +207,13 @@ def triton_backend_matches_torch_backend_mixed_then_decode():
         t = len(out_loc)
         q = torch.randn(t, hq, d, generator=g)
         k, v = torch.randn(t, hkv, d, generator=g), torch.randn(t, hkv, d, generator=g)
-        outs = []
-        for backend in (
-            TorchAttentionBackend(hq, hkv, d, d**-0.5),
-            TritonAttentionBackend(hq, hkv, d, d**-0.5),
-        ):
-            if isinstance(backend, TritonAttentionBackend):
-                backend.decode_fn, backend.extend_fn = decode_attention, extend_attention
-            batch = ForwardBatch(
-                input_ids=torch.zeros(t, dtype=torch.int64),
-                positions=torch.tensor(positions),
-                out_loc=torch.tensor(out_loc),
-                rows=torch.tensor(rows),
-                rows_list=rows,
-                prefix_lens=[lens[r] for r in rows],
-                extend_lens=[ext[r] for r in rows],
-                req_to_token=r2t,
-                kv_cache=cache,
-                attn_backend=backend,
-            )
-            backend.prepare(batch)
-            outs.append(backend.forward(0, q, k, v, batch))
+        triton_backend = TritonAttentionBackend(hq, hkv, d, d**-0.5)
+        triton_backend.decode_fn, triton_backend.extend_fn = decode_attention, extend_attention
+        outs = backend_outputs(
+            (TorchAttentionBackend(hq, hkv, d, d**-0.5), triton_backend), q, k, v, rows=rows,
+            positions=positions, out_loc=out_loc, prefix_lens=[lens[r] for r in rows],
+            extend_lens=[ext[r] for r in rows], req_to_token=r2t, kv_cache=cache,
+        )  # fmt: skip
         ratios.append(close_ratio(outs[1], outs[0], *_tol(dtype)))
         for row in rows:
             lens[row] += ext[row]
