@@ -23,6 +23,7 @@ from torch import nn
 
 from runtime.gpu.attention.v4_ref import TorchV4Backend
 from runtime.gpu.forward_batch import ForwardBatch
+from runtime.gpu.kernels.rms_norm.reference import unit_rms
 from runtime.gpu.kv_cache_v4 import V4StateCache
 from runtime.gpu.layers import MergedLinear, RMSNorm
 from runtime.gpu.layers.compressor import Compressor, Indexer
@@ -34,10 +35,6 @@ from runtime.gpu.models.deepseek_v4_weights import checkpoint_tensors
 log = structlog.get_logger(__name__)
 
 CSA, HCA = "compressed_sparse_attention", "heavily_compressed_attention"
-
-
-def _unit_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)
 
 
 class GroupedLinear(nn.Linear):
@@ -87,7 +84,7 @@ class DeepseekV4Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         qr = self.q_a_norm(self.q_a_proj(x))
-        q = _unit_rms(self.q_b_proj(qr).view(-1, self.num_heads, self.head_dim), self.eps)
+        q = unit_rms(self.q_b_proj(qr).view(-1, self.num_heads, self.head_dim), self.eps)
         q = self.rope(q, positions)
         kv = self.rope(self.kv_norm(self.kv_proj(x)), positions)
         o = batch.attn_backend.forward_v4(self, q, kv, x, qr, batch)

@@ -12,11 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from runtime.gpu.kernels.rms_norm.reference import rms_norm
-
-
-def unit_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
+from runtime.gpu.kernels.rms_norm.reference import rms_norm, unit_rms
 
 
 def mhc_pre(

@@ -15,3 +15,9 @@ def rms_norm(
     x32 = x.float()
     y = weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
     return y if residual is None else (y, x)
+
+
+def unit_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / rms(x) over the last dim, no weight: the mean square in float32, the product in x's dtype.
+    DeepSeek-V4's per-head q norm and its mHC mixing input (there x is already float32)."""
+    return x * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)
