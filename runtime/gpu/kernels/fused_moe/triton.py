@@ -53,6 +53,18 @@ def choose_config(num_pairs: int, num_experts: int, device: torch.device, dtype:
 
 
 @triton.jit
+def _block_tile(b, Pairs, BlockExpert, num_pairs, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Block b of the expert-sorted layout and this program's output columns: the block's expert, its
+    rows (pair indices; padding rows hold num_pairs, so `valid` is False there) and the column mask."""
+    e = tl.load(BlockExpert + b).to(tl.int64)
+    offs_m = b * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(Pairs + offs_m)
+    valid = pair < num_pairs
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    return e, offs_m, pair, valid, offs_n, offs_n < N
+
+
+@triton.jit
 def _gate_up_swiglu(
     X, W, H, Pairs, BlockExpert, NumRows,
     num_pairs, N, K, limit,
@@ -64,15 +76,11 @@ def _gate_up_swiglu(
     b = tl.program_id(0)
     if b * BLOCK_M >= tl.load(NumRows):
         return
-    pid_n = tl.program_id(1)
-    e = tl.load(BlockExpert + b).to(tl.int64)
-    offs_m = b * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(Pairs + offs_m)
-    valid = pair < num_pairs
-    tok = (pair // TOPK).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < N
+    e, offs_m, pair, valid, offs_n, mask_n = _block_tile(
+        b, Pairs, BlockExpert, num_pairs, N, BLOCK_M, BLOCK_N
+    )
     offs_k = tl.arange(0, BLOCK_K)
+    tok = (pair // TOPK).to(tl.int64)
     x_ptrs = X + tok[:, None] * stride_xm + offs_k[None, :]
     g_ptrs = W + e * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
     u_ptrs = g_ptrs + N * stride_wn  # the up rows follow the I gate rows
@@ -104,13 +112,9 @@ def _down_weighted(
     b = tl.program_id(0)
     if b * BLOCK_M >= tl.load(NumRows):
         return
-    pid_n = tl.program_id(1)
-    e = tl.load(BlockExpert + b).to(tl.int64)
-    offs_m = b * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(Pairs + offs_m)
-    valid = pair < num_pairs
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < N
+    e, offs_m, pair, valid, offs_n, mask_n = _block_tile(
+        b, Pairs, BlockExpert, num_pairs, N, BLOCK_M, BLOCK_N
+    )
     offs_k = tl.arange(0, BLOCK_K)
     h_ptrs = H + offs_m[:, None].to(tl.int64) * stride_hm + offs_k[None, :]
     w_ptrs = W + e * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
