@@ -3,8 +3,9 @@
 Each token caches one row `[c (kv_lora_rank) | k_pe (qk_rope_head_dim)]` (`LatentKVCache`). Per head h,
 keys are `[W_UK[h] c | k_pe]` and values `W_UV[h] c`, with W_UK/W_UV the two halves of `kv_b_proj`.
 
-- Prefill rows: expanded form. The latents of the row are expanded to per-head K and V and attended
-  like ordinary multi-head attention (compute-bound, few keys per query).
+- Prefill rows: expanded form. The latents of the step's prefill rows are expanded to per-head K and V
+  and attended like ordinary multi-head attention (compute-bound, few keys per query), all rows in one
+  call of the `mla_prefill` op (Triton on CUDA, the PyTorch reference elsewhere; both backends).
 - Decode rows: absorbed form. `q_nope W_UK[h]` maps each query into the latent space, so every head
   attends the same single-"head" latent rows (MQA, d_qk = r + d_rope, d_v = r), and `W_UV` is applied
   to the attention output: the cache is read once per step, never expanded.
@@ -14,11 +15,14 @@ backend's (`TorchAttentionBackend.prepare`)."""
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.nn.functional as F
 
 from runtime.gpu.attention.torch_ref import TorchAttentionBackend
 from runtime.gpu.forward_batch import ForwardBatch
+from runtime.gpu.kernels import registry
 
 
 def mla_expanded(
@@ -112,11 +116,35 @@ class TorchMLABackend(TorchAttentionBackend):
         return out
 
     def forward_prefills(self, prefills, q_nope, q_pe, latent, pool, w_uk, w_uv, out) -> None:  # noqa: ANN001
-        """Rows with several new tokens, one by one in the expanded form, into `out` (shared with the
-        kernel backend: prefill is compute-bound and SDPA already runs it on the tensor cores)."""
-        for p in prefills:
-            end = p.start + p.length
-            lat = latent[p.start : end, 0] if p.slots is None else pool.index_select(0, p.slots)
-            out[p.start : end] = mla_expanded(
-                q_nope[p.start : end], q_pe[p.start : end], lat, w_uk, w_uv, self.scale, p.mask, causal=True
-            )
+        """Every row with several new tokens at once, in the expanded form, into `out` (shared with the
+        kernel backend): the rows' latents (this step's for a fresh prompt, prefix + new slots of the pool
+        otherwise) concatenated and expanded to per-head K and V with one matmul per weight, then one call
+        of the `mla_prefill` op (causal, each row's queries the last of its keys)."""
+        if not prefills:
+            return
+        r, heads = w_uk.shape[-1], w_uk.shape[0]
+        lats = [latent[p.start : p.start + p.length, 0] if p.slots is None else pool.index_select(0, p.slots)
+                for p in prefills]  # fmt: skip
+        lat = lats[0] if len(lats) == 1 else torch.cat(lats)
+        c, k_pe = lat[:, :r], lat[:, r:]
+        k_nope = torch.einsum("sr,hdr->shd", c, w_uk)  # [S, H, dn]
+        v = torch.einsum("sr,hvr->shv", c, w_uv)  # [S, H, dv]
+        k = torch.cat([k_nope, k_pe.unsqueeze(1).expand(-1, heads, -1)], dim=-1)
+        q = torch.cat([q_nope, q_pe], dim=-1)  # decode tokens too (few): no gather, and `out` is shared
+        cols = self._prefill_cols(prefills, q.device)
+        max_q_len = max(p.length for p in prefills)
+        registry.get("mla_prefill", q.device)(q, k, v, *cols, self.scale, max_q_len=max_q_len, out=out)
+
+    _cols_of: list | None = None  # the step's prefill list whose row columns `_cols` holds
+    _cols: torch.Tensor | None = None
+
+    def _prefill_cols(self, prefills: list, device: torch.device) -> torch.Tensor:
+        """[4, B] int32 on `device`: q starts, q lengths, kv starts (in the concatenated latents), kv
+        lengths. Built once per step (the prefill list is the step's), not once per layer."""
+        if self._cols_of is not prefills:
+            kv_lens = [p.prefix + p.length for p in prefills]
+            kv_starts = [0, *itertools.accumulate(kv_lens)][:-1]
+            host = [[p.start for p in prefills], [p.length for p in prefills], kv_starts, kv_lens]
+            self._cols = torch.tensor(host, dtype=torch.int32).to(device, non_blocking=True)
+            self._cols_of = prefills
+        return self._cols

@@ -10,6 +10,7 @@ from runtime.gpu.kernels import (  # noqa: F401  (imported to register their imp
     fused_moe,
     mhc,
     mla_decode,
+    mla_prefill,
     moe_grouped_gemm,
     moe_route,
     rms_norm,

@@ -403,6 +403,17 @@ def deepseek_workloads(ops: list[str], device: torch.device, small: bool) -> Ite
                     "mhc_post", f"T={tokens} n={n} D={d}", (c.h, c.out, post, comb), {}, nbytes,
                     2 * c.h.numel() * (n + 1), tokens=tokens,
                 )  # fmt: skip
+    if "mla_prefill" in ops:  # DeepSeek-V3 expanded MLA prefill: h 128, d_qk 192, d_v 128
+        from runtime.gpu.kernels.mla_prefill.testing import prefill_case
+
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        heads = 16 if small else 128
+        for prefix, new in ((0, 256), (256, 256)) if small else ((0, 8192), (4096, 4096)):
+            c = prefill_case([prefix], [new], heads, 192, 128, dtype, device, gaps=False)
+            # FLOPs = 2 (d_qk + d_v) h x the keys each query attends (causal); bytes = Q, K, V, O once
+            label = f"h={heads} prefix={prefix} new={new}"
+            yield Work("mla_prefill", label, c.args(), {}, c.nbytes, c.flops, tokens=new)
+            del c
 
 
 if __name__ == "__main__":
