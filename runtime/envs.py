@@ -26,3 +26,8 @@ def log_level() -> str:
 def forced_kernel(op: str) -> str | None:
     """$CONDUIT_KERNEL_<OP>=name forces one implementation of a kernel op, for comparisons."""
     return os.environ.get(f"CONDUIT_KERNEL_{op.upper()}")
+
+
+def fold_norms() -> bool:
+    """$CONDUIT_FOLD_NORMS=0 keeps Llama's RMSNorm launches (the unfolded form), for before/after runs."""
+    return os.environ.get("CONDUIT_FOLD_NORMS", "1") != "0"

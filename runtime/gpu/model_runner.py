@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from runtime import envs
 from runtime.gpu import loader, presets
 from runtime.gpu.attention import default_backend, get_attention_backend
 from runtime.gpu.cuda_graph import DecodeGraphs
@@ -153,6 +154,8 @@ class ModelRunner:
                 loader.load_weights(model, tensors)
         else:
             raise ValueError(f"unknown load_format {self.cfg.load_format!r} (auto | dummy)")
+        if hasattr(model, "fold_norms") and envs.fold_norms():  # Llama: norms into the next projections
+            model.fold_norms()
         return model.eval().requires_grad_(False)
 
     def kv_bytes_per_token(self) -> int:

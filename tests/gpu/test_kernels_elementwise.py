@@ -48,13 +48,20 @@ def test_rms_norm_matches_reference(impls, dtype, tokens: int, hidden: int, resi
 @pytest.mark.parametrize("impls", _pair("silu_and_mul"), ids=lambda p: p[0].name)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("tokens,inter", [(1, 1536), (64, 14336), (1000, 1000)])
+@pytest.mark.parametrize("rms", [False, True], ids=["plain", "folded_norm"])
 def test_silu_and_mul_matches_reference_on_merged_gate_up_slices(
-    impls, dtype, tokens: int, inter: int
+    impls, dtype, tokens: int, inter: int, rms: bool
 ) -> None:
     fn, ref = _load(impls[0]), impls[1].load()
     gu = (3 * torch.randn(tokens, 2 * inter, device="cuda")).to(dtype)
     gate, up = gu.split(inter, dim=-1)
-    assert close_ratio(fn(gate, up), ref(gate, up), *ULP[dtype]) <= 1.0
+    extra = (_residual_stream(tokens, dtype), 1e-5) if rms else ()
+    assert close_ratio(fn(gate, up, *extra), ref(gate, up, *extra), *ULP[dtype]) <= 1.0
+
+
+def _residual_stream(tokens: int, dtype: torch.dtype, hidden: int = 4096) -> torch.Tensor:
+    """An un-normalised hidden state (rms far from 1), as the folded-norm kernels read it."""
+    return (20 * torch.randn(tokens, hidden, device="cuda")).to(dtype)
 
 
 @pytest.mark.parametrize("impls", _pair("rope"), ids=lambda p: p[0].name)
@@ -94,8 +101,9 @@ def test_rope_matches_reference_on_qkv_slices(impls, dtype, tokens: int, hq: int
 @pytest.mark.parametrize("impls", _pair("rope_store"), ids=lambda p: p[0].name)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("tokens,hq,hkv,d", [(1, 32, 8, 128), (100, 9, 3, 64), (4096, 32, 8, 128)])
+@pytest.mark.parametrize("rms", [False, True], ids=["plain", "folded_norm"])
 def test_rope_store_matches_reference_and_writes_only_its_slots(
-    impls, dtype, tokens: int, hq: int, hkv: int, d: int
+    impls, dtype, tokens: int, hq: int, hkv: int, d: int, rms: bool
 ) -> None:
     fn, ref = _load(impls[0]), impls[1].load()
     g = torch.Generator("cuda").manual_seed(tokens)
@@ -111,8 +119,9 @@ def test_rope_store_matches_reference_and_writes_only_its_slots(
     if dtype == torch.bfloat16 and tokens == 100:  # also into an fp8 pool (--kv-cache-dtype fp8_e4m3)
         pools = [p.to(torch.float8_e4m3fn) for p in pools]
     mine, theirs = [p.clone() for p in pools], [p.clone() for p in pools]
-    got = fn(pos, q, k, v, cos, sin, loc, *mine)
-    want = ref(pos, q, k, v, cos, sin, loc, *theirs)
+    extra = (_residual_stream(tokens, dtype, 1000), 1e-6) if rms else ()
+    got = fn(pos, q, k, v, cos, sin, loc, *mine, *extra)
+    want = ref(pos, q, k, v, cos, sin, loc, *theirs, *extra)
     assert close_ratio(got, want, *ULP[dtype]) <= 1.0
     for a, b in zip(mine, theirs, strict=True):
         assert close_ratio(a, b, *ULP[dtype]) <= 1.0

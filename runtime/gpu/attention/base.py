@@ -6,17 +6,32 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 
 from runtime.gpu.kernels import registry
+from runtime.gpu.kernels.rms_norm.reference import scale_by_inv_rms
 
 if TYPE_CHECKING:
     from runtime.gpu.forward_batch import ForwardBatch
 
 
 class Rope(NamedTuple):
-    """Rotary embedding still to apply to a step's q and k: positions [T], float32 cos/sin tables."""
+    """Rotary embedding still to apply to a step's q and k: positions [T], float32 cos/sin tables.
+
+    `rms_x` [T, H]: q, k and v are projections of un-normalised `rms_x` whose input RMSNorm gain is
+    folded into the weight (Llama `fold_norms`): each token's q, k, v are scaled by 1 / rms(rms_x[t])
+    first, in the same kernel (`scale_by_inv_rms`)."""
 
     positions: torch.Tensor
     cos: torch.Tensor
     sin: torch.Tensor
+    rms_x: torch.Tensor | None = None
+    rms_eps: float = 0.0
+
+    def prescale(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v with the folded norm's scale applied (for backends without the fused kernel)."""
+        if self.rms_x is None:
+            return q, k, v
+        return tuple(scale_by_inv_rms(t, self.rms_x, self.rms_eps) for t in (q, k, v))  # type: ignore[return-value]
 
 
 class AttentionBackend(ABC):
@@ -71,4 +86,7 @@ class AttentionBackend(ABC):
             cache.store(layer, batch.out_loc, k, v)
             return q
         op = registry.get("rope_store", q.device)
-        return op(rope.positions, q, k, v, rope.cos, rope.sin, batch.out_loc, cache.k[layer], cache.v[layer])
+        return op(
+            rope.positions, q, k, v, rope.cos, rope.sin, batch.out_loc, cache.k[layer], cache.v[layer],
+            rope.rms_x, rope.rms_eps,
+        )  # fmt: skip

@@ -99,6 +99,7 @@ class TorchAttentionBackend(AttentionBackend):
     ) -> torch.Tensor:
         cache, meta = batch.kv_cache, batch.attn_meta
         if rope is not None:  # unfused: a fresh prompt below attends this step's rotated k directly
+            q, k, v = rope.prescale(q, k, v)
             q, k = registry.get("rope", q.device)(rope.positions, q, k, rope.cos, rope.sin)
         cache.store(layer, batch.out_loc, k, v)
         k_pool, v_pool = cache.k[layer], cache.v[layer]

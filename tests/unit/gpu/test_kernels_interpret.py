@@ -120,6 +120,20 @@ def silu_and_mul_strided_bf16():
     return close_ratio(triton.silu_and_mul(g, u), reference.silu_and_mul(g, u), *_tol(torch.bfloat16))
 
 
+@case
+def silu_and_mul_folded_norm_bf16():
+    """With rms_x: gate and up scaled by each token's 1 / rms(rms_x) first (Llama's folded norms)."""
+    from runtime.gpu.kernels.silu_and_mul import reference, triton
+    from runtime.gpu.kernels.testing import close_ratio
+
+    g = torch.Generator().manual_seed(5)
+    gu = torch.randn(3, 2 * 2100, generator=g).to(torch.bfloat16)
+    x = (30 * torch.randn(3, 1100, generator=g)).to(torch.bfloat16)
+    gate, up = gu.split(2100, -1)
+    got, want = triton.silu_and_mul(gate, up, x, 1e-5), reference.silu_and_mul(gate, up, x, 1e-5)
+    return close_ratio(got, want, *_tol(torch.bfloat16))
+
+
 def _rope(dtype) -> float:
     from runtime.gpu.kernels.rope import reference, triton
     from runtime.gpu.kernels.testing import close_ratio
@@ -147,8 +161,9 @@ def rope_strided_bf16():
 
 
 @case
-def rope_store_into_pools_bf16():
-    """Rotated q returned, rotated k and plain v written at scattered slots, other slots untouched."""
+def rope_store_folded_norm_into_pools_bf16():
+    """Rotated q returned, rotated k and plain v written at scattered slots, other slots untouched; q, k, v
+    first scaled by 1 / rms(x) per token (the folded input norm)."""
     from runtime.gpu.kernels.rope import reference, triton
 
     g = torch.Generator().manual_seed(4)
@@ -160,8 +175,9 @@ def rope_store_into_pools_bf16():
     e = torch.cat([e, e], -1)
     pools = [torch.randn(12, 2, 32, generator=g).to(torch.bfloat16) for _ in range(2)]
     pools += [p.clone() for p in pools]  # the reference writes into its own copies
-    got_q = triton.rope_store(pos, q, k, v, e.cos(), e.sin(), loc, pools[0], pools[1])
-    want_q = reference.rope_store(pos, q, k, v, e.cos(), e.sin(), loc, pools[2], pools[3])
+    x = (30 * torch.randn(5, 1100, generator=g)).to(torch.bfloat16)  # folded input norm: scale by 1/rms(x)
+    got_q = triton.rope_store(pos, q, k, v, e.cos(), e.sin(), loc, pools[0], pools[1], x, 1e-5)
+    want_q = reference.rope_store(pos, q, k, v, e.cos(), e.sin(), loc, pools[2], pools[3], x, 1e-5)
     from runtime.gpu.kernels.testing import close_ratio
 
     return max(

@@ -24,6 +24,7 @@ CONFIGS = {
     "mha": dict(),
     "gqa_tied": dict(num_key_value_heads=2, tie_word_embeddings=True),
     "llama3_rope": dict(num_key_value_heads=1, head_dim=32, **LLAMA3_ROPE),
+    "biases": dict(num_key_value_heads=2, attention_bias=True, mlp_bias=True),  # norms stay unfolded
 }
 
 
@@ -33,6 +34,11 @@ def tiny(request, tmp_path_factory):
     ref = save_tiny_llama(path, **CONFIGS[request.param])
     runner = ModelRunner(RunnerConfig(str(path), num_kv_slots=1024, max_reqs=8, max_model_len=256))
     return ref, runner
+
+
+def test_norms_are_folded_unless_a_projection_has_a_bias(tiny):
+    ref, runner = tiny
+    assert runner.model.model.norms_folded == (not ref.config.attention_bias)
 
 
 def test_full_prefill_matches_reference(tiny):

@@ -21,3 +21,12 @@ def unit_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
     """x / rms(x) over the last dim, no weight: the mean square in float32, the product in x's dtype.
     DeepSeek-V4's per-head q norm and its mHC mixing input (there x is already float32)."""
     return x * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)
+
+
+def scale_by_inv_rms(y: torch.Tensor, x: torch.Tensor, eps: float) -> torch.Tensor:
+    """Each token's row(s) of `y` [T, ...] times 1 / rms(x[t]) (x [T, H]), in float32, rounded to y's
+    dtype. With RMSNorm's gain folded into the next projection's weight, proj(norm(x)) is
+    proj_folded(x) scaled this way: the consumer of the projection applies it instead of a norm kernel
+    (Llama `fold_norms`)."""
+    inv = torch.rsqrt(x.float().pow(2).mean(-1) + eps)
+    return (y.float() * inv.view(-1, *([1] * (y.dim() - 1)))).to(y.dtype)

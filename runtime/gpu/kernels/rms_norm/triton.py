@@ -33,6 +33,18 @@ def _rms_norm(
     tl.store(Out + t * stride_o + offs, (y * w).to(Out.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def inv_rms_of_row(X, t, stride_x, n_cols, eps, BLOCK: tl.constexpr):
+    """1 / rms of row t of X (float32), in BLOCK-wide chunks: for kernels that scale a folded
+    projection's output by it (`reference.scale_by_inv_rms`)."""
+    acc = tl.zeros([BLOCK], tl.float32)
+    for c in range(0, n_cols, BLOCK):
+        offs = c + tl.arange(0, BLOCK)
+        x = tl.load(X + t * stride_x + offs, mask=offs < n_cols, other=0.0).to(tl.float32)
+        acc += x * x
+    return tl.rsqrt(tl.sum(acc, 0) / n_cols + eps)
+
+
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from runtime.gpu.kernels.rms_norm.reference import scale_by_inv_rms
+
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
@@ -30,9 +32,15 @@ def rope_store(
     loc: torch.Tensor,
     k_pool: torch.Tensor,
     v_pool: torch.Tensor,
+    rms_x: torch.Tensor | None = None,
+    rms_eps: float = 0.0,
 ) -> torch.Tensor:
     """`rope`, then the rotated k and the plain v written to the paged pools at slots `loc` [T]
-    (k_pool, v_pool: [slots, Hkv, D]). Returns the rotated q; k is consumed by the cache."""
+    (k_pool, v_pool: [slots, Hkv, D]). Returns the rotated q; k is consumed by the cache.
+    With `rms_x` [T, H]: q, k, v came from a projection with the input RMSNorm's gain folded in, and
+    are first scaled per token by 1 / rms(rms_x[t]) (`scale_by_inv_rms`)."""
+    if rms_x is not None:
+        q, k, v = (scale_by_inv_rms(t, rms_x, rms_eps) for t in (q, k, v))
     q_out, k_out = rope(positions, q, k, cos, sin)
     k_pool[loc] = k_out.to(k_pool.dtype)  # the pool may be fp8 (--kv-cache-dtype)
     v_pool[loc] = v.to(v_pool.dtype)

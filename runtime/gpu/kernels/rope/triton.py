@@ -3,7 +3,9 @@
 One program per token rotates all its q heads and k heads: the cos/sin row is read once. Out of
 place, like the reference; inputs may be strided views (the q/k slices of the fused qkv output).
 `rope_store` also writes the rotated k and the plain v straight into the paged KV pools: at batch 1
-the separate store was two index_put launches per layer, about 4% of a Llama-8B decode step."""
+the separate store was two index_put launches per layer, about 4% of a Llama-8B decode step.
+With `rms_x` it also applies the folded input norm (see `reference.rope_store`): the program computes
+its token's 1 / rms and scales q, k and v by it first, which takes the norm kernel off the step."""
 
 from __future__ import annotations
 
@@ -12,17 +14,25 @@ import triton
 import triton.language as tl
 
 from runtime.gpu.kernels.common import next_pow2
+from runtime.gpu.kernels.rms_norm.triton import inv_rms_of_row
+
+RMS_CHUNK = 1024
 
 
 @triton.jit
 def _rotate_heads(X, Out, t, stride_xt, stride_xh, stride_ot, stride_oh, n_heads, c1, c2, s1, s2,
-                  HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):  # fmt: skip
+                  HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+                  scale=1.0):  # fmt: skip
+    """Rotate the heads of token t; `scale` (the folded norm's 1 / rms) applies first, rounded to X's
+    dtype like the reference (a no-op at 1.0)."""
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_HALF)
     mask = (offs_h < n_heads)[:, None] & (offs_d < HALF)[None, :]
     x_ptrs = X + t * stride_xt + offs_h[:, None] * stride_xh + offs_d[None, :]
     x1 = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(x_ptrs + HALF, mask=mask, other=0.0).to(tl.float32)
+    x1 = (x1 * scale).to(X.dtype.element_ty).to(tl.float32)
+    x2 = (x2 * scale).to(X.dtype.element_ty).to(tl.float32)
     o1 = x1 * c1[None, :] - x2 * s1[None, :]
     o2 = x2 * c2[None, :] + x1 * s2[None, :]
     o_ptrs = Out + t * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :]
@@ -82,24 +92,30 @@ def rope(
 
 @triton.jit
 def _rope_store(
-    Pos, Loc, Q, K, V, Cos, Sin, QOut, KPool, VPool, n_q_heads, n_kv_heads,
+    Pos, Loc, Q, K, V, Cos, Sin, QOut, KPool, VPool, X, n_q_heads, n_kv_heads, n_x, eps,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_qot, stride_qoh,
-    stride_ks, stride_kph, stride_vs, stride_vph, stride_c,
+    stride_ks, stride_kph, stride_vs, stride_vph, stride_c, stride_x,
     HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    HAS_RMS: tl.constexpr, RMS_CHUNK: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(Pos + t).to(tl.int64)
     slot = tl.load(Loc + t).to(tl.int64)
+    scale = 1.0
+    if HAS_RMS:
+        scale = inv_rms_of_row(X, t, stride_x, n_x, eps, RMS_CHUNK)
     c1, c2, s1, s2 = _cos_sin(Cos, Sin, pos, stride_c, HALF, BLOCK_HALF)
     _rotate_heads(Q, QOut, t, stride_qt, stride_qh, stride_qot, stride_qoh, n_q_heads, c1, c2, s1, s2,
-                  HALF, BLOCK_HQ, BLOCK_HALF)  # fmt: skip
+                  HALF, BLOCK_HQ, BLOCK_HALF, scale)  # fmt: skip
     # The pool row of this token is "token" `slot` of a [slots, Hkv, D] tensor: same helper, t = slot.
     _rotate_heads(K + t * stride_kt, KPool, slot, 0, stride_kh, stride_ks, stride_kph, n_kv_heads,
-                  c1, c2, s1, s2, HALF, BLOCK_HKV, BLOCK_HALF)  # fmt: skip
+                  c1, c2, s1, s2, HALF, BLOCK_HKV, BLOCK_HALF, scale)  # fmt: skip
     offs_h = tl.arange(0, BLOCK_HKV)
     offs_full = tl.arange(0, 2 * BLOCK_HALF)
     vmask = (offs_h < n_kv_heads)[:, None] & (offs_full < 2 * HALF)[None, :]
     vals = tl.load(V + t * stride_vt + offs_h[:, None] * stride_vh + offs_full[None, :], mask=vmask)
+    if HAS_RMS:
+        vals = (vals.to(tl.float32) * scale).to(V.dtype.element_ty)
     vals = vals.to(VPool.dtype.element_ty)  # a no-op unless the pool is fp8
     tl.store(VPool + slot * stride_vs + offs_h[:, None] * stride_vph + offs_full[None, :], vals, mask=vmask)
 
@@ -114,6 +130,8 @@ def rope_store(
     loc: torch.Tensor,
     k_pool: torch.Tensor,
     v_pool: torch.Tensor,
+    rms_x: torch.Tensor | None = None,
+    rms_eps: float = 0.0,
 ) -> torch.Tensor:
     """Same contract as `reference.rope_store`."""
     n_tokens, n_q_heads, head_dim = q.shape
@@ -122,14 +140,17 @@ def rope_store(
     assert k_pool.stride(2) == 1 and v_pool.stride(2) == 1 and k_pool.dtype == v_pool.dtype
     assert cos.stride(1) == 1 and sin.stride(1) == 1 and cos.stride(0) == sin.stride(0)
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    x = q if rms_x is None else rms_x
+    assert x.stride(-1) == 1
     if n_tokens:
         half = head_dim // 2
         _rope_store[(n_tokens,)](
-            positions, loc, q, k, v, cos, sin, q_out, k_pool, v_pool, n_q_heads, n_kv_heads,
+            positions, loc, q, k, v, cos, sin, q_out, k_pool, v_pool, x, n_q_heads, n_kv_heads,
+            x.shape[-1], rms_eps,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             q_out.stride(0), q_out.stride(1),
             k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1), cos.stride(0),
-            HALF=half, BLOCK_HQ=next_pow2(n_q_heads), BLOCK_HKV=next_pow2(n_kv_heads),
-            BLOCK_HALF=next_pow2(half), num_warps=4,
+            x.stride(0), HALF=half, BLOCK_HQ=next_pow2(n_q_heads), BLOCK_HKV=next_pow2(n_kv_heads),
+            BLOCK_HALF=next_pow2(half), HAS_RMS=rms_x is not None, RMS_CHUNK=RMS_CHUNK, num_warps=4,
         )  # fmt: skip
     return q_out
