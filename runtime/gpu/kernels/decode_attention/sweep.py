@@ -44,11 +44,11 @@ def main() -> None:
     shapes = SHAPES
     if args_cli.batch_sizes:
         wanted = {int(b) for b in args_cli.batch_sizes.split(",")}
-        shapes = [(b, 1024, (2, 4, 8, 16, 32)) for b in sorted(wanted)]
+        shapes = [(b, 1024, (2, 4, 8, 16, 32, 64)) for b in sorted(wanted)]
     bench = graph_time_ms if args_cli.graph else (lambda fn: triton.testing.do_bench(fn, rep=40))
     fp8 = args_cli.kv_dtype == "fp8"
     size = 1 if fp8 else 2
-    defaults = kernel.LAUNCH[size]
+    defaults, default_mode = kernel.LAUNCH[size], kernel.FP8_MODE
     for batch, ctx, splits in shapes:
         kv_dtype = torch.float8_e4m3fn if fp8 else None
         case = paged_case(
@@ -68,19 +68,22 @@ def main() -> None:
         results = []
         grid = ((32, 64), (2, 4), (1, 2, 4)) if args_cli.graph else ((32, 64, 128), (4, 8), (2, 3, 4))
         if fp8 and not args_cli.graph:
-            grid = ((64, 128, 256), (4, 8), (2, 3, 4))
-        for (bn, warps, stages), sp in itertools.product(itertools.product(*grid), splits):
-            kernel.LAUNCH[size] = (bn, warps, stages)
+            grid = ((64, 128), (4, 8), (3, 4))
+        modes = list(kernel.FP8_MODES) if fp8 else [kernel.FP8_MODE]
+        for (bn, warps, stages), sp, mode in itertools.product(itertools.product(*grid), splits, modes):
+            kernel.LAUNCH[size], kernel.FP8_MODE = (bn, warps, stages), mode
             err = (kernel.decode_attention(*args, num_splits=sp).float() - want).abs().max().item()
             ms = bench(lambda sp=sp, args=args: kernel.decode_attention(*args, num_splits=sp))
-            results.append((ms, bn, warps, stages, sp, err))
-        now = [r for r in results if r[1:4] == defaults]
-        for ms, bn, warps, stages, sp, err in sorted(results)[:3] + sorted(now)[:1]:
+            results.append((ms, bn, warps, stages, sp, mode, err))
+        now = [r for r in results if r[1:4] == defaults and r[5] == default_mode]
+        best_per_mode = [min(r for r in results if r[5] == m) for m in modes]
+        for ms, bn, warps, stages, sp, mode, err in sorted(results)[:3] + best_per_mode + sorted(now)[:1]:
             print(
-                f"B={batch} ctx={ctx} BLOCK_N={bn} warps={warps} stages={stages} splits={sp}: "
+                f"B={batch} ctx={ctx} BLOCK_N={bn} warps={warps} stages={stages} splits={sp}"
+                f"{f' fp8 as {mode}' if fp8 else ''}: "
                 f"{ms * 1e3:.1f} us, {kv_bytes / ms / 1e6:.0f} GB/s, max err {err:.1e}"
             )
-    kernel.LAUNCH[size] = defaults
+    kernel.LAUNCH[size], kernel.FP8_MODE = defaults, default_mode
 
 
 if __name__ == "__main__":

@@ -19,6 +19,30 @@ from runtime.gpu.kernels.triton_utils import dot_f32, dot_operand
 # (--kv-cache-dtype fp8_e4m3) moves half the bytes per token: a step covers more tokens for the same tile.
 LAUNCH = {4: (64, 4, 4), 2: (64, 4, 4), 1: (128, 4, 4)}
 
+# How an fp8 (e4m3) pool's values reach the tensor cores; `sweep --kv-dtype fp8` times all three.
+#   "q":    upcast to q's dtype. For bf16 queries that is the slow path: there is no one-instruction
+#           e4m3 -> bf16 conversion, and the kernel ran at 2.1-2.2 TB/s of fp8 bytes with it.
+#   "f16":  to float16 (`cvt.rn.f16x2.e4m3x2`, two values per instruction); q and p go to float16 too
+#           (|q| and p are far inside float16's range), accumulation stays float32.
+#   "bits": the e4m3 bits moved into a float16 with two integer ops (sign to bit 15, exponent and
+#           mantissa shifted by 7: value / 256 exactly, subnormals included); the 256 is folded into
+#           the softmax scale for K and into the output for V.
+FP8_MODES = {"q": 0, "f16": 1, "bits": 2}
+FP8_MODE = "f16"
+
+
+@triton.jit
+def _kv_tile(ptrs, mask, KV_MODE: tl.constexpr, OUT_DTYPE: tl.constexpr):
+    """A [BLOCK_N, BLOCK_D] tile of the pool as a dot operand (see FP8_MODES; mode 0 also serves
+    16-bit pools, where the cast is a no-op)."""
+    if KV_MODE == 2:
+        u = tl.load(ptrs, mask=mask, other=0).to(tl.uint16)  # the pool viewed as uint8
+        return (((u & 0x80) << 8) | ((u & 0x7F) << 7)).to(tl.float16, bitcast=True)
+    elif KV_MODE == 1:
+        return tl.load(ptrs, mask=mask, other=0.0).to(tl.float16)
+    else:
+        return tl.load(ptrs, mask=mask, other=0.0).to(OUT_DTYPE)
+
 
 @triton.jit
 def _stage1(
@@ -26,7 +50,7 @@ def _stage1(
     qk_scale,
     stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_rt,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
-    BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr,
+    BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr, KV_MODE: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -36,7 +60,7 @@ def _stage1(
 
     row = tl.load(Rows + b).to(tl.int64)
     seq_len = tl.load(SeqLens + b).to(tl.int32)
-    per_split = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    per_split = _split_len(seq_len, num_splits, BLOCK_N)
     start = split * per_split
     end = tl.minimum(start + per_split, seq_len)
 
@@ -46,7 +70,10 @@ def _stage1(
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
     q_ptrs = Q + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
-    q = dot_operand(tl.load(q_ptrs, mask=mask_h[:, None] & mask_d[None, :], other=0.0), DOT_F32)
+    q = tl.load(q_ptrs, mask=mask_h[:, None] & mask_d[None, :], other=0.0)
+    if KV_MODE != 0:
+        q = q.to(tl.float16)
+    q = dot_operand(q, DOT_F32)
 
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     denom = tl.zeros([BLOCK_H], tl.float32)
@@ -57,9 +84,9 @@ def _stage1(
         mask_n = pos < end
         slot = tl.load(slot_row + pos, mask=mask_n, other=0).to(tl.int64)
         kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(
-            K + slot[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0
-        ).to(Q.dtype.element_ty)  # an fp8 KV pool is upcast to q's dtype
+        k = _kv_tile(
+            K + slot[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :], kv_mask, KV_MODE, Q.dtype.element_ty
+        )
         qk = (
             tl.dot(q, tl.trans(dot_operand(k, DOT_F32)), input_precision=DOT_PREC) * qk_scale
         )  # [BLOCK_H, BLOCK_N], base 2
@@ -68,9 +95,9 @@ def _stage1(
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(qk - m_new[:, None])
         denom = denom * alpha + tl.sum(p, 1)
-        v = tl.load(
-            V + slot[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0
-        ).to(Q.dtype.element_ty)
+        v = _kv_tile(
+            V + slot[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :], kv_mask, KV_MODE, Q.dtype.element_ty
+        )
         acc = acc * alpha[:, None] + tl.dot(
             dot_operand(p.to(v.dtype), DOT_F32), dot_operand(v, DOT_F32), input_precision=DOT_PREC
         )
@@ -79,20 +106,32 @@ def _stage1(
     has = denom > 0.0  # an empty split (short row) leaves denom = 0: lse = -inf, ignored by stage 2
     lse = tl.where(has, m + tl.log2(tl.where(has, denom, 1.0)), float("-inf"))
     o = acc / tl.where(has, denom, 1.0)[:, None]
+    if KV_MODE == 2:
+        o = o * 256.0  # V was read as value / 256
     mid = (b * num_q_heads + heads).to(tl.int64) * num_splits + split  # [BLOCK_H]
-    tl.store(MidLse + mid, lse, mask=mask_h)
-    tl.store(MidO + mid[:, None] * HEAD_DIM + offs_d[None, :], o, mask=mask_h[:, None] & mask_d[None, :])
+    keep = mask_h & (start + 0 * offs_h < seq_len)  # splits past the row's end: never read by stage 2
+    tl.store(MidLse + mid, lse, mask=keep)
+    tl.store(MidO + mid[:, None] * HEAD_DIM + offs_d[None, :], o, mask=keep[:, None] & mask_d[None, :])
+
+
+@triton.jit
+def _split_len(seq_len, num_splits, BLOCK_N: tl.constexpr):
+    """Tokens per split of a row: whole BLOCK_N steps, so a short row under a graph's fixed split count
+    uses only its first few splits (the rest exit at once and stage 2 skips them)."""
+    return tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
 
 
 @triton.jit
 def _stage2(
-    MidO, MidLse, Out, num_splits, stride_ob, stride_oh,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    MidO, MidLse, Out, SeqLens, num_splits, stride_ob, stride_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     h = tl.program_id(1)
+    seq_len = tl.load(SeqLens + b).to(tl.int32)
+    used = tl.cdiv(seq_len, tl.maximum(_split_len(seq_len, num_splits, BLOCK_N), 1))
     offs_s = tl.arange(0, BLOCK_S)
-    mask_s = offs_s < num_splits
+    mask_s = offs_s < tl.minimum(used, num_splits)
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
     base = (b * tl.num_programs(1) + h).to(tl.int64) * num_splits + offs_s
@@ -135,19 +174,24 @@ def decode_attention(
     group = num_q_heads // num_kv_heads
     block_d = next_pow2(head_dim)
     block_n, num_warps, num_stages = LAUNCH[k_pool.element_size()]
+    kv_mode, qk_scale = 0, scale * LOG2E
+    if k_pool.dtype == torch.float8_e4m3fn and q.dtype != torch.float32:
+        kv_mode = FP8_MODES[FP8_MODE]
+        if kv_mode == 2:
+            k_pool, v_pool, qk_scale = k_pool.view(torch.uint8), v_pool.view(torch.uint8), qk_scale * 256.0
     mid_o = torch.empty(batch, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(batch, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
     _stage1[(batch, num_kv_heads, num_splits)](
         q, k_pool, v_pool, req_to_token, rows, seq_lens, mid_o, mid_lse,
-        scale * LOG2E,
+        qk_scale,
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
         req_to_token.stride(0),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_H=max(16, next_pow2(group)),
-        BLOCK_N=block_n, DOT_PREC=dot_precision(q.dtype), DOT_F32=dot_f32(q), num_warps=num_warps,
-        num_stages=num_stages,
+        BLOCK_N=block_n, DOT_PREC=dot_precision(q.dtype), DOT_F32=dot_f32(q), KV_MODE=kv_mode,
+        num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     _stage2[(batch, num_q_heads)](
-        mid_o, mid_lse, out, num_splits, out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=max(2, next_pow2(num_splits)), num_warps=4,
+        mid_o, mid_lse, out, seq_lens, num_splits, out.stride(0), out.stride(1),
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=max(2, next_pow2(num_splits)), BLOCK_N=block_n, num_warps=4,
     )  # fmt: skip
     return out
