@@ -24,6 +24,10 @@ from runtime.gpu.attention.torch_ref import TorchAttentionBackend
 from runtime.gpu.forward_batch import ForwardBatch
 from runtime.gpu.kernels import registry
 
+# Expanded K + V elements per `mla_prefill` call (2 GiB in bf16): bounds the transient memory of a step
+# whose prefill rows have long cached prefixes (DeepSeek-V3, 128 heads: ~26K latent rows per call).
+EXPANDED_ELEMENTS = 1 << 30
+
 
 def mla_expanded(
     q_nope: torch.Tensor,
@@ -116,35 +120,50 @@ class TorchMLABackend(TorchAttentionBackend):
         return out
 
     def forward_prefills(self, prefills, q_nope, q_pe, latent, pool, w_uk, w_uv, out) -> None:  # noqa: ANN001
-        """Every row with several new tokens at once, in the expanded form, into `out` (shared with the
-        kernel backend): the rows' latents (this step's for a fresh prompt, prefix + new slots of the pool
+        """The rows with several new tokens, in the expanded form, into `out` (shared with the kernel
+        backend): the rows' latents (this step's for a fresh prompt, prefix + new slots of the pool
         otherwise) concatenated and expanded to per-head K and V with one matmul per weight, then one call
-        of the `mla_prefill` op (causal, each row's queries the last of its keys)."""
+        of the `mla_prefill` op (causal, each row's queries the last of its keys). Rows whose keys would
+        expand past EXPANDED_ELEMENTS go in further calls (a longer row alone)."""
         if not prefills:
             return
         r, heads = w_uk.shape[-1], w_uk.shape[0]
-        lats = [latent[p.start : p.start + p.length, 0] if p.slots is None else pool.index_select(0, p.slots)
-                for p in prefills]  # fmt: skip
-        lat = lats[0] if len(lats) == 1 else torch.cat(lats)
-        c, k_pe = lat[:, :r], lat[:, r:]
-        k_nope = torch.einsum("sr,hdr->shd", c, w_uk)  # [S, H, dn]
-        v = torch.einsum("sr,hvr->shv", c, w_uv)  # [S, H, dv]
-        k = torch.cat([k_nope, k_pe.unsqueeze(1).expand(-1, heads, -1)], dim=-1)
         q = torch.cat([q_nope, q_pe], dim=-1)  # decode tokens too (few): no gather, and `out` is shared
-        cols = self._prefill_cols(prefills, q.device)
-        max_q_len = max(p.length for p in prefills)
-        registry.get("mla_prefill", q.device)(q, k, v, *cols, self.scale, max_q_len=max_q_len, out=out)
+        attend = registry.get("mla_prefill", q.device)
+        per_key = heads * (q.shape[-1] + w_uv.shape[1])  # expanded K + V elements per latent row
+        for rows, cols, max_q_len in self._prefill_groups(prefills, per_key, q.device):
+            lats = [latent[p.start : p.start + p.length, 0] if p.slots is None else pool.index_select(0, p.slots)
+                    for p in rows]  # fmt: skip
+            lat = lats[0] if len(lats) == 1 else torch.cat(lats)
+            c, k_pe = lat[:, :r], lat[:, r:]
+            k_nope = torch.einsum("sr,hdr->shd", c, w_uk)  # [S, H, dn]
+            v = torch.einsum("sr,hvr->shv", c, w_uv)  # [S, H, dv]
+            k = torch.cat([k_nope, k_pe.unsqueeze(1).expand(-1, heads, -1)], dim=-1)
+            attend(q, k, v, *cols, self.scale, max_q_len=max_q_len, out=out)
 
-    _cols_of: list | None = None  # the step's prefill list whose row columns `_cols` holds
-    _cols: torch.Tensor | None = None
+    _groups_of: list | None = None  # the step's prefill list that `_groups` was built for
+    _groups: list = []
 
-    def _prefill_cols(self, prefills: list, device: torch.device) -> torch.Tensor:
-        """[4, B] int32 on `device`: q starts, q lengths, kv starts (in the concatenated latents), kv
-        lengths. Built once per step (the prefill list is the step's), not once per layer."""
-        if self._cols_of is not prefills:
-            kv_lens = [p.prefix + p.length for p in prefills]
-            kv_starts = [0, *itertools.accumulate(kv_lens)][:-1]
-            host = [[p.start for p in prefills], [p.length for p in prefills], kv_starts, kv_lens]
-            self._cols = torch.tensor(host, dtype=torch.int32).to(device, non_blocking=True)
-            self._cols_of = prefills
-        return self._cols
+    def _prefill_groups(self, prefills: list, per_key: int, device: torch.device) -> list:
+        """[(rows, cols, max_q_len)]: consecutive rows whose expanded K/V fit EXPANDED_ELEMENTS, with
+        their columns [4, n] int32 on `device` (q starts, q lengths, kv starts in the group's concatenated
+        latents, kv lengths). Built once per step (the prefill list is the step's), not once per layer."""
+        if self._groups_of is not prefills:
+            groups, cur, keys = [], [], 0
+            for p in prefills:
+                n = p.prefix + p.length
+                if cur and (keys + n) * per_key > EXPANDED_ELEMENTS:
+                    groups.append(cur)
+                    cur, keys = [], 0
+                cur.append(p)
+                keys += n
+            groups.append(cur)
+            self._groups = []
+            for rows in groups:
+                kv_lens = [p.prefix + p.length for p in rows]
+                kv_starts = [0, *itertools.accumulate(kv_lens)][:-1]
+                host = [[p.start for p in rows], [p.length for p in rows], kv_starts, kv_lens]
+                cols = torch.tensor(host, dtype=torch.int32).to(device, non_blocking=True)
+                self._groups.append((rows, cols, max(p.length for p in rows)))
+            self._groups_of = prefills
+        return self._groups

@@ -70,12 +70,18 @@ def test_registry_picks_the_reference_on_the_cpu() -> None:
     assert [i.name for i in registry.implementations("mla_prefill")] == ["triton", "reference"]
 
 
-def test_backend_prefills_in_one_call_equal_the_row_by_row_expanded_form() -> None:
+@pytest.mark.parametrize("calls", [1, 2])
+def test_backend_prefills_in_one_call_equal_the_row_by_row_expanded_form(calls: int, monkeypatch) -> None:
     """A fresh prompt, a row with a cached prefix and a decode token between them: the rows' latents
     expanded together and attended by one op call give what `mla_expanded` gives row by row (with the
-    prefix-shifted causal mask the backend used to build)."""
+    prefix-shifted causal mask the backend used to build); so do two calls, when the expanded K/V of both
+    rows would not fit EXPANDED_ELEMENTS."""
+    from runtime.gpu.attention import mla_ref
     from runtime.gpu.attention.mla_ref import TorchMLABackend, mla_expanded
     from runtime.gpu.attention.torch_ref import _Prefill
+
+    if calls == 2:
+        monkeypatch.setattr(mla_ref, "EXPANDED_ELEMENTS", 11 * 3 * (24 + 12))  # the second row alone
 
     g = torch.Generator().manual_seed(0)
     heads, dn, dr, dv, r = 3, 16, 8, 12, 20
@@ -92,6 +98,7 @@ def test_backend_prefills_in_one_call_equal_the_row_by_row_expanded_form() -> No
     backend = TorchMLABackend(heads, r, dr, 0.25)
     out = torch.full((tokens, heads, dv), 3.0)
     backend.forward_prefills(prefills, q_nope, q_pe, latent, pool, w_uk, w_uv, out)
+    assert len(backend._groups) == calls
     fresh = mla_expanded(q_nope[:7], q_pe[:7], latent[:7, 0], w_uk, w_uv, 0.25, causal=True)
     cached = mla_expanded(q_nope[8:], q_pe[8:], pool[slots], w_uk, w_uv, 0.25, mask)
     torch.testing.assert_close(out[:7], fresh, atol=1e-5, rtol=1e-5)
