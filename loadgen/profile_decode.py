@@ -6,6 +6,7 @@ the first kernel's start to the last one's end, minus kernel time)."""
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections import defaultdict
 
@@ -68,13 +69,18 @@ def _report(prof, steps: int = 5) -> None:
     print(
         f"  kernel time per step {total / 1e3:.3f} ms, {count / steps:.0f} device ops per step; top kernels:"
     )
-    for name, us in sorted(per_kernel.items(), key=lambda kv: -kv[1])[:14]:
+    for name, us in sorted(per_kernel.items(), key=lambda kv: -kv[1])[:20]:
         print(f"  {us / 1e3:8.3f} ms  {100 * us / total:5.1f}%  {name}")
 
 
 def main() -> None:
-    for batch in (1, 256):
-        for graph in (True, False):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch-sizes", default="1,256", help="comma-separated")
+    parser.add_argument("--cuda-graph", choices=("on", "off", "both"), default="both")
+    args = parser.parse_args()
+    graphs = {"on": (True,), "off": (False,), "both": (True, False)}[args.cuda_graph]
+    for batch in (int(b) for b in args.batch_sizes.split(",")):
+        for graph in graphs:
             runner, plans = _runner(batch, graph), _steps(batch)
             for _ in range(6):
                 runner.execute(next(plans))
