@@ -2,7 +2,9 @@
 implementation vs the PyTorch reference (dequantize + float32 matmul) at DeepSeek-V3 shapes (M 1, 64,
 128, 4096; N x K 7168x2048, 4096x7168, 2112x7168) and ragged ones. Both sides use the same quantized
 inputs, so the tolerance only covers accumulation order and the bf16 output rounding; `pytest -s` also
-prints the error of the whole fp8 path against the unquantized bf16 matmul (information)."""
+prints the error of the whole fp8 path against the unquantized bf16 matmul (information). The TileLang
+kernel is also run in every tile config the benchmark compares, and split K (a compile each, ~5-10 s;
+TileLang caches them on disk)."""
 
 from __future__ import annotations
 
@@ -26,7 +28,19 @@ SHAPES = [(m, n, k) for m in (1, 64, 128, 4096) for n, k in NK] + [
     (5, 100, 300),
     (33, 2112, 7168),
     (300, 257, 1000),
+    (5, 100, 384),  # ragged M and N with K a multiple of 128 (the TileLang kernel's own path)
+    (300, 257, 1024),
+    (130, 2112, 7168),
 ]
+
+
+def _case(m: int, n: int, k: int) -> tuple:
+    g = torch.Generator("cuda").manual_seed(m + n + k)
+    x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
+    w = (torch.randn(n, k, device="cuda", generator=g) * 0.05).to(torch.bfloat16)
+    xq, xs = reference.act_quant(x)
+    wq, ws = quantize(w, (128, 128))
+    return x, w, (xq, xs, wq, ws)
 
 
 @pytest.mark.parametrize("name", impl_names("fp8_block_gemm"))
@@ -35,18 +49,46 @@ def test_fp8_block_gemm_matches_reference(name: str, shape: tuple) -> None:
     m, n, k = shape
     if name == "deep_gemm" and (n % 64 or k % 128):
         pytest.skip("DeepGEMM needs N % 64 == 0 and K % 128 == 0")
-    g = torch.Generator("cuda").manual_seed(m + n + k)
-    x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
-    w = (torch.randn(n, k, device="cuda", generator=g) * 0.05).to(torch.bfloat16)
-    xq, xs = reference.act_quant(x)
-    wq, ws = quantize(w, (128, 128))
-    want = reference.fp8_block_gemm(xq, xs, wq, ws)
-    got = load_impl("fp8_block_gemm", name)(xq, xs, wq, ws)
+    x, w, args = _case(m, n, k)
+    want = reference.fp8_block_gemm(*args)
+    got = load_impl("fp8_block_gemm", name)(*args)
     ratio = close_ratio(got, want, 2e-3 * want.abs().max().item(), 1e-2)
     print(
         f"\n  {name} {shape}: {ratio:.3f}x tol; fp8 path vs bf16 matmul rel. error {_rel(got, x @ w.T):.4f}"
     )
     assert got.dtype == torch.bfloat16 and ratio <= 1.0
+
+
+def _tilelang_configs() -> list:
+    from runtime.gpu.kernels.fp8_gemm.bench import TILELANG_CONFIGS
+    from runtime.gpu.kernels.fp8_gemm.tilelang import TileConfig
+
+    return [*TILELANG_CONFIGS, TileConfig(64, 64, 4, 128, split_k=2), TileConfig(128, 128, 4, 256, split_k=4)]
+
+
+@pytest.mark.parametrize("cfg", _tilelang_configs(), ids=lambda c: c.label())
+def test_fp8_block_gemm_tilelang_every_config_matches_reference(cfg) -> None:
+    """Each tile config the benchmark compares (and split-K), at a shape ragged in M and N, writing into
+    a strided `out`."""
+    fn = load_impl("fp8_block_gemm", "tilelang")
+    m, n, k = 300, 257, 1024
+    _, _, args = _case(m, n, k)
+    want = reference.fp8_block_gemm(*args)
+    out = torch.full((m, n + 7), float("nan"), device="cuda", dtype=torch.bfloat16)[:, :n]
+    got = fn(*args, out=out, config=cfg)
+    ratio = close_ratio(got, want, 2e-3 * want.abs().max().item(), 1e-2)
+    print(f"\n  tilelang {cfg.label()}: {ratio:.3f}x tol")
+    assert got.data_ptr() == out.data_ptr() and ratio <= 1.0
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float16, torch.float32], ids=str)
+def test_fp8_block_gemm_tilelang_other_output_dtypes(out_dtype: torch.dtype) -> None:
+    fn = load_impl("fp8_block_gemm", "tilelang")
+    _, _, args = _case(70, 384, 512)
+    want = reference.fp8_block_gemm(*args, out_dtype=torch.float32)
+    got = fn(*args, out_dtype=out_dtype)
+    assert got.dtype == out_dtype
+    assert close_ratio(got, want, 2e-3 * want.abs().max().item(), 1e-2) <= 1.0
 
 
 @pytest.mark.parametrize("name", impl_names("fp8_act_quant"))

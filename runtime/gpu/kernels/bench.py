@@ -3,6 +3,7 @@ shapes, against ceilings measured in the same run (device-to-device copy bandwid
 
     python -m runtime.gpu.kernels.bench                      # all ops, all non-reference impls
     python -m runtime.gpu.kernels.bench --ops decode_attention --reference
+    python -m runtime.gpu.kernels.bench --ops fp8_block_gemm --fp8-configs   # see fp8_gemm/bench.py
     CONDUIT_KERNEL_DECODE_ATTENTION=reference ...            # (the registry's forcing also applies)
 
 On CUDA, times are triton.testing.do_bench medians. `--device cpu` runs the references with wall-clock
@@ -144,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--small", action="store_true", help="small shapes (smoke test)")
     p.add_argument("--no-graph", action="store_true", help="time plain launches, not CUDA graph replays")
     p.add_argument("--sweep", action="store_true", help="also time the Triton kernels' alternative configs")
+    p.add_argument(
+        "--fp8-configs", action="store_true", help="fp8_block_gemm: also time the TileLang tile configs"
+    )
     a = p.parse_args(argv)
     device = torch.device(a.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -159,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{'op':<18} {'impl':<10} {'shape':<26} {'us':>9} {'GB/s':>8} {'%copy':>6} {'TFLOP/s':>8} {'%mm':>5}"
     )
     fp8_peak = None
+    failures = 0
     for w in itertools.chain(
         workloads(ops, device, small, a.page_size), deepseek_workloads(ops, device, small)
     ):
@@ -184,7 +189,16 @@ def main(argv: list[str] | None = None) -> int:
                     f"{100 * bw / copy_bw:5.0f}% {fl / 1e12:8.2f} {100 * fl / w_peak:4.0f}%",
                     flush=True,
                 )
-    return 0
+    if "fp8_block_gemm" in ops:  # its own table: every impl and config checked, vs DeepGEMM's figures
+        from runtime.gpu.kernels.fp8_gemm import bench as fp8_bench
+
+        fp8_peak = fp8_peak or fp8_ceiling(device, small)
+        print("# fp8_block_gemm (runtime.gpu.kernels.fp8_gemm.bench)", flush=True)
+        failures += fp8_bench.run(
+            device, fp8_bench.SMALL_SHAPES if small else None, None, a.fp8_configs, a.sweep,
+            not a.no_graph, fp8_peak, reference=a.reference,
+        )  # fmt: skip
+    return 1 if failures else 0
 
 
 # ------------------------------------------------------------------ DeepSeek ops (issue 8)
@@ -195,11 +209,6 @@ FLASH_MLA_H200 = {
     (128, 128): {1024: "469 TF", 4096: "575 TF", 16384: "537 TF", 32768: "525 TF"},
     (16, 128): {4096: "3.56 TB/s", 32768: "4.11 TB/s"},
 }
-# DeepGEMM's published H800 figures (README @327ec92), dense 1x128 / 128x128 FP8
-DEEP_GEMM_H800 = {
-    (64, 2112, 7168): "206 TF",
-    (128, 2112, 7168): "352 TF",
-}  # (the other shapes' figures: DeepGEMM README @327ec92; M=4096 ranges 775-1520 TF over its table)
 
 
 def fp8_ceiling(device: torch.device, small: bool) -> float | None:
@@ -225,8 +234,6 @@ def fp8_ceiling(device: torch.device, small: bool) -> float | None:
 def _cfg_label(c) -> str:
     if hasattr(c, "block_h"):
         return f"h{c.block_h}n{c.block_n}w{c.num_warps}s{c.num_stages}"
-    if hasattr(c, "split_k"):
-        return f"{c.block_m}x{c.block_n}k{c.split_k}w{c.num_warps}s{c.num_stages}"
     return f"{c.block_m}x{c.block_n}x{c.block_k}w{c.num_warps}s{c.num_stages}"
 
 
@@ -238,27 +245,6 @@ def _mla_sweep(w: Work) -> list:
         for h, n, warps, stages in (
             (16, 16, 4, 2), (16, 64, 4, 2), (16, 32, 4, 3), (16, 32, 8, 2),
             (32, 32, 8, 2), (32, 16, 4, 2), (64, 32, 8, 2), (64, 16, 8, 1),
-        )
-    ]  # fmt: skip
-
-
-def _fp8_sweep(w: Work) -> list:
-    from runtime.gpu.kernels.fp8_gemm.triton import GemmConfig
-
-    m = w.args[0].shape[0]
-    if m <= 128:
-        return [
-            GemmConfig(bm, bn, sk, 8, warps, st)
-            for bm, bn, sk, warps, st in (
-                (16, 64, 1, 4, 4), (16, 64, 4, 4, 4), (16, 128, 2, 4, 4), (32, 64, 2, 4, 4),
-                (64, 64, 2, 4, 3), (64, 128, 1, 4, 3), (64, 128, 2, 4, 4), (16, 32, 4, 2, 5),
-            )
-        ]  # fmt: skip
-    return [
-        GemmConfig(bm, bn, 1, gm, warps, st)
-        for bm, bn, gm, warps, st in (
-            (64, 128, 8, 4, 3), (64, 128, 32, 4, 4), (128, 128, 8, 8, 3), (128, 128, 8, 4, 3),
-            (128, 256, 8, 8, 3), (128, 64, 8, 4, 4), (64, 256, 8, 8, 3), (128, 128, 16, 8, 4),
         )
     ]  # fmt: skip
 
@@ -288,7 +274,6 @@ def _sparse_sweep(w: Work) -> list:
 
 SWEEPS = {
     "mla_decode": _mla_sweep,
-    "fp8_block_gemm": _fp8_sweep,
     "fused_moe": _moe_sweep,
     "sparse_attention": _sparse_sweep,
 }
@@ -296,9 +281,10 @@ SWEEPS = {
 
 def deepseek_workloads(ops: list[str], device: torch.device, small: bool) -> Iterator[Work]:
     """MLA decode (bf16 latent pool, page 64, FlashMLA FLOP/byte accounting: FLOPs = 2 * sum(seqlen) *
-    h_q * (576 + 512), bytes = KV + Q + O) at h_q 128/16, batch 64/128, contexts 1K..32K; FP8 block GEMM
-    and the activation quantizer at DeepSeek-V3 shapes; V4 sparse attention (FLOPs = 4 * selected rows *
-    heads * d, bytes = selected rows * d + indices + Q + O). Labels carry the anchor to compare with."""
+    h_q * (576 + 512), bytes = KV + Q + O) at h_q 128/16, batch 64/128, contexts 1K..32K; the FP8
+    activation quantizer at DeepSeek-V3 shapes (the FP8 GEMM has its own table: fp8_gemm/bench.py); V4
+    sparse attention (FLOPs = 4 * selected rows * heads * d, bytes = selected rows * d + indices + Q + O).
+    Labels carry the anchor to compare with."""
     if "mla_decode" in ops:
         from runtime.gpu.kernels.mla_decode.testing import mla_case
 
@@ -315,20 +301,6 @@ def deepseek_workloads(ops: list[str], device: torch.device, small: bool) -> Ite
                     label = f"h={hq} B={batch} ctx={ctx}" + (f" [FlashMLA {anchor}]" if anchor else "")
                     yield Work("mla_decode", label, c.args(), {}, nbytes, flops, tokens=c.kv_tokens)
                     del c
-    shapes = [(m, n, k) for m in (1, 64, 128, 4096) for n, k in ((7168, 2048), (4096, 7168), (2112, 7168))]
-    if small:
-        shapes = [(4, 256, 512), (64, 256, 384)]
-    if "fp8_block_gemm" in ops:
-        from runtime.gpu.kernels.fp8_gemm.reference import act_quant
-        from runtime.gpu.quant.fp8 import quantize
-
-        for m, n, k in shapes:
-            xq, xs = act_quant(torch.randn(m, k, device=device))
-            wq, ws = quantize(torch.randn(n, k, device=device) * 0.05, (128, 128))
-            nbytes = m * k + n * k + 4 * (xs.numel() + ws.numel()) + 2 * m * n
-            anchor = DEEP_GEMM_H800.get((m, n, k))
-            label = f"M={m} N={n} K={k}" + (f" [DeepGEMM H800 {anchor}]" if anchor else "")
-            yield Work("fp8_block_gemm", label, (xq, xs, wq, ws), {}, nbytes, 2 * m * n * k, tokens=m)
     if "fp8_act_quant" in ops:
         for m, k in ((64, 7168), (4096, 7168)) if not small else ((4, 300),):
             x = torch.randn(m, k, device=device).to(

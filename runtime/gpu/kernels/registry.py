@@ -67,6 +67,24 @@ def triton_on_cuda(device: torch.device) -> bool:
     return device.type == "cuda" and has_module("triton")
 
 
+def tilelang_on_hopper(device: torch.device) -> bool:
+    """For TileLang kernels (wgmma, TMA, setmaxnreg): a Hopper GPU and `import tilelang` works."""
+    return device.type == "cuda" and is_hopper(device) and tilelang_importable()
+
+
+def is_hopper(device: torch.device) -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] == 9
+
+
+@cache
+def tilelang_importable() -> bool:
+    try:
+        import tilelang  # noqa: F401
+    except Exception:  # noqa: BLE001 - a broken install (missing CUDA libs, ...) counts as absent
+        return False
+    return True
+
+
 def module_on_cuda(module: str) -> Callable[[torch.device], bool]:
     """For library adapters: available on CUDA devices when `module` imports (e.g. flash_mla)."""
 

@@ -48,6 +48,8 @@ import torch
 
 from runtime.gpu.kernels.common import LOG2E, MAX_SPLITS, MIN_SPLIT_TOKENS, num_sms
 from runtime.gpu.kernels.mla_decode.reference import pool_2d
+from runtime.gpu.kernels.registry import is_hopper as _hopper
+from runtime.gpu.kernels.registry import tilelang_importable as _importable
 
 BLOCK_H = 64  # q heads per CTA: the wgmma M tile (fewer heads are zero-padded)
 BLOCK_N = 64  # tokens per KV tile
@@ -63,21 +65,8 @@ _TL_DTYPE = {
 
 
 def available(device: torch.device) -> bool:
-    """The registry's check: CUDA on Hopper (wgmma, setmaxnreg) and `import tilelang` works."""
+    """`registry.tilelang_on_hopper`, spelled with this module's names so that tests can patch them."""
     return device.type == "cuda" and _hopper(device) and _importable()
-
-
-@functools.cache
-def _importable() -> bool:
-    try:
-        import tilelang  # noqa: F401
-    except Exception:  # noqa: BLE001 - a broken install (missing CUDA libs, ...) counts as absent
-        return False
-    return True
-
-
-def _hopper(device: torch.device) -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] == 9
 
 
 def supported(q: torch.Tensor, kv_lora_rank: int) -> bool:

@@ -1,0 +1,221 @@
+"""FP8 block-scaled GEMM (1x128 activation scales, 128x128 weight scales) in TileLang, DeepGEMM's way.
+
+Why a second kernel next to `triton.py`: Hopper runs FP8 at full rate only through wgmma fed from
+TMA-loaded shared memory by a producer warpgroup, and DeepGEMM's "promotion" needs the fp8 tensor-core
+sums kept apart from the running total. Here each CTA owns a BLOCK_M x BLOCK_N output tile and walks K
+one 128-wide scale group per step (T.Pipelined: TileLang adds a TMA producer warpgroup and
+`num_stages` shared buffers with mbarriers):
+
+- `acc` = A_tile @ B_tile^T by wgmma, float32, cleared at each group (clear_accum: the first wgmma
+  overwrites). The fp8 tensor cores keep only ~14 bits of the float32 sum, so it never spans more
+  than 128 products.
+- promotion, on CUDA cores: total += acc * (x_scale[row, g] * w_scale[n_block, g]). The row scales
+  are read from global memory (L2) into registers before the wgmma is issued, so their latency
+  hides under it.
+
+The consumer threads are one or two warpgroups (`threads` 128 / 256); with BLOCK_M = 128 and two,
+each owns 64 rows x BLOCK_N (wgmma m64nNk32, DeepGEMM's split), so acc and total are 64 registers a
+thread each at BLOCK_N = 128. CTAs are rasterized in panels (T.use_swizzle) so concurrently running
+tiles share A and B rows in L2. Small M: few output tiles, so the K groups are split over `split_k`
+CTAs that write float32 partials, summed afterwards (as in `triton.py`).
+
+Rows past M and columns past N: the TMA loads zero-fill them, their scales read as 0, and the store
+skips them (the TMA store clips; where N's rows are not 16-byte aligned, TileLang emits guarded
+stores). K must be a multiple of 128 (TMA row alignment, whole groups); other shapes,
+non-contiguous inputs and dtypes the kernel is not built for go to the Triton kernel.
+
+Kernels compile on first use per (N, K, out dtype, config); M is dynamic."""
+
+# No `from __future__ import annotations`: TileLang reads the prim_func parameter annotations
+# (T.Tensor shapes built from local variables) at decoration time.
+import functools
+from dataclasses import dataclass, replace
+
+import torch
+
+from runtime.gpu.kernels.common import num_sms
+from runtime.gpu.kernels.fp8_gemm.reference import FP8, GROUP
+
+_TL_OUT = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    block_m: int = 128  # 64 or 128: 64 rows per consumer warpgroup along M at most
+    block_n: int = 128  # divides 128, so one weight-scale block covers the tile's columns
+    num_stages: int = 4
+    threads: int = 256  # consumer threads (TileLang adds a 128-thread TMA producer warpgroup)
+    split_k: int = 1  # CTAs per output tile along K; must divide K / 128
+    panel: int = 10  # rasterization panel width in M tiles (T.use_swizzle)
+
+    def __post_init__(self) -> None:
+        assert self.block_m in (64, 128) and self.block_n in (16, 32, 64, 128), self
+        assert self.threads in (128, 256) and self.num_stages >= 1 and self.split_k >= 1, self
+
+    def label(self) -> str:
+        return f"{self.block_m}x{self.block_n}s{self.num_stages}t{self.threads}k{self.split_k}"
+
+
+def choose_config(m: int, n: int, k: int, device: torch.device) -> TileConfig:
+    """Large M: DeepGEMM's 128 x 128 tile on two math warpgroups, 4 stages; a 64-wide N tile instead
+    when that fills the last wave of CTAs clearly better (N = 2112: 4.1 waves of 128-wide tiles, 8.0
+    of 64-wide at M = 4096). M <= 128: a 64-row tile on one warpgroup, with split-K until the grid
+    covers the SMs. Starting guesses (one CTA per SM: the registers of 256-384 threads):
+    `python -m runtime.gpu.kernels.fp8_gemm.bench --configs` times the alternatives."""
+    sms = num_sms(device)
+    if m > 128:
+        wide, narrow = TileConfig(), TileConfig(block_n=64)
+        fill = {c: _wave_fill(-(-m // c.block_m) * -(-n // c.block_n), sms) for c in (wide, narrow)}
+        return narrow if fill[wide] < 0.85 and fill[narrow] > fill[wide] + 0.1 else wide
+    return with_split(TileConfig(64, 64 if m <= 64 else 128, 4, 128), m, n, k, sms)
+
+
+def with_split(cfg: TileConfig, m: int, n: int, k: int, sms: int) -> TileConfig:
+    """`cfg` with the fewest K splits (dividing K / 128, each >= 4 groups) whose CTAs fill >= 80% of the
+    SMs; the most such splits when none does."""
+    groups = k // GROUP
+    tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+    cands = [s for s in range(1, 17) if groups % s == 0 and groups // s >= 4] or [1]
+    split = next((s for s in cands if tiles * s >= 0.8 * sms), cands[-1])
+    return replace(cfg, split_k=split)
+
+
+def _wave_fill(ctas: int, sms: int) -> float:
+    return ctas / (-(-ctas // sms) * sms)
+
+
+def supported(x_fp8: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype) -> bool:
+    k = x_fp8.shape[1]
+    return (
+        x_fp8.dtype == FP8
+        and w.dtype == FP8
+        and k % GROUP == 0
+        and k > 0
+        and out_dtype in _TL_OUT
+        and x_fp8.stride(1) == 1
+        and w.stride(1) == 1
+    )
+
+
+def program(n: int, k: int, out_dtype: str, cfg: TileConfig):
+    """The TileLang prim_func for (N, K, out dtype, config); M is dynamic. Split K > 1: the output is a
+    float32 partial [split, M, N]."""
+    import tilelang.language as T
+
+    assert k % GROUP == 0 and n > 0, (n, k)
+    groups = k // GROUP
+    assert groups % cfg.split_k == 0, (groups, cfg)
+    per_split = groups // cfg.split_k
+    bm, bn, split = cfg.block_m, cfg.block_n, cfg.split_k
+    fp8, accum = "float8_e4m3", "float32"
+    # two warpgroups over 64 rows each (DeepGEMM), or over the columns when the tile has 64 rows
+    full_rows = bm >= 64 * (cfg.threads // 128)
+    policy = T.GemmWarpPolicy.FullRow if full_rows else T.GemmWarpPolicy.FullCol
+    m = T.dynamic("m")
+
+    @T.macro
+    def tile(X, XS, W, WS, total, m0, n0, bz):
+        A = T.alloc_shared((bm, GROUP), fp8)
+        B = T.alloc_shared((bn, GROUP), fp8)
+        acc = T.alloc_fragment((bm, bn), accum)
+        scale = T.alloc_fragment((bm,), accum)
+        T.clear(total)
+        for i in T.Pipelined(per_split, num_stages=cfg.num_stages):
+            g = bz * per_split + i
+            T.copy(X[m0, g * GROUP], A)
+            T.copy(W[n0, g * GROUP], B)
+            w_s = WS[n0 // GROUP, g]
+            for r in T.Parallel(bm):  # rows past M (zero-filled by TMA) get scale 0
+                scale[r] = T.if_then_else(m0 + r < m, XS[m0 + r, g], 0) * w_s
+            T.gemm(A, B, acc, transpose_B=True, policy=policy, clear_accum=True)
+            for r, c in T.Parallel(bm, bn):  # promotion
+                total[r, c] += acc[r, c] * scale[r]
+
+    if split == 1:
+
+        @T.prim_func
+        def fp8_block_gemm(
+            X: T.Tensor((m, k), fp8),
+            XS: T.Tensor((m, groups), accum),
+            W: T.Tensor((n, k), fp8),
+            WS: T.Tensor((T.ceildiv(n, GROUP), groups), accum),
+            C: T.Tensor((m, n), out_dtype),
+        ):
+            with T.Kernel(T.ceildiv(n, bn), T.ceildiv(m, bm), threads=cfg.threads) as (bx, by):
+                C_s = T.alloc_shared((bm, bn), out_dtype)
+                total = T.alloc_fragment((bm, bn), accum)
+                T.use_swizzle(panel_size=cfg.panel)
+                tile(X, XS, W, WS, total, by * bm, bx * bn, 0)
+                T.copy(total, C_s)
+                T.copy(C_s, C[by * bm, bx * bn])  # skips rows past M, columns past N
+
+        return fp8_block_gemm
+
+    @T.prim_func
+    def fp8_block_gemm_split(
+        X: T.Tensor((m, k), fp8),
+        XS: T.Tensor((m, groups), accum),
+        W: T.Tensor((n, k), fp8),
+        WS: T.Tensor((T.ceildiv(n, GROUP), groups), accum),
+        P: T.Tensor((split, m, n), accum),
+    ):
+        with T.Kernel(T.ceildiv(n, bn), T.ceildiv(m, bm), split, threads=cfg.threads) as (bx, by, bz):
+            total = T.alloc_fragment((bm, bn), accum)
+            T.use_swizzle(panel_size=cfg.panel)
+            tile(X, XS, W, WS, total, by * bm, bx * bn, bz)
+            for r, c in T.Parallel(bm, bn):
+                if by * bm + r < m and bx * bn + c < n:
+                    P[bz, by * bm + r, bx * bn + c] = total[r, c]
+
+    return fp8_block_gemm_split
+
+
+@functools.cache
+def _kernel(n: int, k: int, out_dtype: str, cfg: TileConfig):
+    import tilelang
+
+    return tilelang.compile(program(n, k, out_dtype, cfg), target="cuda")
+
+
+def fp8_block_gemm(
+    x_fp8: torch.Tensor,
+    x_scale: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    out_dtype: torch.dtype = torch.bfloat16,
+    out: torch.Tensor | None = None,
+    config: TileConfig | None = None,
+) -> torch.Tensor:
+    """Same contract as `reference.fp8_block_gemm`: x_fp8 [M, K] e4m3, x_scale [M, ceil(K/128)] float32
+    (any strides: made contiguous here), w [N, K] e4m3, w_scale [ceil(N/128), ceil(K/128)] float32.
+    Returns [M, N] out_dtype. K not a multiple of 128 (and other unsupported inputs): Triton."""
+    if not supported(x_fp8, w, out_dtype):
+        from runtime.gpu.kernels.fp8_gemm import triton
+
+        return triton.fp8_block_gemm(x_fp8, x_scale, w, w_scale, out_dtype, out)
+    m, k = x_fp8.shape
+    n = w.shape[0]
+    assert w.shape[1] == k, (x_fp8.shape, w.shape)
+    assert x_scale.shape == (m, k // GROUP) and w_scale.shape == (-(-n // GROUP), k // GROUP)
+    out = torch.empty(m, n, dtype=out_dtype, device=x_fp8.device) if out is None else out
+    assert out.shape == (m, n) and out.dtype == out_dtype, (out.shape, out.dtype)
+    if m == 0 or n == 0:
+        return out
+    cfg = config or choose_config(m, n, k, x_fp8.device)
+    kernel = _kernel(n, k, _TL_OUT[out_dtype], cfg)
+    # no-ops for the engine's tensors (row-major activations, scales and weights)
+    x_fp8, w = x_fp8.contiguous(), w.contiguous()
+    x_scale, w_scale = x_scale.float().contiguous(), w_scale.float().contiguous()
+    if cfg.split_k > 1:
+        part = torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=out.device)
+        kernel(x_fp8, x_scale, w, w_scale, part)
+        if out.dtype == torch.float32:
+            torch.sum(part, dim=0, out=out)
+        else:
+            out.copy_(part.sum(0))
+        return out
+    dst = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
+    kernel(x_fp8, x_scale, w, w_scale, dst)
+    if dst is not out:
+        out.copy_(dst)
+    return out
