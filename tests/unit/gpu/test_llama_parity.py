@@ -41,7 +41,10 @@ def test_norms_are_folded_unless_a_projection_has_a_bias(tiny):
     assert runner.model.model.norms_folded == (not ref.config.attention_bias)
 
 
-def test_full_prefill_matches_reference(tiny):
+@pytest.mark.parametrize("folded_max", [512, 0], ids=["folded_path", "norm_kernels_on_folded_weights"])
+def test_full_prefill_matches_reference(tiny, monkeypatch, folded_max: int):
+    """Both forms of a step over folded weights (small steps fold, big ones run unit-gain norms)."""
+    monkeypatch.setattr("runtime.gpu.models.llama.FOLDED_MAX_TOKENS", folded_max)
     ref, runner = tiny
     ids = prompt(40, seed=1)
     pb = PlanBuilder(shuffled_slots(1))
