@@ -57,17 +57,18 @@ class TileConfig:
 
 
 def choose_config(m: int, n: int, k: int, device: torch.device) -> TileConfig:
-    """Large M: DeepGEMM's 128 x 128 tile on two math warpgroups, 4 stages; a 64-wide N tile instead
-    when that fills the last wave of CTAs clearly better (N = 2112: 4.1 waves of 128-wide tiles, 8.0
-    of 64-wide at M = 4096). M <= 128: a 64-row tile on one warpgroup, with split-K until the grid
-    covers the SMs. Starting guesses (one CTA per SM: the registers of 256-384 threads):
-    `python -m runtime.gpu.kernels.fp8_gemm.bench --configs` times the alternatives."""
+    """From `python -m runtime.gpu.kernels.fp8_gemm.bench --configs` on the H200 (docs/PERF.md): M > 128
+    takes DeepGEMM's 128 x 128 tile on two math warpgroups, 4 stages, at every measured shape (64-wide N
+    tiles fill the last wave better at N = 2112 but ran 20% slower). M <= 128: a 64-row tile on one
+    warpgroup, 128 then 64 columns wide, the first that fills >= 80% of the SMs without splitting K;
+    when neither does, 64 x 64 with the fewest K splits that do (split-K costs a float32 pass)."""
     sms = num_sms(device)
     if m > 128:
-        wide, narrow = TileConfig(), TileConfig(block_n=64)
-        fill = {c: _wave_fill(-(-m // c.block_m) * -(-n // c.block_n), sms) for c in (wide, narrow)}
-        return narrow if fill[wide] < 0.85 and fill[narrow] > fill[wide] + 0.1 else wide
-    return with_split(TileConfig(64, 64 if m <= 64 else 128, 4, 128), m, n, k, sms)
+        return TileConfig()
+    for cfg in (TileConfig(64, 128, 4, 128), TileConfig(64, 64, 4, 128)):
+        if -(-m // cfg.block_m) * -(-n // cfg.block_n) >= 0.8 * sms:
+            return cfg
+    return with_split(TileConfig(64, 64, 4, 128), m, n, k, sms)
 
 
 def with_split(cfg: TileConfig, m: int, n: int, k: int, sms: int) -> TileConfig:
@@ -78,10 +79,6 @@ def with_split(cfg: TileConfig, m: int, n: int, k: int, sms: int) -> TileConfig:
     cands = [s for s in range(1, 17) if groups % s == 0 and groups // s >= 4] or [1]
     split = next((s for s in cands if tiles * s >= 0.8 * sms), cands[-1])
     return replace(cfg, split_k=split)
-
-
-def _wave_fill(ctas: int, sms: int) -> float:
-    return ctas / (-(-ctas // sms) * sms)
 
 
 def supported(x_fp8: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype) -> bool:
