@@ -162,3 +162,70 @@ def backend_outputs(backends, q, k, v, *, rows, positions, out_loc, prefix_lens,
         backend.prepare(batch)
         outs.append(backend.forward(0, q, k, v, batch))
     return outs
+
+
+class InterpreterCases:
+    """Triton kernels checked on the CPU by the Triton interpreter. TRITON_INTERPRET must be set before the
+    kernels are defined and must not leak into other tests (GPU tests in the same session would be
+    interpreted), so the cases run in one subprocess: the test file, run as a script, calls `main()`,
+    which prints {case: closeness ratio (or an error message)}; the pytest side reads it with `results`.
+
+        CASES = InterpreterCases()
+
+        @CASES.case
+        def rope_bf16(): return close_ratio(...)
+
+        @pytest.fixture(scope="module")
+        def results(): return CASES.results(__file__)
+
+        if __name__ == "__main__": CASES.main()
+    """
+
+    def __init__(self) -> None:
+        self.cases: dict[str, Callable[[], float]] = {}
+
+    def case(self, fn: Callable[[], float]) -> Callable[[], float]:
+        self.cases[fn.__name__] = fn
+        return fn
+
+    def __len__(self) -> int:
+        return len(self.cases)
+
+    def names(self) -> list[str]:
+        return sorted(self.cases)
+
+    def results(self, test_file: str, timeout: float = 300) -> dict:
+        import json
+        import os
+        import subprocess
+        import sys
+        from pathlib import Path
+
+        env = dict(os.environ, TRITON_INTERPRET="1")
+        root = Path(__file__).resolve().parents[3]
+        proc = subprocess.run(
+            [sys.executable, test_file], env=env, cwd=root, capture_output=True, text=True, timeout=timeout
+        )
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    def main(self) -> None:
+        import json
+        import os
+
+        assert os.environ.get("TRITON_INTERPRET") == "1"
+        torch.manual_seed(0)
+        out: dict[str, float | str] = {}
+        for name, fn in self.cases.items():
+            try:
+                out[name] = float(fn())
+            except Exception as e:  # reported per case by the test
+                out[name] = f"{type(e).__name__}: {e}"
+        print(json.dumps(out))
+
+
+def check_interpreted(results: dict, name: str) -> None:
+    """The pytest side of one `InterpreterCases` case: a closeness ratio within tolerance."""
+    got = results[name]
+    assert isinstance(got, float), got  # an error message from the subprocess
+    assert got <= 1.0, f"{name}: error {got:.3g}x the tolerance"

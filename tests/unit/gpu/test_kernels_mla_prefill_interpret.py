@@ -7,11 +7,6 @@ splits like DeepSeek's 192 = 128 + 64, and d_v differs from it."""
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,14 +15,10 @@ import torch.nn.functional as F
 from runtime.gpu.kernels import registry
 from runtime.gpu.kernels.mla_prefill import reference
 from runtime.gpu.kernels.mla_prefill.testing import prefill_case
-from runtime.gpu.kernels.testing import close_ratio
+from runtime.gpu.kernels.testing import InterpreterCases, check_interpreted, close_ratio
 
-CASES: dict = {}
-
-
-def case(fn):
-    CASES[fn.__name__] = fn
-    return fn
+CASES = InterpreterCases()
+case = CASES.case
 
 
 def _sdpa_rows(c) -> torch.Tensor:
@@ -146,33 +137,14 @@ _HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 @pytest.fixture(scope="module")
 def results() -> dict:
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    root = Path(__file__).resolve().parents[3]
-    proc = subprocess.run(
-        [sys.executable, __file__], env=env, cwd=root, capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return CASES.results(__file__)
 
 
 @pytest.mark.skipif(not _HAS_TRITON, reason="triton is not installed")
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", CASES.names())
 def test_triton_mla_prefill_matches_reference_under_interpreter(results: dict, name: str) -> None:
-    got = results[name]
-    assert isinstance(got, float), got  # an error message from the subprocess
-    assert got <= 1.0, f"{name}: error {got:.3g}x the tolerance"
-
-
-def _run_all() -> dict:
-    assert os.environ.get("TRITON_INTERPRET") == "1"
-    out = {}
-    for name, fn in CASES.items():
-        try:
-            out[name] = float(fn())
-        except Exception as e:  # reported per case by the test
-            out[name] = f"{type(e).__name__}: {e}"
-    return out
+    check_interpreted(results, name)
 
 
 if __name__ == "__main__":
-    print(json.dumps(_run_all()))
+    CASES.main()
