@@ -39,6 +39,9 @@ def add_args(p) -> None:
     p.add_argument("--device", help="default: cuda if available, else cpu")
     p.add_argument("--dtype", help="default: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--kv-cache-dtype", choices=("auto", "fp8_e4m3"), default="auto")
+    p.add_argument("--quantization", choices=("auto", "none", "fp8"), default="auto",
+                   help="DeepSeek-V2/V3 weights: fp8 keeps (or with dummy weights makes) FP8 block-scaled "
+                   "weights, none dequantizes; auto: fp8 for an FP8 checkpoint on cuda")  # fmt: skip
     p.add_argument("--hf-overrides", type=json.loads, default=None,
                    help="JSON merged into config.json, e.g. '{\"num_hidden_layers\": 8}' (as conduit serve)")  # fmt: skip
     p.add_argument("--attention-backend", help="torch | triton; default: triton on cuda, torch on cpu")
@@ -129,6 +132,7 @@ class _Bench:
         self.max_len = max(self.per_row, prefill_need) + 1
         cfg = RunnerConfig(model_path=args.model_path, device=device, dtype=args.dtype, load_format=args.load_format,
                            kv_cache_dtype=args.kv_cache_dtype, hf_overrides=args.hf_overrides,
+                           quantization=args.quantization,
                            num_kv_slots=slots, max_reqs=max_b, max_model_len=self.max_len, seed=args.seed,
                            cuda_graph=args.cuda_graph != "off",
                            attention_backend=args.attention_backend)  # fmt: skip

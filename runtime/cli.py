@@ -43,6 +43,14 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         help="`auto`: the model's dtype; `fp8_e4m3`: half the KV bytes (scale 1.0, as SGLang/vLLM "
         "without calibrated scales), Llama-family models",
     )
+    g.add_argument(
+        "--quantization",
+        choices=["auto", "none", "fp8"],
+        default=d.quantization,
+        help="weights of DeepSeek-V2/V3 (as vLLM/SGLang's --quantization fp8): `fp8` keeps FP8 128x128 "
+        "block-scaled weights and runs FP8 GEMMs, quantizing a bf16 checkpoint or dummy weights at load; "
+        "`none` dequantizes an FP8 checkpoint; `auto`: fp8 for an FP8 checkpoint on cuda, else none",
+    )
     g.add_argument("--seed", type=int, default=d.seed, help="seed for random weights and unseeded sampling")
     g.add_argument(
         "--hf-overrides",

@@ -17,6 +17,8 @@ class ServerConfig(msgspec.Struct, kw_only=True):
     device: str = "cpu"
     dtype: str | None = None  # default: float32 on cpu, bfloat16 on cuda
     kv_cache_dtype: str = "auto"  # "auto" (the model's dtype) | "fp8_e4m3"
+    # DeepSeek-V2/V3 FP8 block weights: "auto" (kept for an FP8 checkpoint on CUDA) | "none" | "fp8"
+    quantization: str = "auto"
     seed: int = 0
     # merged into the model's config.json before it is read (vLLM's --hf-overrides), e.g.
     # {"num_hidden_layers": 8} to fit a cut-down DeepSeek-V4-Flash preset on one GPU

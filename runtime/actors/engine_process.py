@@ -27,7 +27,7 @@ async def spawn_engine_actors(system: ActorSystem, cfg: ServerConfig, model_path
 
     slots = cfg.resolved_kv_slots()
     runner_cfg = RunnerConfig(model_path=model_path, device=cfg.device, dtype=cfg.resolved_dtype(),
-                              kv_cache_dtype=cfg.kv_cache_dtype,
+                              kv_cache_dtype=cfg.kv_cache_dtype, quantization=cfg.quantization,
                               load_format=cfg.load_format, num_kv_slots=slots, max_reqs=cfg.max_running_requests,
                               max_model_len=max_model_len, page_size=cfg.page_size, seed=cfg.seed,
                               attention_backend=cfg.attention_backend, cuda_graph=not cfg.disable_cuda_graph,

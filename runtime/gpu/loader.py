@@ -129,17 +129,26 @@ def init_dummy_weights(model: nn.Module, seed: int = 0, std: float = 0.02) -> No
     from runtime.gpu.layers import RMSNorm
 
     gens: dict[torch.device, torch.Generator] = {}
+
+    def generator(device: torch.device) -> torch.Generator:
+        if device not in gens:
+            gens[device] = torch.Generator(device=device).manual_seed(seed)
+        return gens[device]
+
     with torch.no_grad():
         for module in model.modules():
+            params = list(module.parameters(recurse=False))
+            if any(p.is_floating_point() and p.dtype.itemsize == 1 for p in params):
+                # FP8 weights (Fp8Linear, FP8 experts): the module draws floats and quantizes them
+                module.init_dummy(generator(params[0].device), std)
+                continue
             for p in module.parameters(recurse=False):
                 if not p.is_floating_point():  # index tables (V4's tid2eid): the model's init_dummy_indices
                     continue
                 if isinstance(module, RMSNorm):
                     p.fill_(1.0)
                     continue
-                gen = gens.get(p.device)
-                if gen is None:
-                    gen = gens[p.device] = torch.Generator(device=p.device).manual_seed(seed)
+                gen = generator(p.device)
                 if p.device.type == "cpu":
                     p.copy_(torch.randn(p.shape, generator=gen) * std)
                 else:

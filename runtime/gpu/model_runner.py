@@ -27,6 +27,7 @@ from runtime.gpu.layers import RotaryEmbedding
 from runtime.gpu.models import get_model_class
 from runtime.gpu.models.llama import head_dim_of
 from runtime.gpu.pending import PendingStep
+from runtime.gpu.quant import fp8
 from runtime.gpu.sampler import Sampler
 from runtime.mailbox.messages import StepOutput, StepPlan
 
@@ -38,6 +39,9 @@ class RunnerConfig:
     dtype: str | None = None  # default float32 on cpu, bfloat16 on cuda
     kv_cache_dtype: str = "auto"  # "auto": the model's dtype | "fp8_e4m3" (Llama-family paged pools)
     load_format: str = "auto"  # "auto" | "dummy"
+    # FP8 block-scaled weights (DeepSeek-V2/V3, `quant.fp8.keep_fp8`): "auto" keeps an FP8 checkpoint's
+    # on CUDA, "none" dequantizes, "fp8" keeps them (quantizing float or dummy weights at load)
+    quantization: str = "auto"
     num_kv_slots: int = 16384  # including slot 0 (padding)
     max_reqs: int = 256  # rows of req_to_token; row 0 is padding, rows 1..max_reqs usable
     max_model_len: int = 8192
@@ -137,8 +141,9 @@ class ModelRunner:
 
     def _load_model(self, path: Path) -> torch.nn.Module:
         # Build on the meta device so no time goes into random init that loading overwrites.
+        cls = get_model_class(self.config)
         with torch.device("meta"):
-            model = get_model_class(self.config)(self.config, max_positions=self.cfg.max_model_len)
+            model = cls(self.config, max_positions=self.cfg.max_model_len, **self._quant_kwargs(cls))
         model = model.to(self.dtype).to_empty(device=self.device)
         model.tie_weights()
         for m in model.modules():
@@ -157,6 +162,17 @@ class ModelRunner:
         if hasattr(model, "fold_norms") and envs.fold_norms():  # Llama: norms into the next projections
             model.fold_norms()
         return model.eval().requires_grad_(False)
+
+    def _quant_kwargs(self, cls: type) -> dict:
+        """`fp8_weights=True` for a model that keeps FP8 weights under `quantization`."""
+        mode = self.cfg.quantization
+        if mode not in fp8.QUANTIZATION_MODES:
+            raise ValueError(f"unknown quantization {mode!r} ({', '.join(fp8.QUANTIZATION_MODES)})")
+        if not getattr(cls, "supports_fp8_weights", False):
+            if mode == "fp8":
+                raise ValueError(f"--quantization fp8 is supported for DeepSeek-V2/V3, not {cls.__name__}")
+            return {}
+        return {"fp8_weights": True} if fp8.keep_fp8(mode, self.config, self.device) else {}
 
     def kv_bytes_per_token(self) -> int:
         if hasattr(self.model, "kv_bytes_per_token"):

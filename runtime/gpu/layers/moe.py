@@ -4,7 +4,9 @@ The experts' weights are stacked ([E, 2I, D] gate|up and [E, D, I] down) so grou
 as they are. The routed experts run through the `fused_moe` op (`runtime/gpu/kernels/fused_moe/`): on
 CUDA two Triton GEMMs over a device-built layout, with no host sync, so a decode step can be captured
 in a CUDA graph; on the CPU the PyTorch reference (expert-sorted, one matmul pair per expert).
-Routing runs the `moe_route` op: one Triton program per token on CUDA, the PyTorch reference elsewhere."""
+Routing runs the `moe_route` op: one Triton program per token on CUDA, the PyTorch reference elsewhere.
+With `fp8_weights` the stacked weights are e4m3 with per-expert 128 x 128 block scales (DeepSeek-V3's
+checkpoint format), passed to `fused_moe` as `w13_scale` / `w2_scale`."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from torch import nn
 from runtime.gpu.kernels import registry
 from runtime.gpu.kernels.fused_moe.reference import swiglu
 from runtime.gpu.kernels.moe_route.reference import score
+from runtime.gpu.layers.fp8_linear import fp8_parameter, keep_dtypes, load_float, normal, scale_parameter
+from runtime.gpu.quant import fp8
 
 __all__ = ["HashRouter", "RoutedExperts", "TopkRouter", "score", "swiglu"]
 
@@ -68,31 +72,70 @@ class TopkRouter(nn.Module):
 
 class RoutedExperts(nn.Module):
     """E SwiGLU experts with stacked weights; checkpoint tensors `experts.{e}.{gate,up,down}_proj.weight`
-    land in slices of them (see `checkpoint_slice`)."""
+    (and with FP8 weights their `weight_scale_inv`) land in slices of them (see `checkpoint_slice`)."""
 
     def __init__(
-        self, num_experts: int, hidden: int, intermediate: int, swiglu_limit: float | None = None
+        self,
+        num_experts: int,
+        hidden: int,
+        intermediate: int,
+        swiglu_limit: float | None = None,
+        fp8_weights: bool = False,
     ) -> None:
         super().__init__()
         self.num_experts, self.intermediate = num_experts, intermediate
         self.swiglu_limit = swiglu_limit  # V4: silu(min(gate, L)) * clamp(up, -L, L)
-        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
-        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
+        self.fp8_weights = fp8_weights
+        w13, w2 = (num_experts, 2 * intermediate, hidden), (num_experts, hidden, intermediate)
+        if not fp8_weights:
+            self.gate_up_proj = nn.Parameter(torch.empty(w13))
+            self.down_proj = nn.Parameter(torch.empty(w2))
+            return
+        bn, bk = fp8.BLOCK
+        if intermediate % bn:  # gate and up stack their scale blocks along 2I
+            raise ValueError(f"FP8 experts need moe_intermediate_size % {bn} == 0, got {intermediate}")
+        self.gate_up_proj, self.down_proj = fp8_parameter(*w13), fp8_parameter(*w2)
+        self.gate_up_proj_scale_inv = scale_parameter(num_experts, 2 * intermediate // bn, -(-hidden // bk))
+        self.down_proj_scale_inv = scale_parameter(num_experts, -(-hidden // bn), intermediate // bk)
 
     PARTS = ("gate_proj", "up_proj", "down_proj")
+    _FP8_NAMES = ("gate_up_proj", "down_proj", "gate_up_proj_scale_inv", "down_proj_scale_inv")
 
-    def checkpoint_slice(self, expert: int, part: str) -> tuple[str, torch.Tensor]:
-        """(our parameter leaf, the view of it that `experts.{expert}.{part}.weight` fills)."""
-        i = self.intermediate
+    def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202
+        return keep_dtypes(self, fn, self._FP8_NAMES) if self.fp8_weights else super()._apply(fn, recurse)
+
+    def checkpoint_slice(
+        self, expert: int, part: str, scale: bool = False
+    ) -> tuple[str, torch.Tensor] | None:
+        """(our parameter leaf, the view of it that `experts.{expert}.{part}.weight` fills), or with
+        `scale` the view its `weight_scale_inv` fills (None without FP8 weights)."""
+        if scale and not self.fp8_weights:
+            return None
+        suffix, rows = "", self.intermediate
+        if scale:
+            suffix, rows = fp8.SCALE_SUFFIX, rows // fp8.BLOCK[0]
         if part == "down_proj":
-            return "down_proj", self.down_proj.data[expert]
-        off = 0 if part == "gate_proj" else i
-        return "gate_up_proj", self.gate_up_proj.data[expert, off : off + i]
+            leaf = "down_proj" + suffix
+            return leaf, getattr(self, leaf).data[expert]
+        leaf = "gate_up_proj" + suffix
+        off = 0 if part == "gate_proj" else rows
+        return leaf, getattr(self, leaf).data[expert, off : off + rows]
+
+    def init_dummy(self, generator: torch.Generator, std: float) -> None:
+        """Dummy FP8 weights: normal(0, std) floats quantized, one expert at a time (V3's stacked
+        float32 experts would be 30 GB per layer)."""
+        pairs = (self.gate_up_proj, self.gate_up_proj_scale_inv), (self.down_proj, self.down_proj_scale_inv)
+        for w, s in pairs:
+            for e in range(self.num_experts):
+                load_float(w.data[e], s.data[e], normal(w.shape[1:], w.device, std, generator))
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """x: [T, D]; weights, ids: [T, k]. Returns sum_k weights[t, k] * expert_{ids[t, k]}(x[t])."""
         fn = registry.get("fused_moe", x.device)
-        return fn(x, self.gate_up_proj, self.down_proj, weights, ids, self.swiglu_limit)
+        if not self.fp8_weights:
+            return fn(x, self.gate_up_proj, self.down_proj, weights, ids, self.swiglu_limit)
+        scales = dict(w13_scale=self.gate_up_proj_scale_inv, w2_scale=self.down_proj_scale_inv)
+        return fn(x, self.gate_up_proj, self.down_proj, weights, ids, self.swiglu_limit, **scales)
 
 
 class HashRouter(nn.Module):

@@ -11,6 +11,12 @@ paged latent cache (expanded for prefill, absorbed for decode) lives in the atte
 The routed experts run the `fused_moe` op. On CUDA neither reads the device on the host, so decode
 steps run as CUDA graphs.
 
+FP8 weights (`fp8_weights`, from `--quantization`): the projections DeepSeek's checkpoints store in FP8
+128 x 128 blocks (q/kv down and up, o, the dense and shared-expert MLPs, the routed experts) stay FP8
+and run FP8 GEMMs (`layers/fp8_linear.py`); a float checkpoint or dummy weights are quantized at load.
+`kv_b_proj` is dequantized anyway (MLA reads it as W_UK / W_UV); the router, norms, embedding and head
+stay in the model dtype. Without the flag FP8 checkpoints are dequantized on load.
+
 MTP layers are `model.layers.{num_hidden_layers + i}` in checkpoints; they are loaded when present and
 run through `mtp_forward`, but decoding does not use them yet."""
 
@@ -24,19 +30,22 @@ import structlog
 import torch
 from torch import nn
 
-from runtime.gpu import loader
 from runtime.gpu.attention.mla_kernel import MLAKernelBackend
 from runtime.gpu.attention.mla_ref import TorchMLABackend
 from runtime.gpu.forward_batch import ForwardBatch
 from runtime.gpu.kernels import registry
 from runtime.gpu.kv_cache import LatentKVCache
 from runtime.gpu.layers import MergedLinear, RMSNorm, RotaryEmbedding
+from runtime.gpu.layers.fp8_linear import Fp8Linear, MergedFp8Linear, load_float
 from runtime.gpu.layers.moe import RoutedExperts, TopkRouter
 from runtime.gpu.layers.rotary import rope_parameters
 from runtime.gpu.quant import fp8
 
 log = structlog.get_logger(__name__)
 
+# Routed experts keep FP8 weights once the `fused_moe` op takes their block scales (w13_scale / w2_scale,
+# being added); until then they are dequantized under --quantization fp8 too.
+FP8_EXPERTS = False
 _EXPERT_TENSOR = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
 
@@ -51,6 +60,10 @@ def softmax_scale(config) -> float:
     return scale
 
 
+def _linear(in_features: int, out_features: int, bias: bool = False, fp8_weights: bool = False) -> nn.Module:
+    return (Fp8Linear if fp8_weights else nn.Linear)(in_features, out_features, bias=bias)
+
+
 def _deinterleave(x: torch.Tensor) -> torch.Tensor:
     """Pairs (x0, x1), (x2, x3)... -> [x0, x2, ... | x1, x3, ...]: interleaved RoPE becomes rotate-half.
     q and k get the same permutation, so their dot products (all attention sees) are unchanged."""
@@ -60,7 +73,7 @@ def _deinterleave(x: torch.Tensor) -> torch.Tensor:
 class DeepseekV3Attention(nn.Module):
     """MLA: q from a low-rank (or direct) projection; one latent c and one roped key k_pe per token."""
 
-    def __init__(self, config, layer_id: int, rotary: RotaryEmbedding) -> None:
+    def __init__(self, config, layer_id: int, rotary: RotaryEmbedding, fp8_weights: bool = False) -> None:
         super().__init__()
         self.layer_id = layer_id
         self.num_heads = config.num_attention_heads
@@ -70,18 +83,20 @@ class DeepseekV3Attention(nn.Module):
         hidden, qk_dim = config.hidden_size, self.nope_dim + self.rope_dim
         bias = getattr(config, "attention_bias", False)
         self.q_lora_rank = config.q_lora_rank
+        f8 = fp8_weights
         if self.q_lora_rank is None:
-            self.q_proj = nn.Linear(hidden, self.num_heads * qk_dim, bias=False)
+            self.q_proj = _linear(hidden, self.num_heads * qk_dim, fp8_weights=f8)
         else:
-            self.q_a_proj = nn.Linear(hidden, self.q_lora_rank, bias=bias)
+            self.q_a_proj = _linear(hidden, self.q_lora_rank, bias, f8)
             self.q_a_layernorm = RMSNorm(self.q_lora_rank)  # eps 1e-6 in the reference, not rms_norm_eps
-            self.q_b_proj = nn.Linear(self.q_lora_rank, self.num_heads * qk_dim, bias=False)
-        self.kv_a_proj_with_mqa = nn.Linear(hidden, self.kv_lora_rank + self.rope_dim, bias=bias)
+            self.q_b_proj = _linear(self.q_lora_rank, self.num_heads * qk_dim, fp8_weights=f8)
+        self.kv_a_proj_with_mqa = _linear(hidden, self.kv_lora_rank + self.rope_dim, bias, f8)
         self.kv_a_layernorm = RMSNorm(self.kv_lora_rank)
+        # always in the model dtype: MLA reads it as W_UK / W_UV (absorbed into q and the output)
         self.kv_b_proj = nn.Linear(
             self.kv_lora_rank, self.num_heads * (self.nope_dim + self.v_dim), bias=False
         )
-        self.o_proj = nn.Linear(self.num_heads * self.v_dim, hidden, bias=bias)
+        self.o_proj = _linear(self.num_heads * self.v_dim, hidden, bias, f8)
         self.rotary = rotary
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
@@ -110,12 +125,15 @@ class DeepseekV3Attention(nn.Module):
 
 
 class DeepseekV3MLP(nn.Module):
-    """SwiGLU: the dense FFN of the first layers, and the shared experts."""
+    """SwiGLU: the dense FFN of the first layers, and the shared experts. With FP8 weights gate|up is FP8
+    only when I fills whole 128-row blocks (V3's 18432 and 2048 do; V2-Lite's dense 10944 stays float)."""
 
-    def __init__(self, hidden: int, intermediate: int) -> None:
+    def __init__(self, hidden: int, intermediate: int, fp8_weights: bool = False) -> None:
         super().__init__()
-        self.gate_up_proj = MergedLinear(hidden, [intermediate, intermediate], ["gate_proj", "up_proj"])
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        sizes, names = [intermediate, intermediate], ["gate_proj", "up_proj"]
+        merged = MergedFp8Linear if fp8_weights and MergedFp8Linear.fits(sizes) else MergedLinear
+        self.gate_up_proj = merged(hidden, sizes, names)
+        self.down_proj = _linear(intermediate, hidden, fp8_weights=fp8_weights)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x)
@@ -125,13 +143,15 @@ class DeepseekV3MLP(nn.Module):
 class DeepseekV3MoE(nn.Module):
     """Routed experts (top-k of n_routed_experts, weighted) plus always-on shared experts."""
 
-    def __init__(self, config) -> None:
+    def __init__(self, config, fp8_weights: bool = False) -> None:
         super().__init__()
-        inter = config.moe_intermediate_size
+        inter, d = config.moe_intermediate_size, config.hidden_size
         self.gate = TopkRouter(config)
-        self.experts = RoutedExperts(config.n_routed_experts, config.hidden_size, inter)
+        # gate|up stack their scale blocks: I in whole 128-row blocks (V3's 2048, V2-Lite's 1408)
+        fp8_experts = FP8_EXPERTS and fp8_weights and inter % fp8.BLOCK[0] == 0
+        self.experts = RoutedExperts(config.n_routed_experts, d, inter, fp8_weights=fp8_experts)
         n_shared = getattr(config, "n_shared_experts", 0) or 0
-        self.shared_experts = DeepseekV3MLP(config.hidden_size, inter * n_shared) if n_shared else None
+        self.shared_experts = DeepseekV3MLP(d, inter * n_shared, fp8_weights) if n_shared else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate(x)
@@ -140,14 +160,17 @@ class DeepseekV3MoE(nn.Module):
 
 
 class DeepseekV3DecoderLayer(nn.Module):
-    def __init__(self, config, layer_id: int, rotary: RotaryEmbedding) -> None:
+    def __init__(self, config, layer_id: int, rotary: RotaryEmbedding, fp8_weights: bool = False) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = DeepseekV3Attention(config, layer_id, rotary)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        d = config.hidden_size
+        self.input_layernorm = RMSNorm(d, config.rms_norm_eps)
+        self.self_attn = DeepseekV3Attention(config, layer_id, rotary, fp8_weights)
+        self.post_attention_layernorm = RMSNorm(d, config.rms_norm_eps)
         dense = layer_id < (getattr(config, "first_k_dense_replace", 0) or 0)
         self.mlp = (
-            DeepseekV3MLP(config.hidden_size, config.intermediate_size) if dense else DeepseekV3MoE(config)
+            DeepseekV3MLP(d, config.intermediate_size, fp8_weights)
+            if dense
+            else DeepseekV3MoE(config, fp8_weights)
         )
 
     def forward(
@@ -174,8 +197,8 @@ class DeepseekV3MTPLayer(DeepseekV3DecoderLayer):
     """Predicts token t+2 from token t+1's embedding and the main model's hidden state at t:
     `h = layer(eh_proj([enorm(embed(t+1)) ; hnorm(h_t)]))`, logits = lm_head(shared_head.norm(h))."""
 
-    def __init__(self, config, layer_id: int, rotary: RotaryEmbedding) -> None:
-        super().__init__(config, layer_id, rotary)
+    def __init__(self, config, layer_id: int, rotary: RotaryEmbedding, fp8_weights: bool = False) -> None:
+        super().__init__(config, layer_id, rotary, fp8_weights)
         d, eps = config.hidden_size, config.rms_norm_eps
         self.enorm, self.hnorm = RMSNorm(d, eps), RMSNorm(d, eps)
         self.eh_proj = nn.Linear(2 * d, d, bias=False)
@@ -189,14 +212,14 @@ class DeepseekV3MTPLayer(DeepseekV3DecoderLayer):
 
 
 class DeepseekV3Model(nn.Module):
-    def __init__(self, config, max_positions: int) -> None:
+    def __init__(self, config, max_positions: int, fp8_weights: bool = False) -> None:
         super().__init__()
         self.num_layers = config.num_hidden_layers
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         rotary = RotaryEmbedding(config, config.qk_rope_head_dim, max_positions)
         n_mtp = getattr(config, "num_nextn_predict_layers", 0) or 0
-        layers = [DeepseekV3DecoderLayer(config, i, rotary) for i in range(self.num_layers)]
-        layers += [DeepseekV3MTPLayer(config, self.num_layers + i, rotary) for i in range(n_mtp)]
+        layers = [DeepseekV3DecoderLayer(config, i, rotary, fp8_weights) for i in range(self.num_layers)]
+        layers += [DeepseekV3MTPLayer(config, self.num_layers + i, rotary, fp8_weights) for i in range(n_mtp)]
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -208,10 +231,13 @@ class DeepseekV3Model(nn.Module):
 
 
 class DeepseekV3ForCausalLM(nn.Module):
-    def __init__(self, config, max_positions: int | None = None) -> None:
+    supports_fp8_weights = True  # the runner passes fp8_weights=True under --quantization fp8 / auto
+
+    def __init__(self, config, max_positions: int | None = None, fp8_weights: bool = False) -> None:
         super().__init__()
         self.config = config
-        self.model = DeepseekV3Model(config, max_positions or config.max_position_embeddings)
+        self.fp8_weights = fp8_weights
+        self.model = DeepseekV3Model(config, max_positions or config.max_position_embeddings, fp8_weights)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
 
@@ -268,14 +294,26 @@ class DeepseekV3ForCausalLM(nn.Module):
         return backend
 
     def load_weights(self, tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
+        """FP8 checkpoints: weights of FP8 modules stay FP8 when their blocks are the kernels' 128 x 128,
+        every other FP8 weight is dequantized (and requantized by `_load` if its module is FP8)."""
         block = fp8.block_size(self.config)
-        _load(self, fp8.dequantize_stream(tensors, block) if block else tensors)
+        if block:
+            params = dict(self.named_parameters())
+
+            def keep(name: str) -> bool:
+                dst = _destination(self, params, name)
+                return block == fp8.BLOCK and dst is not None and dst[0].dtype == fp8.FP8
+
+            tensors = fp8.dequantize_stream(tensors, block, keep)
+        _load(self, tensors)
 
 
 def _load(model: DeepseekV3ForCausalLM, tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
     """Checkpoint tensors by Hugging Face name into `model`. Expert tensors land in slices of the stacked
     expert weights; MTP layers' copies of the embedding and head are skipped (shared with the main
-    model); MTP layers absent from the checkpoint are dropped. Anything else missing is an error."""
+    model); MTP layers absent from the checkpoint are dropped. Anything else missing is an error.
+    FP8 weights and their `weight_scale_inv` fill FP8 modules; a float weight for an FP8 module is
+    quantized into its weight and scale."""
     params = dict(model.named_parameters())
     pending = {key for name in params for key in _keys_of(model, name)}
     first_mtp = model.model.num_layers
@@ -286,24 +324,16 @@ def _load(model: DeepseekV3ForCausalLM, tensors: Iterator[tuple[str, torch.Tenso
             _layer_of(name) >= first_mtp or name.endswith("inv_freq")
         ):
             continue
-        m = _EXPERT_TENSOR.match(name)
-        if m:
-            try:
-                experts = model.get_submodule(m[1])
-            except AttributeError:
-                unknown.append(name)
-                continue
-            leaf, dst = experts.checkpoint_slice(int(m[2]), m[3])
-            key = (f"{m[1]}.{leaf}", (int(m[2]), m[3]))
-        else:
-            target, shard = loader._target(model, name)
-            if target not in params:
-                unknown.append(name)
-                continue
-            dst, key = params[target].data, (target, shard)
-            if shard is not None:
-                off, size = model.get_submodule(target.rpartition(".")[0]).shard_offset(shard)
-                dst = dst.narrow(0, off, size)
+        found = _destination(model, params, name)
+        if found is None:
+            unknown.append(name)
+            continue
+        dst, key = found
+        if dst.dtype == fp8.FP8 and tensor.dtype != fp8.FP8:
+            scale_dst, scale_key = _destination(model, params, name + fp8.SCALE_SUFFIX)
+            load_float(dst, scale_dst, tensor)
+            pending -= {key, scale_key}
+            continue
         if dst.shape != tensor.shape:
             raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(dst.shape)}")
         dst.copy_(tensor)
@@ -319,13 +349,58 @@ def _load(model: DeepseekV3ForCausalLM, tensors: Iterator[tuple[str, torch.Tenso
         raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:10]}")
 
 
+def _destination(
+    model: nn.Module, params: dict[str, nn.Parameter], name: str
+) -> tuple[torch.Tensor, tuple[str, object]] | None:
+    """The model tensor (a view: a merged part, an expert) that checkpoint tensor `name` (a weight or its
+    `weight_scale_inv`) fills, and its key among `_keys_of`; None when the model has no such tensor."""
+    scale = name.endswith(fp8.SCALE_SUFFIX)
+    weight_name = name.removesuffix(fp8.SCALE_SUFFIX)
+    m = _EXPERT_TENSOR.match(weight_name)
+    if m:
+        try:
+            experts = model.get_submodule(m[1])
+        except AttributeError:
+            return None
+        found = experts.checkpoint_slice(int(m[2]), m[3], scale)
+        if found is None:
+            return None
+        return found[1], (f"{m[1]}.{found[0]}", (int(m[2]), m[3]))
+    target, shard = _target(model, weight_name)
+    target += fp8.SCALE_SUFFIX if scale else ""
+    if target not in params:
+        return None
+    dst = params[target].data
+    if shard is not None:
+        merged = model.get_submodule(target.rpartition(".")[0])
+        off, size = merged.shard_offset(shard, scale=True) if scale else merged.shard_offset(shard)
+        dst = dst.narrow(0, off, size)
+    return dst, (target, shard)
+
+
+def _target(model: nn.Module, name: str) -> tuple[str, str | None]:
+    """Checkpoint name -> (our parameter name, part of a merged linear or None), as `loader._target`,
+    for float and FP8 merged linears."""
+    module_name, _, leaf = name.rpartition(".")
+    parent, _, child = module_name.rpartition(".")
+    try:
+        siblings = model.get_submodule(parent).named_children()
+    except AttributeError:
+        return name, None
+    for merged_name, merged in siblings:
+        if child in getattr(merged, "shard_names", ()):
+            return f"{parent}.{merged_name}.{leaf}" if parent else f"{merged_name}.{leaf}", child
+    return name, None
+
+
 def _keys_of(model: nn.Module, param_name: str) -> list[tuple[str, object]]:
     """What must be loaded for one parameter: whole, per merged shard, or per (expert, part)."""
     module = model.get_submodule(param_name.rpartition(".")[0])
     if isinstance(module, RoutedExperts):
-        parts = ("down_proj",) if param_name.endswith("down_proj") else ("gate_proj", "up_proj")
+        leaf = param_name.rpartition(".")[2]
+        parts = ("down_proj",) if leaf.startswith("down_proj") else ("gate_proj", "up_proj")
         return [(param_name, (e, p)) for e in range(module.num_experts) for p in parts]
-    if isinstance(module, MergedLinear):
+    if isinstance(module, (MergedLinear, MergedFp8Linear)):
         return [(param_name, s) for s in module.shard_names]
     return [(param_name, None)]
 

@@ -6,7 +6,11 @@ the block size from config `quantization_config.weight_block_size` (128 x 128 in
 
 `dequantize_stream` pairs each weight with its scale as checkpoint tensors stream by (in any order,
 across shards) and yields the dequantized weight. Its `keep` hook is where an FP8 GEMM kernel plugs
-in: names it accepts are yielded as (fp8 weight, scale) untouched for a module that consumes them."""
+in: names it accepts are yielded as (fp8 weight, scale) untouched for a module that consumes them
+(`layers/fp8_linear.py`, the routed experts).
+
+`--quantization` (`keep_fp8`) decides whether a model keeps its weights in FP8: "none" dequantizes as
+before, "fp8" keeps (quantizing float weights at load), "auto" keeps a 128 x 128 FP8 checkpoint on CUDA."""
 
 from __future__ import annotations
 
@@ -17,6 +21,8 @@ import torch
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448
 SCALE_SUFFIX = "_scale_inv"
+BLOCK = (128, 128)  # the block the FP8 GEMM kernels (`fp8_block_gemm`, `fused_moe` w/ scales) take
+QUANTIZATION_MODES = ("auto", "none", "fp8")
 
 
 def block_size(config) -> tuple[int, int] | None:
@@ -29,6 +35,17 @@ def block_size(config) -> tuple[int, int] | None:
         raise NotImplementedError(f"quantization {q.get('quant_method')!r} is not supported (fp8 only)")
     bn, bk = q.get("weight_block_size") or (128, 128)
     return int(bn), int(bk)
+
+
+def keep_fp8(mode: str, config, device: torch.device | str) -> bool:
+    """Whether the model keeps FP8 block-scaled weights (`--quantization`): "none" never, "fp8" always
+    (a float checkpoint or dummy weights are quantized at load), "auto" when the checkpoint is FP8 in
+    128 x 128 blocks and the device is CUDA (on the CPU the FP8 GEMM is the slow float32 reference)."""
+    if mode not in QUANTIZATION_MODES:
+        raise ValueError(f"unknown quantization {mode!r} ({', '.join(QUANTIZATION_MODES)})")
+    if mode == "auto":
+        return torch.device(device).type == "cuda" and block_size(config) == BLOCK
+    return mode == "fp8"
 
 
 def _expand(scale: torch.Tensor, shape: torch.Size, block: tuple[int, int]) -> torch.Tensor:
@@ -53,21 +70,22 @@ def dequantize(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, 
 def quantize(
     weight: torch.Tensor, block: tuple[int, int], ue8m0: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """float [N, K] -> (fp8 weight, scale_inv) with per-block absmax scaling (how tests build FP8
-    checkpoints; the inverse of `dequantize` up to fp8 rounding). `ue8m0`: scales rounded up to powers
-    of two and stored as `float8_e8m0fnu`, as DeepSeek-V4 checkpoints do (`scale_fmt: ue8m0`)."""
+    """float [..., N, K] -> (fp8 weight, scale_inv [..., ceil(N/bn), ceil(K/bk)]) with per-block absmax
+    scaling (how tests build FP8 checkpoints, and how `--quantization fp8` quantizes float weights; the
+    inverse of `dequantize` up to fp8 rounding). Leading dims: stacked experts. `ue8m0`: scales rounded
+    up to powers of two and stored as `float8_e8m0fnu`, as DeepSeek-V4 checkpoints do (`scale_fmt: ue8m0`)."""
     bn, bk = block
-    n, k = weight.shape
+    *lead, n, k = weight.shape
     nb, kb = -(-n // bn), -(-k // bk)
-    padded = weight.float().new_zeros(nb * bn, kb * bk)
-    padded[:n, :k] = weight.float()
-    blocks = padded.view(nb, bn, kb, bk)
-    amax = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12)
+    padded = weight.float().new_zeros(*lead, nb * bn, kb * bk)
+    padded[..., :n, :k] = weight.float()
+    blocks = padded.view(*lead, nb, bn, kb, bk)
+    amax = blocks.abs().amax(dim=(-3, -1)).clamp(min=1e-12)
     scale_inv = amax / FP8_MAX
     if ue8m0:
         scale_inv = torch.exp2(torch.ceil(torch.log2(scale_inv)))
-    q = (blocks / scale_inv[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).view(nb * bn, kb * bk)
-    return q[:n, :k].to(FP8).contiguous(), scale_inv.to(torch.float8_e8m0fnu) if ue8m0 else scale_inv
+    q = (blocks / scale_inv[..., :, None, :, None]).clamp(-FP8_MAX, FP8_MAX).view(*lead, nb * bn, kb * bk)
+    return q[..., :n, :k].to(FP8).contiguous(), scale_inv.to(torch.float8_e8m0fnu) if ue8m0 else scale_inv
 
 
 def dequantize_stream(

@@ -9,6 +9,7 @@ from runtime.gpu.testing.deepseek import (
     V4_TINY_CONFIGS,
     YARN_ROPE,
     decode_scenario,
+    load_into_reference,
     random_deepseek_v3,
     random_deepseek_v4,
     save_tiny_deepseek_v2,
@@ -17,6 +18,7 @@ from runtime.gpu.testing.deepseek import (
     tiny_deepseek_v2_config,
     tiny_deepseek_v3_config,
     tiny_deepseek_v4_config,
+    write_fp8_checkpoint,
 )
 from runtime.gpu.testing.llama import save_tiny_llama, tiny_llama_config
 from runtime.gpu.testing.oracles import TOKENIZER_FILES, copy_tokenizer, greedy_chat_texts, reference_logits
@@ -44,6 +46,7 @@ __all__ = [
     "copy_tokenizer",
     "decode_scenario",
     "greedy_chat_texts",
+    "load_into_reference",
     "random_deepseek_v3",
     "random_deepseek_v4",
     "random_prompt",
@@ -59,4 +62,5 @@ __all__ = [
     "tiny_deepseek_v4_config",
     "tiny_llama_config",
     "v4_hit_vs_cold",
+    "write_fp8_checkpoint",
 ]

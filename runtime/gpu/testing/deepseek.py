@@ -127,6 +127,70 @@ def save_tiny_deepseek_v2(path: Path, seed: int = 0, **overrides):
     return model
 
 
+def _fp8_quantized(name: str, t: torch.Tensor) -> bool:
+    """What DeepSeek quantizes: every linear of attention, dense MLP and experts (not the router, the
+    embedding, the head or norms)."""
+    return t.ndim == 2 and name.endswith("_proj.weight") or name.endswith("_proj_with_mqa.weight")
+
+
+def write_fp8_checkpoint(src: Path, dst: Path, block: tuple[int, int]) -> dict[str, torch.Tensor]:
+    """Quantize checkpoint `src`'s linear weights into `dst` as DeepSeek-V3's released checkpoints store
+    them (e4m3 + `weight_scale_inv` in `block`s, two shards + index, `quantization_config`); returns the
+    dequantized state dict (checkpoint names), what an exact loader computes with."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from runtime.gpu.quant import fp8
+
+    dst.mkdir()
+    tensors = load_file(src / "model.safetensors")
+    out, dequantized = {}, {}
+    for name, t in tensors.items():
+        if _fp8_quantized(name, t):
+            q, s = fp8.quantize(t, block)
+            out[name], out[name.replace(".weight", ".weight_scale_inv")] = q, s
+            dequantized[name] = fp8.dequantize(q, s, block)
+        else:
+            out[name] = dequantized[name] = t
+    names = sorted(out)
+    # Split so that some weights and their scales land in different shards.
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    weight_map = {}
+    for fname, keys in shards.items():
+        save_file({k: out[k].contiguous() for k in keys}, dst / fname)
+        weight_map.update({k: fname for k in keys})
+    (dst / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"] = {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "activation_scheme": "dynamic",
+        "weight_block_size": list(block),
+    }
+    (dst / "config.json").write_text(json.dumps(config))
+    return dequantized
+
+
+def load_into_reference(ref, tensors: dict[str, torch.Tensor]) -> None:
+    """Checkpoint names into transformers' V2/V3 model, whose experts are fused in memory."""
+    import re
+
+    params = {**dict(ref.named_parameters()), **dict(ref.named_buffers())}
+    with torch.no_grad():
+        for name, t in tensors.items():
+            m = re.match(r"(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$", name)
+            if m is None:
+                params[name].copy_(t)
+                continue
+            e, part = int(m[2]), m[3]
+            if part == "down":
+                params[f"{m[1]}.down_proj"][e].copy_(t)
+            else:
+                half = t.shape[0]
+                params[f"{m[1]}.gate_up_proj"][e, (0 if part == "gate" else half) :][:half].copy_(t)
+
+
 def decode_scenario(runner, seed: int = 0) -> tuple[list[torch.Tensor], list[list[int]]]:
     """Prefill rows of different lengths, then decode steps whose batch shrinks and grows (padded
     buckets), mixing fed-back tokens (use_last) with explicit ones, and one mixed prefill+decode step.

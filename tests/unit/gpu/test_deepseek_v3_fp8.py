@@ -3,62 +3,28 @@ file, `quantization_config` as the released checkpoints) loads and matches the d
 
 from __future__ import annotations
 
-import json
-import re
-
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from runtime.gpu.model_runner import ModelRunner, RunnerConfig
 from runtime.gpu.quant import fp8
-from runtime.gpu.testing import PlanBuilder, reference_logits, save_tiny_deepseek_v3, seq_start
+from runtime.gpu.testing import (
+    PlanBuilder,
+    load_into_reference,
+    reference_logits,
+    save_tiny_deepseek_v3,
+    seq_start,
+    write_fp8_checkpoint,
+)
 
 BLOCK = (16, 16)  # the real 128 x 128 does not fit the tiny dims; 40-row kv_a_proj leaves a partial block
-
-
-def _quantized(name: str, t: torch.Tensor) -> bool:
-    """What DeepSeek quantizes: every linear of attention, dense MLP and experts (not the router, the
-    embedding, the head or norms)."""
-    return t.ndim == 2 and name.endswith("_proj.weight") or name.endswith("_proj_with_mqa.weight")
-
-
-def write_fp8_checkpoint(src, dst) -> dict[str, torch.Tensor]:
-    """Quantize src's weights into dst as two shards + index; returns the dequantized state dict."""
-    dst.mkdir()
-    tensors = load_file(src / "model.safetensors")
-    out, dequantized = {}, {}
-    for name, t in tensors.items():
-        if _quantized(name, t):
-            q, s = fp8.quantize(t, BLOCK)
-            out[name], out[name.replace(".weight", ".weight_scale_inv")] = q, s
-            dequantized[name] = fp8.dequantize(q, s, BLOCK)
-        else:
-            out[name] = dequantized[name] = t
-    names = sorted(out)
-    # Split so that some weights and their scales land in different shards.
-    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
-    weight_map = {}
-    for fname, keys in shards.items():
-        save_file({k: out[k].contiguous() for k in keys}, dst / fname)
-        weight_map.update({k: fname for k in keys})
-    (dst / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    config = json.loads((src / "config.json").read_text())
-    config["quantization_config"] = {
-        "quant_method": "fp8",
-        "fmt": "e4m3",
-        "activation_scheme": "dynamic",
-        "weight_block_size": list(BLOCK),
-    }
-    (dst / "config.json").write_text(json.dumps(config))
-    return dequantized
 
 
 @pytest.fixture(scope="module")
 def fp8_model(tmp_path_factory):
     root = tmp_path_factory.mktemp("fp8")
     ref = save_tiny_deepseek_v3(root / "bf", seed=3)
-    dequantized = write_fp8_checkpoint(root / "bf", root / "fp8")
+    dequantized = write_fp8_checkpoint(root / "bf", root / "fp8", BLOCK)
     runner = ModelRunner(RunnerConfig(str(root / "fp8"), num_kv_slots=512, max_reqs=4, max_model_len=128))
     return ref, dequantized, runner
 
@@ -76,7 +42,7 @@ def test_fp8_checkpoint_matches_the_dequantized_reference(fp8_model):
     ref, dequantized, runner = fp8_model
     ids = torch.randint(3, 128, (24,), generator=torch.Generator().manual_seed(0)).tolist()
     original = reference_logits(ref, ids)
-    _load_into_reference(ref, dequantized)
+    load_into_reference(ref, dequantized)
     expected = reference_logits(ref, ids)
     pb = PlanBuilder()
     runner.forward_logits(pb.plan([1], [0], [16], ids[:16], added=[seq_start(1, ids)]))
@@ -86,23 +52,6 @@ def test_fp8_checkpoint_matches_the_dequantized_reference(fp8_model):
     # and FP8 is close to the unquantized model (e4m3: 3 mantissa bits)
     rel = (expected - original).norm() / original.norm()
     assert rel < 0.1, rel
-
-
-def _load_into_reference(ref, tensors: dict[str, torch.Tensor]) -> None:
-    """Checkpoint names into transformers' model, whose experts are fused in memory."""
-    params = {**dict(ref.named_parameters()), **dict(ref.named_buffers())}
-    with torch.no_grad():
-        for name, t in tensors.items():
-            m = re.match(r"(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$", name)
-            if m is None:
-                params[name].copy_(t)
-                continue
-            e, part = int(m[2]), m[3]
-            if part == "down":
-                params[f"{m[1]}.down_proj"][e].copy_(t)
-            else:
-                half = t.shape[0]
-                params[f"{m[1]}.gate_up_proj"][e, (0 if part == "gate" else half) :][:half].copy_(t)
 
 
 def test_fp8_weight_without_its_scale_is_an_error():
