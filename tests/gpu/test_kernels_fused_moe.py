@@ -1,5 +1,6 @@
 """The MoE ops on CUDA. `fused_moe`: Triton vs the PyTorch reference at DeepSeek-V2-Lite and V3 expert
-shapes, decode- and prefill-sized batches, with V4's SwiGLU clamp; the one-program layout vs the torch
+shapes, decode- and prefill-sized batches, with V4's SwiGLU clamp, and with FP8 experts (e4m3, 128x128
+block scales, activations quantized per token and 128-group); the one-program layout vs the torch
 one; `moe_route` vs its reference (V3 groups, V2 softmax, V4 sqrt-softplus); and the whole op captured in a CUDA graph
 (capture fails on any host sync) and replayed on new routing. `pytest -s` prints the error ratio
 (<= 1 passes), the time of one call and the bandwidth over the expert weights it touches."""
@@ -11,6 +12,7 @@ import torch
 
 from runtime.gpu.kernels import registry
 from runtime.gpu.kernels.testing import TOLERANCE, close_ratio
+from runtime.gpu.quant.fp8 import quantize
 
 pytestmark = pytest.mark.gpu
 
@@ -32,6 +34,32 @@ def weights():
             w13 = torch.empty(e, 2 * i, d, device="cuda", dtype=torch.bfloat16).normal_(0, d**-0.5)
             w2 = torch.empty(e, d, i, device="cuda", dtype=torch.bfloat16).normal_(0, i**-0.5)
             cache[shape] = (w13, w2)
+        return cache[shape]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def fp8_weights():
+    """(w13, w2, w13_scale, w2_scale): random experts (std 1/sqrt(fan-in)) quantized to e4m3 in 128x128
+    blocks, as DeepSeek-V3's checkpoints store them (V3: 11.3 GB; one shape at a time)."""
+    cache = {}
+
+    def get(shape: str):
+        if shape not in cache:
+            cache.clear()
+            e, _, d, i = SHAPES[shape]
+            g = torch.Generator(device="cuda").manual_seed(e + d + i)
+            w13 = torch.empty(e, 2 * i, d, device="cuda", dtype=torch.float8_e4m3fn)
+            w2 = torch.empty(e, d, i, device="cuda", dtype=torch.float8_e4m3fn)
+            s13 = torch.empty(e, -(-2 * i // 128), -(-d // 128), device="cuda")
+            s2 = torch.empty(e, -(-d // 128), -(-i // 128), device="cuda")
+            for j in range(e):  # per expert: a float32 V3 expert is 117 MB, all of them 45 GB
+                w13[j], s13[j] = quantize(
+                    torch.randn(2 * i, d, device="cuda", generator=g) * d**-0.5, (128, 128)
+                )
+                w2[j], s2[j] = quantize(torch.randn(d, i, device="cuda", generator=g) * i**-0.5, (128, 128))
+            cache[shape] = (w13, w2, s13, s2)
         return cache[shape]
 
     return get
@@ -68,26 +96,67 @@ def test_fused_moe_matches_reference(weights, shape, tokens, limit):
     assert ratio <= 1.0
 
 
+def _fp8_tolerance(want: torch.Tensor) -> tuple[float, float]:
+    """Both sides quantize x and h per 128-group the same way; they differ where an e4m3 rounding flips
+    (x / scale an ulp apart in Triton's division; h a bf16 ulp apart from the accumulation order), a
+    step of 1/8 of one activation, ~0.1% of an output it feeds: 1% of the largest output covers many."""
+    return 1e-2 * want.abs().max().item(), 1.6e-2
+
+
+@pytest.mark.parametrize(
+    "shape,tokens,limit",
+    [("v3", 1, None), ("v3", 64, None), ("v3", 4096, None), ("v2lite", 128, None), ("ragged", 33, 0.7)],
+)
+def test_fused_moe_fp8_matches_reference(fp8_weights, shape, tokens, limit):
+    e, k, d, i = SHAPES[shape]
+    w13, w2, s13, s2 = fp8_weights(shape)
+    x = torch.randn(tokens, d, device="cuda").to(torch.bfloat16)
+    topk_w, ids = _routing(tokens, e, k, seed=tokens)
+    scales = dict(w13_scale=s13, w2_scale=s2)
+    got = _impl("triton")(x, w13, w2, topk_w, ids, limit, **scales)
+    want = _impl("reference")(x, w13, w2, topk_w, ids, limit, **scales)
+    ratio = close_ratio(got, want, *_fp8_tolerance(want))
+    rel = ((got.float() - want.float()).norm() / want.float().norm()).item()
+    import triton.testing
+
+    ms = triton.testing.do_bench(
+        lambda: _impl("triton")(x, w13, w2, topk_w, ids, limit, **scales), warmup=5, rep=20
+    )
+    touched = ids.unique().numel()
+    gbytes = touched * 3 * d * i / 1e9  # e4m3: a byte per weight (the scales are 1/16384 of that)
+    print(
+        f"\n  fp8 {shape} T={tokens}: {ratio:.3f}x tol, rel. error {rel:.1e}, {ms * 1e3:.1f} us, {touched} experts, "
+        f"{gbytes / ms * 1e3:.0f} GB/s of expert weights, {2 * tokens * k * 3 * d * i / ms / 1e9:.1f} TFLOP/s"
+    )
+    assert got.dtype == torch.bfloat16 and ratio <= 1.0 and rel <= 1e-2
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("tokens", [1, 24])
-def test_fused_moe_replays_in_a_cuda_graph_on_new_routing(weights, tokens):
+def test_fused_moe_replays_in_a_cuda_graph_on_new_routing(weights, fp8_weights, tokens, fp8):
     e, k, d, i = SHAPES["v2lite"]
-    w13, w2 = weights("v2lite")
+    if fp8:
+        w13, w2, s13, s2 = fp8_weights("v2lite")
+        scales = dict(w13_scale=s13, w2_scale=s2)
+    else:
+        (w13, w2), scales = weights("v2lite"), {}
     fn = _impl("triton")
     x = torch.randn(tokens, d, device="cuda").to(torch.bfloat16)
     topk_w, ids = _routing(tokens, e, k, seed=1)
-    fn(x, w13, w2, topk_w, ids)  # compile outside the capture
+    fn(x, w13, w2, topk_w, ids, **scales)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):  # raises on a host sync
-        out = fn(x, w13, w2, topk_w, ids)
+        out = fn(x, w13, w2, topk_w, ids, **scales)
     for seed in (2, 3):
         new_w, new_ids = _routing(tokens, e, k, seed)
         x.copy_(torch.randn_like(x))
         topk_w.copy_(new_w)
         ids.copy_(new_ids)
         graph.replay()
-        want = _impl("reference")(x, w13, w2, topk_w, ids)
-        assert close_ratio(out, want, *TOLERANCE[torch.bfloat16]) <= 1.0
+        want = _impl("reference")(x, w13, w2, topk_w, ids, **scales)
+        tol = _fp8_tolerance(want) if fp8 else TOLERANCE[torch.bfloat16]
+        assert close_ratio(out, want, *tol) <= 1.0
 
 
 @pytest.mark.parametrize("tokens,experts,k", [(1, 64, 6), (128, 64, 6), (512, 256, 8), (682, 64, 6)])

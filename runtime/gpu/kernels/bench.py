@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         workloads(ops, device, small, a.page_size), deepseek_workloads(ops, device, small)
     ):
         w_peak = peak
-        if w.op.startswith("fp8"):  # against the FP8 matmul peak (torch._scaled_mm), measured once
+        if w.op.startswith("fp8") or w.label.startswith("fp8"):  # vs the FP8 matmul peak (_scaled_mm), once
             fp8_peak = fp8_peak or fp8_ceiling(device, small)
             w_peak = fp8_peak or peak
         for impl in registry.implementations(w.op):
@@ -256,8 +256,10 @@ def _moe_sweep(w: Work) -> list:
                (16, 64, 256, 4, 3), (16, 32, 256, 2, 4), (32, 64, 128, 4, 4))  # fmt: skip
     large_m = ((64, 128, 64, 4, 3), (64, 128, 64, 4, 4), (128, 128, 64, 8, 3), (64, 256, 64, 8, 3),
                (128, 128, 32, 4, 4), (64, 64, 128, 4, 3))  # fmt: skip
+    large_m += ((64, 128, 128, 4, 3), (64, 128, 128, 8, 3), (128, 128, 128, 8, 3))  # fmt: skip
     per_expert = w.args[4].numel() / w.args[1].shape[0]
-    return [MoEConfig(*c) for c in (small_m if per_expert <= 16 else large_m)]
+    cfgs = [MoEConfig(*c) for c in (small_m if per_expert <= 16 else large_m)]
+    return [c for c in cfgs if c.block_k == 128] if "w13_scale" in w.kwargs else cfgs  # FP8: K step = group
 
 
 def _sparse_sweep(w: Work) -> list:
@@ -339,7 +341,21 @@ def deepseek_workloads(ops: list[str], device: torch.device, small: bool) -> Ite
                 "fused_moe", f"T={tokens} E={experts} k={k} D={d}", (x, w13, w2, topk_w, ids), {}, nbytes,
                 2 * tokens * k * 3 * d * i, tokens=tokens,
             )  # fmt: skip
-            del w13, w2
+            if small or d == 7168:  # V3's FP8 experts (W8A8): N(0, 1) e4m3 values, std in the scales
+                q13, q2 = (torch.empty_like(w, dtype=torch.float8_e4m3fn) for w in (w13, w2))
+                for e in range(experts):  # an expert at a time: no 22 GB temporary
+                    q13[e], q2[e] = w13[e] * d**0.5, w2[e] * i**0.5
+                del w13, w2
+                s13 = torch.full((experts, -(-2 * i // 128), -(-d // 128)), d**-0.5, device=device)
+                s2 = torch.full((experts, -(-d // 128), -(-i // 128)), i**-0.5, device=device)
+                yield Work(
+                    "fused_moe", f"fp8 T={tokens} E={experts} k={k} D={d}", (x, q13, q2, topk_w, ids),
+                    {"w13_scale": s13, "w2_scale": s2}, touched * 3 * d * i + 2 * tokens * d * x.element_size(),
+                    2 * tokens * k * 3 * d * i, tokens=tokens,
+                )  # fmt: skip
+                del q13, q2
+            else:
+                del w13, w2
     if "sparse_attention" in ops:  # DeepSeek-V4-Flash: 64 heads, d 512, 128 window rows + 512 top-k entries
         from runtime.gpu.kernels.sparse_attention.testing import sparse_case
 

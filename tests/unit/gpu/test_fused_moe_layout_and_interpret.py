@@ -1,8 +1,9 @@
 """The MoE ops on the CPU (`fused_moe`, `moe_route`): the device-side layout puts every (token, expert)
-pair in exactly one row of a block of its expert; the reference equals a loop over tokens; the Triton
-kernels (experts, one-program layout, router) match the references under the Triton interpreter (in a
-subprocess, as in test_kernels_interpret.py: this file run as a script with TRITON_INTERPRET=1 prints
-{case: closeness ratio}). Skipped without triton."""
+pair in exactly one row of a block of its expert; the reference equals a loop over tokens (FP8 experts:
+over dequantized weights and per-token quantized activations); the Triton kernels (bf16 and FP8 experts,
+one-program layout, router) match the references under the Triton interpreter (in a subprocess, as in
+test_kernels_interpret.py: this file run as a script with TRITON_INTERPRET=1 prints {case: closeness
+ratio}). Skipped without triton."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ import pytest
 import torch
 
 from runtime.gpu.kernels import registry
+from runtime.gpu.kernels.fp8_gemm.reference import act_quant, dequant_act
 from runtime.gpu.kernels.fused_moe import reference
 from runtime.gpu.kernels.fused_moe.layout import max_blocks, moe_layout
+from runtime.gpu.quant.fp8 import dequantize, quantize
 
 
 def _random_moe(tokens: int, experts: int, k: int, hidden: int, inter: int, dtype, seed: int):
@@ -32,6 +35,24 @@ def _random_moe(tokens: int, experts: int, k: int, hidden: int, inter: int, dtyp
         ids[: tokens // 2, 0] = 1
     weights = torch.rand(tokens, k, generator=g)
     return x, w13, w2, weights, ids
+
+
+def _random_fp8_moe(tokens: int, experts: int, k: int, hidden: int, inter: int, dtype, seed: int):
+    """x, (w13, w2 e4m3), weights, ids, (w13_scale, w2_scale): DeepSeek-V3's 128x128 block format. The
+    weights' magnitudes vary 16x between blocks, so a scale read from the wrong block shows."""
+    x, w13, w2, weights, ids = _random_moe(tokens, experts, k, hidden, inter, torch.float32, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+
+    def fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        blocks = 4.0 ** (
+            torch.rand(w.shape[0], -(-w.shape[1] // 128), -(-w.shape[2] // 128), generator=g) * 2 - 1
+        )
+        spread = blocks.repeat_interleave(128, 1).repeat_interleave(128, 2)[:, : w.shape[1], : w.shape[2]]
+        q, scale = zip(*(quantize(we, (128, 128)) for we in w * spread), strict=True)  # expert by expert
+        return torch.stack(q), torch.stack(scale)
+
+    (w13, s13), (w2, s2) = fp8(w13), fp8(w2)
+    return x.to(dtype), w13, w2, weights, ids, s13, s2
 
 
 @pytest.mark.parametrize(
@@ -73,6 +94,41 @@ def test_reference_equals_a_loop_over_tokens(limit):
     torch.testing.assert_close(got, _loop_over_tokens(x, w13, w2, weights, ids, limit), atol=1e-5, rtol=1e-5)
 
 
+def test_fp8_reference_equals_a_loop_over_tokens_on_dequantized_weights():
+    """Each token's x and each SwiGLU output quantized per 128-group, then float32 matmuls on the
+    dequantized values (ragged: D = 200, I = 96, so the up rows start inside a scale block)."""
+    x, w13, w2, weights, ids, s13, s2 = _random_fp8_moe(7, 4, 2, 200, 96, torch.float32, seed=4)
+    got = reference.fused_moe(x, w13, w2, weights, ids, 0.5, w13_scale=s13, w2_scale=s2)
+    w13d, w2d = dequantize(w13, s13, (128, 128)), dequantize(w2, s2, (128, 128))
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        xq = dequant_act(*act_quant(x[t : t + 1]))[0]
+        for j, e in enumerate(ids[t].tolist()):
+            gu = w13d[e] @ xq
+            h = reference.swiglu(gu[:96], gu[96:], 0.5)
+            out[t] += weights[t, j] * (w2d[e] @ dequant_act(*act_quant(h[None]))[0])
+    torch.testing.assert_close(got, out, atol=1e-5, rtol=1e-5)
+
+
+def test_fp8_reference_is_close_to_the_bf16_path_on_dequantized_weights():
+    """The activation quantization costs what e4m3 rounding costs, no more: 3 mantissa bits round each
+    value by up to 1/16 of itself, ~3.6% rms, for x and again for h: ~5% of the output's norm."""
+    x, w13, w2, weights, ids, s13, s2 = _random_fp8_moe(16, 4, 2, 256, 128, torch.bfloat16, seed=5)
+    got = reference.fused_moe(x, w13, w2, weights, ids, w13_scale=s13, w2_scale=s2)
+    w13d, w2d = dequantize(w13, s13, (128, 128)), dequantize(w2, s2, (128, 128))
+    want = reference.fused_moe(x, w13d.to(torch.bfloat16), w2d.to(torch.bfloat16), weights, ids)
+    rel = ((got.float() - want.float()).norm() / want.float().norm()).item()
+    assert got.dtype == torch.bfloat16 and 0.02 < rel < 0.1, rel
+
+
+def test_fp8_reference_needs_both_scales_on_the_block_grid():
+    x, w13, w2, weights, ids, s13, s2 = _random_fp8_moe(2, 4, 2, 256, 128, torch.bfloat16, seed=6)
+    with pytest.raises(AssertionError):
+        reference.fused_moe(x, w13, w2, weights, ids, w13_scale=s13)
+    with pytest.raises(AssertionError):
+        reference.fused_moe(x, w13, w2, weights, ids, w13_scale=s13, w2_scale=s2[:, :1])
+
+
 def test_reference_rounds_like_the_kernels_in_bfloat16():
     """bf16 in, bf16 out, float32 math: within a bf16 ulp or two of the float32 result."""
     x, w13, w2, weights, ids = _random_moe(19, 8, 2, 32, 16, torch.bfloat16, seed=2)
@@ -91,6 +147,8 @@ def test_registry_picks_the_reference_on_the_cpu(op):
 def test_empty_batch():
     x, w13, w2, weights, ids = _random_moe(0, 4, 2, 8, 4, torch.float32, seed=3)
     assert reference.fused_moe(x, w13, w2, weights, ids).shape == (0, 8)
+    x, w13, w2, weights, ids, s13, s2 = _random_fp8_moe(0, 4, 2, 256, 128, torch.bfloat16, seed=3)
+    assert reference.fused_moe(x, w13, w2, weights, ids, w13_scale=s13, w2_scale=s2).shape == (0, 256)
 
 
 # ------------------------------------------------------------------ Triton under the interpreter
@@ -112,6 +170,28 @@ def _run_case(tokens, experts, k, hidden, inter, dtype, limit) -> float:
     x, w13, w2, weights, ids = _random_moe(tokens, experts, k, hidden, inter, getattr(torch, dtype), tokens)
     got = fused_triton.fused_moe(x, w13, w2, weights, ids, limit)
     return close_ratio(got, reference.fused_moe(x, w13, w2, weights, ids, limit), *_TOL[dtype])
+
+
+FP8_CASES = {
+    # tokens, experts, k, hidden, inter, swiglu limit: bf16 x, e4m3 experts with 128x128 block scales
+    "fp8_decode_batch1": (1, 4, 2, 256, 128, None),
+    "fp8_crowded_expert_two_k_groups": (9, 4, 2, 256, 128, None),
+    "fp8_ragged_dims_v4_limit": (5, 4, 2, 200, 96, 0.5),  # ragged K groups; up rows start mid-block
+}
+
+
+def _run_fp8_case(tokens, experts, k, hidden, inter, limit) -> float:
+    """Both sides quantize x and h identically; the tolerance covers accumulation order, and a rare
+    e4m3 step where it flips a rounding of h (as on the GPU)."""
+    from runtime.gpu.kernels.fused_moe import triton as fused_triton
+    from runtime.gpu.kernels.testing import close_ratio
+
+    x, w13, w2, weights, ids, s13, s2 = _random_fp8_moe(
+        tokens, experts, k, hidden, inter, torch.bfloat16, tokens
+    )
+    got = fused_triton.fused_moe(x, w13, w2, weights, ids, limit, w13_scale=s13, w2_scale=s2)
+    want = reference.fused_moe(x, w13, w2, weights, ids, limit, w13_scale=s13, w2_scale=s2)
+    return close_ratio(got, want, 2e-3 * want.abs().max().item(), 1.6e-2)
 
 
 LAYOUT_CASES = {  # tokens, experts, k, block_m
@@ -179,7 +259,9 @@ def results() -> dict:
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
-@pytest.mark.parametrize("name", sorted(CASES) + sorted(LAYOUT_CASES) + sorted(ROUTE_CASES))
+@pytest.mark.parametrize(
+    "name", sorted(CASES) + sorted(FP8_CASES) + sorted(LAYOUT_CASES) + sorted(ROUTE_CASES)
+)
 def test_triton_matches_torch_under_interpreter(results: dict, name: str) -> None:
     got = results[name]
     assert isinstance(got, float), got  # an error message from the subprocess
@@ -190,6 +272,7 @@ if __name__ == "__main__":
     assert os.environ.get("TRITON_INTERPRET") == "1"
     out = {}
     cases = [(n, _run_case, a) for n, a in CASES.items()]
+    cases += [(n, _run_fp8_case, a) for n, a in FP8_CASES.items()]
     cases += [(n, _run_layout_case, a) for n, a in LAYOUT_CASES.items()]
     cases += [(n, _run_route_case, a) for n, a in ROUTE_CASES.items()]
     for name, fn, args in cases:

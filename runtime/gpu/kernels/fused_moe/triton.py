@@ -12,7 +12,18 @@ past that. The sum over the k experts of a token is one torch reduction of Y vie
 accumulation, deterministic: no atomics). Nothing reads the device on the host, so a decode step that
 calls this can be captured in a CUDA graph: every shape and grid follows from T, k, E and the config.
 Block sizes are untuned guesses: `block_m` from the mean rows per expert (16 for decode batches),
-64 x 128 tiles (moe_grouped_gemm's) for prefill."""
+64 x 128 tiles (moe_grouped_gemm's) for prefill.
+
+FP8 experts (W8A8, `w13_scale`/`w2_scale` given; a constexpr branch, so the bf16 kernels are unchanged):
+each K step is one 128-group (block_k = 128): an fp8 `tl.dot` of the e4m3 activation and weight tiles,
+multiplied by the tile rows' activation scales and the columns' weight block scales, then added to the
+float32 accumulators (the promotion of `fp8_gemm/triton.py`). The activations are quantized per token
+and 128-group by the `fp8_act_quant` op in two launches of their own: x before the gate/up kernel (the
+kernel then gathers e4m3 rows and their scales), and H (still written in x's dtype, as the reference
+rounds it) between the two kernels. Quantizing in the GEMM kernels' registers instead would skip these
+launches, but every program would redo it (x once per column tile of I, H once per column tile of D:
+56x at V3) on the CUDA cores inside the K loop, the Triton interpreter casts float32 to e4m3 wrongly,
+and the separate quantizer is the one whose rounding is tested against `act_quant`."""
 
 from __future__ import annotations
 
@@ -22,8 +33,11 @@ import torch
 import triton
 import triton.language as tl
 
+from runtime.gpu.kernels import registry
 from runtime.gpu.kernels.common import dot_precision
+from runtime.gpu.kernels.fp8_gemm.reference import GROUP
 from runtime.gpu.kernels.fused_moe.layout import MoELayout, moe_layout
+from runtime.gpu.kernels.fused_moe.reference import fp8_experts
 from runtime.gpu.kernels.fused_moe.triton_layout import LAYOUT_MAX_PAIRS, moe_layout_triton
 from runtime.gpu.kernels.triton_utils import dot_f32, dot_operand
 
@@ -37,11 +51,14 @@ class MoEConfig:
     num_stages: int = 3
 
 
-def choose_config(num_pairs: int, num_experts: int, device: torch.device, dtype: torch.dtype) -> MoEConfig:
+def choose_config(
+    num_pairs: int, num_experts: int, device: torch.device, dtype: torch.dtype, fp8: bool = False
+) -> MoEConfig:
     """From the mean rows per expert, a host-side number: the same for every replay of a batch size.
-    float32 (the parity tests) halves the stages: its tiles take twice the shared memory."""
-    if device.type != "cuda":
-        return MoEConfig(16, 32, 32, num_warps=1, num_stages=1)  # the interpreter: small tiles
+    float32 (the parity tests) halves the stages: its tiles take twice the shared memory. FP8: the
+    same tiles with block_k = 128, one scale group per K step (e4m3 tiles take half the bytes of bf16's)."""
+    if device.type != "cuda":  # the interpreter: small tiles
+        return MoEConfig(16, 32, GROUP if fp8 else 32, num_warps=1, num_stages=1)
     per_expert = num_pairs / max(1, num_experts)
     if per_expert <= 16:
         cfg = MoEConfig(16, 64, 128, num_warps=4, num_stages=4)
@@ -49,6 +66,8 @@ def choose_config(num_pairs: int, num_experts: int, device: torch.device, dtype:
         cfg = MoEConfig(32, 64, 64, num_warps=4, num_stages=4)
     else:
         cfg = MoEConfig(64, 128, 64, num_warps=4, num_stages=3)
+    if fp8:
+        return replace(cfg, block_k=GROUP)
     return replace(cfg, num_stages=2) if dtype == torch.float32 else cfg
 
 
@@ -66,13 +85,15 @@ def _block_tile(b, Pairs, BlockExpert, num_pairs, N, BLOCK_M: tl.constexpr, BLOC
 
 @triton.jit
 def _gate_up_swiglu(
-    X, W, H, Pairs, BlockExpert, NumRows,
+    X, W, H, Pairs, BlockExpert, NumRows, XS, WS,
     num_pairs, N, K, limit,
-    stride_xm, stride_we, stride_wn, stride_hm,
-    TOPK: tl.constexpr, HAS_LIMIT: tl.constexpr,
+    stride_xm, stride_we, stride_wn, stride_hm, stride_xsm, stride_xsk, stride_wse, stride_wsn,
+    TOPK: tl.constexpr, HAS_LIMIT: tl.constexpr, FP8: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr,
 ):  # fmt: skip
+    """FP8: X is e4m3 with per-(token, 128-group) scales XS; W e4m3 with 128x128 block scales WS
+    [E, 2N/128, K/128] (unit stride along K); BLOCK_K = 128."""
     b = tl.program_id(0)
     if b * BLOCK_M >= tl.load(NumRows):
         return
@@ -84,15 +105,28 @@ def _gate_up_swiglu(
     x_ptrs = X + tok[:, None] * stride_xm + offs_k[None, :]
     g_ptrs = W + e * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
     u_ptrs = g_ptrs + N * stride_wn  # the up rows follow the I gate rows
+    if FP8:  # scale pointers: the rows' tokens; the gate and up rows' 128-row weight blocks
+        xs_ptrs = XS + tok * stride_xsm
+        gs_ptrs = WS + e * stride_wse + (offs_n // BLOCK_K) * stride_wsn
+        us_ptrs = WS + e * stride_wse + ((offs_n + N) // BLOCK_K) * stride_wsn
     acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         mk = offs_k < K - k0
-        a = dot_operand(tl.load(x_ptrs + k0, mask=valid[:, None] & mk[None, :], other=0.0), DOT_F32)
+        a = tl.load(x_ptrs + k0, mask=valid[:, None] & mk[None, :], other=0.0)
         g = tl.load(g_ptrs + k0, mask=mk[:, None] & mask_n[None, :], other=0.0)
         u = tl.load(u_ptrs + k0, mask=mk[:, None] & mask_n[None, :], other=0.0)
-        acc_g = tl.dot(a, dot_operand(g, DOT_F32), acc_g, input_precision=DOT_PREC)
-        acc_u = tl.dot(a, dot_operand(u, DOT_F32), acc_u, input_precision=DOT_PREC)
+        if FP8:  # one 128-group: fp8 dots, promoted by activation-row x weight-block scales
+            kb = k0 // BLOCK_K
+            a_s = tl.load(xs_ptrs + kb * stride_xsk, mask=valid, other=0.0)[:, None]
+            g_s = tl.load(gs_ptrs + kb, mask=mask_n, other=0.0)[None, :]
+            u_s = tl.load(us_ptrs + kb, mask=mask_n, other=0.0)[None, :]
+            acc_g += tl.dot(a, g) * a_s * g_s
+            acc_u += tl.dot(a, u) * a_s * u_s
+        else:
+            a = dot_operand(a, DOT_F32)
+            acc_g = tl.dot(a, dot_operand(g, DOT_F32), acc_g, input_precision=DOT_PREC)
+            acc_u = tl.dot(a, dot_operand(u, DOT_F32), acc_u, input_precision=DOT_PREC)
     if HAS_LIMIT:  # DeepSeek-V4: silu(min(gate, L)) * clamp(up, -L, L)
         acc_g = tl.minimum(acc_g, limit)
         acc_u = tl.minimum(tl.maximum(acc_u, -limit), limit)
@@ -103,12 +137,14 @@ def _gate_up_swiglu(
 
 @triton.jit
 def _down_weighted(
-    H, W, Y, Pairs, BlockExpert, NumRows, TopkW,
+    H, W, Y, Pairs, BlockExpert, NumRows, TopkW, HS, WS,
     num_pairs, N, K,
-    stride_hm, stride_we, stride_wn, stride_ym,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    stride_hm, stride_we, stride_wn, stride_ym, stride_hsm, stride_hsk, stride_wse, stride_wsn,
+    FP8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr,
 ):  # fmt: skip
+    """FP8: H is e4m3 with per-(row, 128-group) scales HS; W e4m3 with block scales WS [E, N/128,
+    K/128] (unit stride along K); BLOCK_K = 128."""
     b = tl.program_id(0)
     if b * BLOCK_M >= tl.load(NumRows):
         return
@@ -118,12 +154,21 @@ def _down_weighted(
     offs_k = tl.arange(0, BLOCK_K)
     h_ptrs = H + offs_m[:, None].to(tl.int64) * stride_hm + offs_k[None, :]
     w_ptrs = W + e * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+    if FP8:
+        hs_ptrs = HS + offs_m.to(tl.int64) * stride_hsm
+        ws_ptrs = WS + e * stride_wse + (offs_n // BLOCK_K) * stride_wsn
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         mk = offs_k < K - k0
         a = tl.load(h_ptrs + k0, mask=valid[:, None] & mk[None, :], other=0.0)
         w = tl.load(w_ptrs + k0, mask=mk[:, None] & mask_n[None, :], other=0.0)
-        acc = tl.dot(dot_operand(a, DOT_F32), dot_operand(w, DOT_F32), acc, input_precision=DOT_PREC)
+        if FP8:  # one 128-group, as in the gate/up kernel
+            kb = k0 // BLOCK_K
+            a_s = tl.load(hs_ptrs + kb * stride_hsk, mask=valid, other=0.0)[:, None]
+            w_s = tl.load(ws_ptrs + kb, mask=mask_n, other=0.0)[None, :]
+            acc += tl.dot(a, w) * a_s * w_s
+        else:
+            acc = tl.dot(dot_operand(a, DOT_F32), dot_operand(w, DOT_F32), acc, input_precision=DOT_PREC)
     acc = acc * tl.load(TopkW + pair, mask=valid, other=0.0)[:, None]
     y_ptrs = Y + pair[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
     tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=valid[:, None] & mask_n[None, :])
@@ -136,41 +181,63 @@ def fused_moe(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     swiglu_limit: float | None = None,
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
     config: MoEConfig | None = None,
 ) -> torch.Tensor:
-    """Same contract as `reference.fused_moe`."""
+    """Same contract as `reference.fused_moe` (FP8 scales: float32, unit stride along K)."""
     num_tokens, hidden = x.shape
     num_experts, two_i, _ = w13.shape
     inter, k = two_i // 2, topk_ids.shape[1]
     assert w13.shape[2] == hidden and w2.shape == (num_experts, hidden, inter), (w13.shape, w2.shape)
     assert x.stride(1) == 1 and w13.stride(2) == 1 and w2.stride(2) == 1
+    scales = (w13_scale, w2_scale) if fp8_experts(w13, w2, w13_scale, w2_scale) else None
+    if scales is not None:
+        assert all(s.dtype == torch.float32 and s.stride(2) == 1 for s in scales)
+        assert w13.dtype == w2.dtype == torch.float8_e4m3fn, (w13.dtype, w2.dtype)
     if num_tokens == 0:
         return x.new_zeros(0, hidden)
-    cfg = config or choose_config(num_tokens * k, num_experts, x.device, x.dtype)
+    cfg = config or choose_config(num_tokens * k, num_experts, x.device, x.dtype, scales is not None)
+    assert scales is None or cfg.block_k == GROUP, "FP8 experts take one 128-group per K step"
     small = num_tokens * k <= LAYOUT_MAX_PAIRS  # decode: one launch instead of a dozen
     lay = (moe_layout_triton if small else moe_layout)(topk_ids, num_experts, cfg.block_m)
-    h = x.new_empty(lay.max_blocks * cfg.block_m, inter)
-    y = x.new_empty(num_tokens * k, hidden)
+    # The Triton interpreter (CPU) rounds float32 to bf16 toward zero: there H and Y are written in
+    # float32 and rounded by torch, to the nearest as the GPU's stores do.
+    store_dtype = x.dtype if x.is_cuda else torch.float32
+    h = torch.empty(lay.max_blocks * cfg.block_m, inter, dtype=store_dtype, device=x.device)
+    y = torch.empty(num_tokens * k, hidden, dtype=store_dtype, device=x.device)
     weights = topk_weights.reshape(-1).float().contiguous()
-    _launch(x, w13, w2, h, y, weights, lay, cfg, k, swiglu_limit)
-    return y.view(num_tokens, k, hidden).sum(1)
+    _launch(x, w13, w2, h, y, weights, lay, cfg, k, swiglu_limit, scales)
+    return y.to(x.dtype).view(num_tokens, k, hidden).sum(1)
 
 
-def _launch(x, w13, w2, h, y, weights, lay: MoELayout, cfg: MoEConfig, topk: int, limit: float | None):  # noqa: ANN001, ANN202
+def _launch(
+    x, w13, w2, h, y, weights, lay: MoELayout, cfg: MoEConfig, topk: int, limit: float | None, scales
+):  # noqa: ANN001, ANN202
+    """FP8 (`scales` = (w13_scale, w2_scale)): x and then h are quantized by `fp8_act_quant` (see the
+    module docstring) and the kernels read them as e4m3 + scales; bf16: the scale arguments are unused."""
     inter, hidden = h.shape[1], y.shape[1]
+    fp8 = scales is not None
     common = dict(DOT_PREC=dot_precision(x.dtype), DOT_F32=dot_f32(x), num_warps=cfg.num_warps,
                   num_stages=cfg.num_stages)  # fmt: skip
+    quant = registry.get("fp8_act_quant", x.device) if fp8 else None
+    a, a_s = quant(x) if fp8 else (x, x)
+    w13_s, w2_s = scales if fp8 else (w13, w2)
     half = cfg.block_n // 2
     _gate_up_swiglu[(lay.max_blocks, triton.cdiv(inter, half))](
-        x, w13, h, lay.sorted_pairs, lay.block_expert, lay.num_rows,
+        a, w13, h, lay.sorted_pairs, lay.block_expert, lay.num_rows, a_s, w13_s,
         lay.num_pairs, inter, x.shape[1], 0.0 if limit is None else float(limit),
-        x.stride(0), w13.stride(0), w13.stride(1), h.stride(0),
-        TOPK=topk, HAS_LIMIT=limit is not None,
+        a.stride(0), w13.stride(0), w13.stride(1), h.stride(0), a_s.stride(0), a_s.stride(-1),
+        w13_s.stride(0), w13_s.stride(1),
+        TOPK=topk, HAS_LIMIT=limit is not None, FP8=fp8,
         BLOCK_M=cfg.block_m, BLOCK_N=half, BLOCK_K=cfg.block_k, **common,
     )  # fmt: skip
+    h = h.to(x.dtype)  # a no-op on the GPU (see `fused_moe`)
+    h, h_s = quant(h) if fp8 else (h, h)  # every row of h, padding included: a fixed grid, no sync
     _down_weighted[(lay.max_blocks, triton.cdiv(hidden, cfg.block_n))](
-        h, w2, y, lay.sorted_pairs, lay.block_expert, lay.num_rows, weights,
+        h, w2, y, lay.sorted_pairs, lay.block_expert, lay.num_rows, weights, h_s, w2_s,
         lay.num_pairs, hidden, inter,
-        h.stride(0), w2.stride(0), w2.stride(1), y.stride(0),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, **common,
+        h.stride(0), w2.stride(0), w2.stride(1), y.stride(0), h_s.stride(0), h_s.stride(-1),
+        w2_s.stride(0), w2_s.stride(1),
+        FP8=fp8, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, **common,
     )  # fmt: skip
