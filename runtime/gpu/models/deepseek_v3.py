@@ -43,9 +43,6 @@ from runtime.gpu.quant import fp8
 
 log = structlog.get_logger(__name__)
 
-# Routed experts keep FP8 weights once the `fused_moe` op takes their block scales (w13_scale / w2_scale,
-# being added); until then they are dequantized under --quantization fp8 too.
-FP8_EXPERTS = False
 _EXPERT_TENSOR = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
 
@@ -148,7 +145,7 @@ class DeepseekV3MoE(nn.Module):
         inter, d = config.moe_intermediate_size, config.hidden_size
         self.gate = TopkRouter(config)
         # gate|up stack their scale blocks: I in whole 128-row blocks (V3's 2048, V2-Lite's 1408)
-        fp8_experts = FP8_EXPERTS and fp8_weights and inter % fp8.BLOCK[0] == 0
+        fp8_experts = fp8_weights and inter % fp8.BLOCK[0] == 0
         self.experts = RoutedExperts(config.n_routed_experts, d, inter, fp8_weights=fp8_experts)
         n_shared = getattr(config, "n_shared_experts", 0) or 0
         self.shared_experts = DeepseekV3MLP(d, inter * n_shared, fp8_weights) if n_shared else None

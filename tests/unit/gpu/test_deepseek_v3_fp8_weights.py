@@ -15,7 +15,7 @@ from runtime.gpu.kernels import registry
 from runtime.gpu.layers import MergedLinear
 from runtime.gpu.layers.fp8_linear import Fp8Linear, MergedFp8Linear
 from runtime.gpu.model_runner import ModelRunner, RunnerConfig
-from runtime.gpu.models.deepseek_v3 import FP8_EXPERTS, DeepseekV3MLP
+from runtime.gpu.models.deepseek_v3 import DeepseekV3MLP
 from runtime.gpu.quant import fp8
 from runtime.gpu.testing import (
     GREEDY,
@@ -32,7 +32,6 @@ from runtime.gpu.testing import (
 )
 
 FP8 = torch.float8_e4m3fn
-EXPERTS_DTYPE = FP8 if FP8_EXPERTS else torch.float32  # FP8 once fused_moe takes block scales
 # gate|up parts and experts in whole 128-row blocks, as in the real models (the tiny default I is 96/32)
 BLOCK_DIMS = dict(intermediate_size=128, moe_intermediate_size=128)
 MODELS = {
@@ -66,8 +65,7 @@ def exact_activations(monkeypatch):
         return x.float(), x.new_ones(x.shape[0], -(-x.shape[1] // group), dtype=torch.float32)
 
     monkeypatch.setattr("runtime.gpu.kernels.fp8_gemm.reference.fp8_act_quant", exact)
-    if FP8_EXPERTS:
-        monkeypatch.setattr("runtime.gpu.kernels.fused_moe.reference.act_quant", exact)
+    monkeypatch.setattr("runtime.gpu.kernels.fused_moe.reference.act_quant", exact)
     registry.clear_cache()
     yield
     registry.clear_cache()
@@ -105,10 +103,9 @@ def test_fp8_checkpoint_modules_hold_its_e4m3_weights_and_scales(fp8_checkpoint)
     assert isinstance(dense.mlp.gate_up_proj, MergedFp8Linear) and dense.mlp.gate_up_proj.weight.dtype == FP8
     assert dense.mlp.gate_up_proj.weight_scale_inv.shape == (2, 1)  # gate block, then up block
     experts = moe.mlp.experts
-    assert experts.gate_up_proj.dtype == EXPERTS_DTYPE and experts.down_proj.dtype == EXPERTS_DTYPE
-    if FP8_EXPERTS:
-        assert experts.gate_up_proj_scale_inv.shape == (8, 2, 1)
-        assert experts.down_proj_scale_inv.shape == (8, 1, 1)
+    assert experts.gate_up_proj.dtype == FP8 and experts.down_proj.dtype == FP8
+    assert experts.gate_up_proj_scale_inv.shape == (8, 2, 1)
+    assert experts.down_proj_scale_inv.shape == (8, 1, 1)
     # MLA's W_UK / W_UV, the router, the embedding and the head stay in the model dtype
     kept = (attn.kv_b_proj, moe.mlp.gate, model.lm_head, model.model.embed_tokens)
     assert all(m.weight.dtype == torch.float32 for m in kept)
@@ -121,9 +118,8 @@ def test_fp8_checkpoint_modules_hold_its_e4m3_weights_and_scales(fp8_checkpoint)
     assert torch.equal(q.weight_scale_inv, ckpt[f"{prefix}.weight_scale_inv"])
     up = ckpt["model.layers.0.mlp.up_proj.weight"]
     assert torch.equal(dense.mlp.gate_up_proj.weight[128:].view(torch.uint8), up.view(torch.uint8))
-    if FP8_EXPERTS:
-        e5_up = ckpt["model.layers.1.mlp.experts.5.up_proj.weight_scale_inv"]
-        assert torch.equal(experts.gate_up_proj_scale_inv[5, 1:], e5_up)
+    e5_up = ckpt["model.layers.1.mlp.experts.5.up_proj.weight_scale_inv"]
+    assert torch.equal(experts.gate_up_proj_scale_inv[5, 1:], e5_up)
 
 
 def test_fp8_weights_logits_match_transformers_on_the_dequantized_model(fp8_checkpoint):
@@ -195,7 +191,7 @@ def test_float_weights_quantized_at_load_match_their_dequantized_values(
             scale = getattr(src, leaf + fp8.SCALE_SUFFIX, None)
             w = getattr(src, leaf)
             p.copy_(w if scale is None else fp8.dequantize(w, scale, fp8.BLOCK))
-    assert ours.model.model.layers[1].mlp.experts.gate_up_proj.dtype == EXPERTS_DTYPE
+    assert ours.model.model.layers[1].mlp.experts.gate_up_proj.dtype == FP8
     if load_format == "auto":  # the quantization is DeepSeek's: what the FP8 checkpoint writer stores
         q_float = load_file(path / "model.safetensors")["model.layers.2.self_attn.o_proj.weight"]
         q, s = fp8.quantize(q_float, fp8.BLOCK)
