@@ -228,6 +228,14 @@ def decode_scenario(runner, seed: int = 0) -> tuple[list[torch.Tensor], list[lis
     return logits, tokens
 
 
+def assert_same_decode(got: tuple, want: tuple, atol: float = 1e-5, rtol: float = 1e-5) -> None:
+    """Two `decode_scenario` results: the same greedy tokens at every step, logits within tolerance."""
+    (logits, tokens), (ref_logits, ref_tokens) = got, want
+    assert tokens == ref_tokens
+    for a, b in zip(logits, ref_logits, strict=True):
+        torch.testing.assert_close(a, b, atol=atol, rtol=rtol)
+
+
 V4_LAYERS = ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention",
              "compressed_sparse_attention"]  # fmt: skip
 

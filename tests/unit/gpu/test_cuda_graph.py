@@ -6,11 +6,10 @@ logic is checked here; tests/gpu/test_cuda_graph.py replays real CUDA graphs."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from runtime.gpu.cuda_graph import DecodeGraphs, graph_buckets
 from runtime.gpu.model_runner import ModelRunner, RunnerConfig
-from runtime.gpu.testing import decode_scenario, save_tiny_llama
+from runtime.gpu.testing import assert_same_decode, decode_scenario, save_tiny_llama
 
 
 def test_buckets_cover_every_batch_size_up_to_the_max():
@@ -32,11 +31,7 @@ def test_padded_static_buffer_decode_matches_plain_decode(tiny_path):
     plain = ModelRunner(cfg)
     padded = ModelRunner(cfg)
     padded.graphs = DecodeGraphs(padded, max_bs=4, capture=False)  # buckets 1, 2, 4: 3 rows pad to 4
-    ref_logits, ref_tokens = decode_scenario(plain)
-    logits, tokens = decode_scenario(padded)
-    assert tokens == ref_tokens
-    for a, b in zip(logits, ref_logits, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert_same_decode(decode_scenario(padded), decode_scenario(plain))
 
 
 def test_graphs_are_off_on_cpu_and_when_disabled(tiny_path):

@@ -20,6 +20,7 @@ from runtime.gpu.quant import fp8
 from runtime.gpu.testing import (
     GREEDY,
     PlanBuilder,
+    assert_same_decode,
     decode_scenario,
     load_into_reference,
     reference_logits,
@@ -156,11 +157,7 @@ def test_fp8_weights_on_the_cuda_graph_path_match_plain_decode(fp8_checkpoint):
     cfg = dict(quantization="fp8", num_kv_slots=1024, max_reqs=8, max_model_len=64, cpu_threads=1)
     padded = ModelRunner(RunnerConfig(str(path), **cfg))
     padded.graphs = DecodeGraphs(padded, max_bs=4, capture=False)  # buckets 1, 2, 4: 3 rows pad to 4
-    logits, tokens = decode_scenario(padded)
-    ref_logits, ref_tokens = decode_scenario(ModelRunner(RunnerConfig(str(path), **cfg)))
-    assert tokens == ref_tokens
-    for a, b in zip(logits, ref_logits, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert_same_decode(decode_scenario(padded), decode_scenario(ModelRunner(RunnerConfig(str(path), **cfg))))
 
 
 def test_quantization_none_is_the_dequantizing_load_bit_for_bit(fp8_checkpoint):

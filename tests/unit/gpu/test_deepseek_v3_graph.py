@@ -5,13 +5,12 @@ reference backend computes; "triton" picks the kernel backend (the `mla_decode` 
 from __future__ import annotations
 
 import pytest
-import torch
 
 from runtime.gpu.attention.mla_kernel import MLAKernelBackend
 from runtime.gpu.attention.mla_ref import TorchMLABackend
 from runtime.gpu.cuda_graph import DecodeGraphs
 from runtime.gpu.model_runner import ModelRunner, RunnerConfig
-from runtime.gpu.testing import decode_scenario, save_tiny_deepseek_v3
+from runtime.gpu.testing import assert_same_decode, decode_scenario, save_tiny_deepseek_v3
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +43,4 @@ def test_decode_matches_reference_backend(tiny_path, reference_run, backend, gra
     runner = _runner(tiny_path, backend)
     if graphs:  # buckets 1, 2, 4: 3 rows pad to 4; the mixed step runs eagerly
         runner.graphs = DecodeGraphs(runner, max_bs=4, capture=False)
-    ref_logits, ref_tokens = reference_run
-    logits, tokens = decode_scenario(runner)
-    assert tokens == ref_tokens
-    for a, b in zip(logits, ref_logits, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert_same_decode(decode_scenario(runner), reference_run)
