@@ -19,15 +19,14 @@ from runtime.gpu.kernels.triton_utils import dot_f32, dot_operand
 # (--kv-cache-dtype fp8_e4m3) moves half the bytes per token: a step covers more tokens for the same tile.
 LAUNCH = {4: (64, 4, 4), 2: (64, 4, 4), 1: (128, 4, 4)}
 
-# How an fp8 (e4m3) pool's values reach the tensor cores; `sweep --kv-dtype fp8` times all three.
+# How an fp8 (e4m3) pool's values reach the tensor cores; `sweep --kv-dtype fp8` times both.
 #   "q":    upcast to q's dtype. For bf16 queries that is the slow path: there is no one-instruction
-#           e4m3 -> bf16 conversion, and the kernel ran at 2.1-2.2 TB/s of fp8 bytes with it.
+#           e4m3 -> bf16 conversion (248.8 us per layer at B=256, 1K on the H200).
 #   "f16":  to float16 (`cvt.rn.f16x2.e4m3x2`, two values per instruction); q and p go to float16 too
-#           (|q| and p are far inside float16's range), accumulation stays float32.
-#   "bits": the e4m3 bits moved into a float16 with two integer ops (sign to bit 15, exponent and
-#           mantissa shifted by 7: value / 256 exactly, subnormals included); the 256 is folded into
-#           the softmax scale for K and into the output for V.
-FP8_MODES = {"q": 0, "f16": 1, "bits": 2}
+#           (|q| and p are far inside float16's range), accumulation stays float32 (227.2 us).
+# Also timed and dropped (docs/PERF.md): moving the e4m3 bits into a float16 with integer ops (308.5 us)
+# and computing K q^T with the converted K tile as the register operand (245.3 us).
+FP8_MODES = {"q": 0, "f16": 1}
 FP8_MODE = "f16"
 
 
@@ -35,10 +34,7 @@ FP8_MODE = "f16"
 def _kv_tile(ptrs, mask, KV_MODE: tl.constexpr, OUT_DTYPE: tl.constexpr):
     """A [BLOCK_N, BLOCK_D] tile of the pool as a dot operand (see FP8_MODES; mode 0 also serves
     16-bit pools, where the cast is a no-op)."""
-    if KV_MODE == 2:
-        u = tl.load(ptrs, mask=mask, other=0).to(tl.uint16)  # the pool viewed as uint8
-        return (((u & 0x80) << 8) | ((u & 0x7F) << 7)).to(tl.float16, bitcast=True)
-    elif KV_MODE == 1:
+    if KV_MODE == 1:
         return tl.load(ptrs, mask=mask, other=0.0).to(tl.float16)
     else:
         return tl.load(ptrs, mask=mask, other=0.0).to(OUT_DTYPE)
@@ -106,8 +102,6 @@ def _stage1(
     has = denom > 0.0  # an empty split (short row) leaves denom = 0: lse = -inf, ignored by stage 2
     lse = tl.where(has, m + tl.log2(tl.where(has, denom, 1.0)), float("-inf"))
     o = acc / tl.where(has, denom, 1.0)[:, None]
-    if KV_MODE == 2:
-        o = o * 256.0  # V was read as value / 256
     mid = (b * num_q_heads + heads).to(tl.int64) * num_splits + split  # [BLOCK_H]
     keep = mask_h & (start + 0 * offs_h < seq_len)  # splits past the row's end: never read by stage 2
     tl.store(MidLse + mid, lse, mask=keep)
@@ -177,8 +171,6 @@ def decode_attention(
     kv_mode, qk_scale = 0, scale * LOG2E
     if k_pool.dtype == torch.float8_e4m3fn and q.dtype != torch.float32:
         kv_mode = FP8_MODES[FP8_MODE]
-        if kv_mode == 2:
-            k_pool, v_pool, qk_scale = k_pool.view(torch.uint8), v_pool.view(torch.uint8), qk_scale * 256.0
     mid_o = torch.empty(batch, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(batch, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
     _stage1[(batch, num_kv_heads, num_splits)](
