@@ -185,7 +185,13 @@ class InterpreterCases:
         self.cases: dict[str, Callable[[], float]] = {}
 
     def case(self, fn: Callable[[], float]) -> Callable[[], float]:
-        self.cases[fn.__name__] = fn
+        return self.add(fn.__name__, fn)
+
+    def add(self, name: str, fn: Callable[[], float]) -> Callable[[], float]:
+        """A case by name (table-driven cases: `functools.partial(run, *row)`)."""
+        if name in self.cases:
+            raise ValueError(f"interpreter case {name!r} defined twice")
+        self.cases[name] = fn
         return fn
 
     def __len__(self) -> int:

@@ -7,12 +7,8 @@ ratio}). Skipped without triton."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +17,7 @@ from runtime.gpu.kernels import registry
 from runtime.gpu.kernels.fp8_gemm.reference import act_quant, dequant_act
 from runtime.gpu.kernels.fused_moe import reference
 from runtime.gpu.kernels.fused_moe.layout import max_blocks, moe_layout
+from runtime.gpu.kernels.testing import InterpreterCases, check_interpreted
 from runtime.gpu.quant.fp8 import dequantize, quantize
 
 
@@ -153,7 +150,7 @@ def test_empty_batch():
 
 # ------------------------------------------------------------------ Triton under the interpreter
 
-CASES = {
+KERNEL_CASES = {
     # tokens, experts, k, hidden, inter, dtype, swiglu limit
     "fp32_decode_batch1": (1, 8, 3, 48, 40, "float32", None),
     "fp32_ragged_dims_v4_limit": (9, 4, 2, 40, 24, "float32", 0.5),
@@ -247,37 +244,27 @@ def _run_route_case(tokens, experts, k, groups, topk_group, scoring, bias, norma
     return close_ratio(w.gather(1, o), w_ref.gather(1, o_ref), 1e-6, 1e-5)
 
 
+CASES = InterpreterCases()
+for _table, _run in (
+    (KERNEL_CASES, _run_case),
+    (FP8_CASES, _run_fp8_case),
+    (LAYOUT_CASES, _run_layout_case),
+    (ROUTE_CASES, _run_route_case),
+):
+    for _name, _args in _table.items():
+        CASES.add(_name, functools.partial(_run, *_args))
+
+
 @pytest.fixture(scope="module")
 def results() -> dict:
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    root = Path(__file__).resolve().parents[3]
-    proc = subprocess.run(
-        [sys.executable, __file__], env=env, cwd=root, capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return CASES.results(__file__)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
-@pytest.mark.parametrize(
-    "name", sorted(CASES) + sorted(FP8_CASES) + sorted(LAYOUT_CASES) + sorted(ROUTE_CASES)
-)
+@pytest.mark.parametrize("name", CASES.names())
 def test_triton_matches_torch_under_interpreter(results: dict, name: str) -> None:
-    got = results[name]
-    assert isinstance(got, float), got  # an error message from the subprocess
-    assert got <= 1.0, f"{name}: error {got:.3g}x the tolerance"
+    check_interpreted(results, name)
 
 
 if __name__ == "__main__":
-    assert os.environ.get("TRITON_INTERPRET") == "1"
-    out = {}
-    cases = [(n, _run_case, a) for n, a in CASES.items()]
-    cases += [(n, _run_fp8_case, a) for n, a in FP8_CASES.items()]
-    cases += [(n, _run_layout_case, a) for n, a in LAYOUT_CASES.items()]
-    cases += [(n, _run_route_case, a) for n, a in ROUTE_CASES.items()]
-    for name, fn, args in cases:
-        try:
-            out[name] = float(fn(*args))
-        except Exception as e:  # reported per case by the test
-            out[name] = f"{type(e).__name__}: {e}"
-    print(json.dumps(out))
+    CASES.main()
