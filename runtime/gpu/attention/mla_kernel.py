@@ -63,32 +63,16 @@ class MLAKernelBackend(TorchMLABackend):
         self._bind(batch.input_ids.device)
         batch.attn_meta = _Meta(None, True, batch.rows, seq_lens, None)
 
-    def forward_mla(
-        self,
-        layer: int,
-        q_nope: torch.Tensor,
-        q_pe: torch.Tensor,
-        latent: torch.Tensor,
-        w_uk: torch.Tensor,
-        w_uv: torch.Tensor,
-        batch: ForwardBatch,
-    ) -> torch.Tensor:
-        """Same contract as `TorchMLABackend.forward_mla`."""
-        cache, meta = batch.kv_cache, batch.attn_meta
-        cache.store(layer, batch.out_loc, latent)
-        pool = cache.kv[layer]  # [slots, 1, r + dr]
-        out = q_nope.new_empty(*q_nope.shape[:2], w_uv.shape[1])
-        if meta.rows is not None:
-            qn = q_nope if meta.decode_all else q_nope[meta.decode_tokens]
-            qp = q_pe if meta.decode_all else q_pe[meta.decode_tokens]
-            q = torch.cat([torch.einsum("bhd,hdr->bhr", qn, w_uk), qp], dim=-1)
-            o = self.decode_fn(
-                q, pool, batch.req_to_token, meta.rows, meta.seq_lens, self.scale,
-                kv_lora_rank=self.kv_lora_rank, num_splits=meta.num_splits,
-            )  # fmt: skip
-            o = torch.einsum("bhr,hvr->bhv", o, w_uv)
-            if meta.decode_all:
-                return o
-            out[meta.decode_tokens] = o
-        self.forward_prefills(meta.prefills, q_nope, q_pe, latent, pool[:, 0], w_uk, w_uv, out)
-        return out
+    @staticmethod
+    def _has_decode_rows(meta: _Meta) -> bool:
+        return meta.rows is not None  # graph steps leave decode_tokens None (every token decodes)
+
+    def _decode(self, q_nope, q_pe, pool, w_uk, w_uv, batch: ForwardBatch) -> torch.Tensor:  # noqa: ANN001
+        """The `mla_decode` op on [q_nope W_UK | q_pe] over the latent pool, then W_UV."""
+        meta = batch.attn_meta
+        q = torch.cat([torch.einsum("bhd,hdr->bhr", q_nope, w_uk), q_pe], dim=-1)
+        o = self.decode_fn(
+            q, pool, batch.req_to_token, meta.rows, meta.seq_lens, self.scale,
+            kv_lora_rank=self.kv_lora_rank, num_splits=meta.num_splits,
+        )  # fmt: skip
+        return torch.einsum("bhr,hvr->bhv", o, w_uv)

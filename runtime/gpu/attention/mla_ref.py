@@ -106,18 +106,27 @@ class TorchMLABackend(TorchAttentionBackend):
         w_uk [H, dn, r], w_uv [H, dv, r]. Returns [T, H, dv]."""
         cache, meta = batch.kv_cache, batch.attn_meta
         cache.store(layer, batch.out_loc, latent)
-        pool = cache.kv[layer][:, 0]  # [slots, r + dr]
+        pool = cache.kv[layer]  # [slots, 1, r + dr]
         out = q_nope.new_empty(*q_nope.shape[:2], w_uv.shape[1])
-        if meta.decode_tokens is not None:
+        if self._has_decode_rows(meta):
             qn = q_nope if meta.decode_all else q_nope[meta.decode_tokens]
             qp = q_pe if meta.decode_all else q_pe[meta.decode_tokens]
-            lat = pool.index_select(0, meta.decode_slots).view(*meta.decode_shape, pool.shape[-1])
-            o = mla_absorbed(qn, qp, lat, w_uk, w_uv, self.scale, meta.decode_mask)
+            o = self._decode(qn, qp, pool, w_uk, w_uv, batch)
             if meta.decode_all:
                 return o
             out[meta.decode_tokens] = o
-        self.forward_prefills(meta.prefills, q_nope, q_pe, latent, pool, w_uk, w_uv, out)
+        self.forward_prefills(meta.prefills, q_nope, q_pe, latent, pool[:, 0], w_uk, w_uv, out)
         return out
+
+    @staticmethod
+    def _has_decode_rows(meta) -> bool:  # noqa: ANN001 - the backend's step metadata
+        return meta.decode_tokens is not None
+
+    def _decode(self, q_nope, q_pe, pool, w_uk, w_uv, batch: ForwardBatch) -> torch.Tensor:  # noqa: ANN001
+        """The decode rows' [B, H, dv] in the absorbed form; pool [slots, 1, r + dr]."""
+        meta, rows = batch.attn_meta, pool[:, 0]
+        lat = rows.index_select(0, meta.decode_slots).view(*meta.decode_shape, rows.shape[-1])
+        return mla_absorbed(q_nope, q_pe, lat, w_uk, w_uv, self.scale, meta.decode_mask)
 
     def forward_prefills(self, prefills, q_nope, q_pe, latent, pool, w_uk, w_uv, out) -> None:  # noqa: ANN001
         """The rows with several new tokens, in the expanded form, into `out` (shared with the kernel
