@@ -228,6 +228,22 @@ def decode_scenario(runner, seed: int = 0) -> tuple[list[torch.Tensor], list[lis
     return logits, tokens
 
 
+def assert_router_matches(ref: torch.nn.Module, config) -> None:  # noqa: ANN001 - a transformers config
+    """Our `TopkRouter` with the weights of transformers' router `ref` picks the same experts with the
+    same weights on random hidden states (matched by expert id: the top-k order is unspecified)."""
+    from runtime.gpu.layers.moe import TopkRouter
+
+    ours = TopkRouter(config)
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(50, config.hidden_size)
+    _, ref_w, ref_ids = ref(x)
+    w, ids = ours(x)
+    ref_ids, order = ref_ids.sort(-1)
+    ids, our_order = ids.sort(-1)
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(w.gather(1, our_order), ref_w.gather(1, order), atol=1e-6, rtol=0)
+
+
 def assert_same_decode(got: tuple, want: tuple, atol: float = 1e-5, rtol: float = 1e-5) -> None:
     """Two `decode_scenario` results: the same greedy tokens at every step, logits within tolerance."""
     (logits, tokens), (ref_logits, ref_tokens) = got, want

@@ -11,7 +11,7 @@ import torch
 from runtime.gpu.layers.moe import TopkRouter
 from runtime.gpu.models import get_model_class
 from runtime.gpu.models.deepseek_v3 import DeepseekV3ForCausalLM
-from runtime.gpu.testing import tiny_deepseek_v2_config
+from runtime.gpu.testing import assert_router_matches, tiny_deepseek_v2_config
 
 
 def test_v2_is_served_by_the_v3_model_without_a_correction_bias():
@@ -34,15 +34,7 @@ def test_router_matches_transformers_v2_router(method):
     ref = DeepseekV2TopkRouter(config)
     torch.manual_seed(0)
     torch.nn.init.normal_(ref.weight, std=0.5)
-    ours = TopkRouter(config)
-    ours.load_state_dict(ref.state_dict())
-    x = torch.randn(50, config.hidden_size)
-    _, ref_w, ref_ids = ref(x)
-    w, ids = ours(x)
-    ref_ids, order = ref_ids.sort(-1)
-    ids, our_order = ids.sort(-1)
-    assert torch.equal(ids, ref_ids)
-    torch.testing.assert_close(w.gather(1, our_order), ref_w.gather(1, order), atol=1e-6, rtol=0)
+    assert_router_matches(ref, config)
 
 
 # Routing fields of the released config.json files (deepseek-ai/DeepSeek-V2, -V2.5: group-limited;

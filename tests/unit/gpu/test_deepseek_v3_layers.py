@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from runtime.gpu.attention.mla_ref import mla_absorbed, mla_expanded
-from runtime.gpu.layers.moe import RoutedExperts, TopkRouter
-from runtime.gpu.testing import tiny_deepseek_v3_config
+from runtime.gpu.layers.moe import RoutedExperts
+from runtime.gpu.testing import assert_router_matches, tiny_deepseek_v3_config
 
 
 @pytest.mark.parametrize(
@@ -51,15 +51,7 @@ def test_router_matches_transformers_topk_router():
     torch.manual_seed(0)
     torch.nn.init.normal_(ref.weight, std=0.5)
     ref.e_score_correction_bias.uniform_(-0.3, 0.3)
-    ours = TopkRouter(config)
-    ours.load_state_dict(ref.state_dict())
-    x = torch.randn(50, config.hidden_size)
-    _, ref_w, ref_ids = ref(x)
-    w, ids = ours(x)
-    ref_ids, order = ref_ids.sort(-1)
-    ids, our_order = ids.sort(-1)
-    assert torch.equal(ids, ref_ids)
-    torch.testing.assert_close(w.gather(1, our_order), ref_w.gather(1, order), atol=1e-6, rtol=0)
+    assert_router_matches(ref, config)
 
 
 def test_expert_sorted_moe_equals_a_loop_over_tokens():
