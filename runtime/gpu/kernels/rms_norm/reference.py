@@ -5,6 +5,12 @@ from __future__ import annotations
 import torch
 
 
+def inv_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """1 / rms over the last dim, in float32, keeping that dim (size 1): the one formula every norm here
+    shares."""
+    return torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+
+
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -12,15 +18,14 @@ def rms_norm(
     (weight * norm(h), h), h being the next layer's residual."""
     if residual is not None:
         x = x + residual
-    x32 = x.float()
-    y = weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    y = weight * (x.float() * inv_rms(x, eps)).to(x.dtype)
     return y if residual is None else (y, x)
 
 
 def unit_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
     """x / rms(x) over the last dim, no weight: the mean square in float32, the product in x's dtype.
     DeepSeek-V4's per-head q norm and its mHC mixing input (there x is already float32)."""
-    return x * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)
+    return x * inv_rms(x, eps).to(x.dtype)
 
 
 def scale_by_inv_rms(y: torch.Tensor, x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -28,5 +33,5 @@ def scale_by_inv_rms(y: torch.Tensor, x: torch.Tensor, eps: float) -> torch.Tens
     dtype. With RMSNorm's gain folded into the next projection's weight, proj(norm(x)) is
     proj_folded(x) scaled this way: the consumer of the projection applies it instead of a norm kernel
     (Llama `fold_norms`)."""
-    inv = torch.rsqrt(x.float().pow(2).mean(-1) + eps)
-    return (y.float() * inv.view(-1, *([1] * (y.dim() - 1)))).to(y.dtype)
+    inv = inv_rms(x, eps).view(-1, *([1] * (y.dim() - 1)))
+    return (y.float() * inv).to(y.dtype)
