@@ -29,7 +29,8 @@ def _attention(kind: str, prefix: list[int], ext: list[int], hq: int, hkv: int, 
     mod = importlib.import_module(f"runtime.gpu.kernels.{kind}_attention.triton")
     ref = importlib.import_module(f"runtime.gpu.kernels.{kind}_attention.reference")
     page = kw.pop("page_size", 1)
-    c = paged_case(prefix, ext, hq, hkv, d, dtype, "cpu", page_size=page, seed=len(CASES))
+    kv_dtype = kw.pop("kv_dtype", None)
+    c = paged_case(prefix, ext, hq, hkv, d, dtype, "cpu", page_size=page, seed=len(CASES), kv_dtype=kv_dtype)
     if kind == "decode":
         got = mod.decode_attention(*c.decode_args(), **kw)
         want = ref.decode_attention(*c.decode_args())
@@ -52,6 +53,23 @@ def decode_gqa3_bf16_page16():
 @case
 def decode_mha_fp16_d128_auto_splits():
     return _attention("decode", [77, 5], [1, 1], 4, 4, 128, torch.float16)
+
+
+@case
+def decode_fp8_pool_prefetched_slots_split3():
+    """An fp8 pool takes the slot-prefetching loop (PREFETCH_SLOTS[1]): rows shorter than, equal to and
+    longer than a split, and a row of one token."""
+    return _attention(
+        "decode",
+        [300, 127, 0, 1000],
+        [1] * 4,
+        8,
+        2,
+        64,
+        torch.bfloat16,
+        kv_dtype=torch.float8_e4m3fn,
+        num_splits=3,
+    )
 
 
 @case

@@ -15,9 +15,12 @@ import triton
 
 from runtime.gpu.kernels.decode_attention import triton as kernel
 from runtime.gpu.kernels.decode_attention.reference import decode_attention as reference
-from runtime.gpu.kernels.testing import paged_case
+from runtime.gpu.kernels.testing import TOLERANCE, close_ratio, paged_case
 
-SHAPES = [(256, 1024, (1, 2)), (64, 4096, (1, 2, 4))]  # (B, context, splits); batch 1: --graph --batch-sizes 1
+SHAPES = [
+    (256, 1024, (1, 2)),
+    (64, 4096, (1, 2, 4)),
+]  # (B, context, splits); batch 1: --graph --batch-sizes 1
 
 
 GRAPH_CALLS = 32
@@ -40,6 +43,11 @@ def main() -> None:
     parser.add_argument("--graph", action="store_true", help="time inside a CUDA graph (small batches)")
     parser.add_argument("--batch-sizes", default=None, help="e.g. 1,8: only these shapes")
     parser.add_argument("--kv-dtype", choices=("bf16", "fp8"), default="bf16", help="KV pool dtype")
+    parser.add_argument("--modes", default=None, help="fp8 read modes to time, e.g. q,f16 (default: all)")
+    parser.add_argument("--prefetch", default="0,1", help="PREFETCH_SLOTS values to time")
+    parser.add_argument(
+        "--page-size", type=int, default=1, help="the pool's pages are shuffled, not the tokens"
+    )
     args_cli = parser.parse_args()
     shapes = SHAPES
     if args_cli.batch_sizes:
@@ -48,7 +56,8 @@ def main() -> None:
     bench = graph_time_ms if args_cli.graph else (lambda fn: triton.testing.do_bench(fn, rep=40))
     fp8 = args_cli.kv_dtype == "fp8"
     size = 1 if fp8 else 2
-    defaults, default_mode = kernel.LAUNCH[size], kernel.FP8_MODE
+    defaults = kernel.LAUNCH[size]
+    default_variant = (kernel.FP8_MODE, kernel.PREFETCH_SLOTS[size])
     for batch, ctx, splits in shapes:
         kv_dtype = torch.float8_e4m3fn if fp8 else None
         case = paged_case(
@@ -61,6 +70,7 @@ def main() -> None:
             "cuda",
             q_strided=False,
             kv_dtype=kv_dtype,
+            page_size=args_cli.page_size,
         )
         args = case.decode_args()
         want = reference(*args).float()
@@ -68,22 +78,32 @@ def main() -> None:
         results = []
         grid = ((32, 64), (2, 4), (1, 2, 4)) if args_cli.graph else ((32, 64, 128), (4, 8), (2, 3, 4))
         if fp8 and not args_cli.graph:
-            grid = ((64, 128), (4, 8), (3, 4))
-        modes = list(kernel.FP8_MODES) if fp8 else [kernel.FP8_MODE]
-        for (bn, warps, stages), sp, mode in itertools.product(itertools.product(*grid), splits, modes):
+            grid = ((128, 256), (4, 8), (2, 3))
+        modes = args_cli.modes.split(",") if args_cli.modes else list(kernel.FP8_MODES)
+        prefetches = [bool(int(v)) for v in args_cli.prefetch.split(",")]
+        variants = list(itertools.product(modes if fp8 else [kernel.FP8_MODE], prefetches))
+        for (bn, warps, stages), sp, (mode, prefetch) in itertools.product(
+            itertools.product(*grid), splits, variants
+        ):
             kernel.LAUNCH[size], kernel.FP8_MODE = (bn, warps, stages), mode
-            err = (kernel.decode_attention(*args, num_splits=sp).float() - want).abs().max().item()
-            ms = bench(lambda sp=sp, args=args: kernel.decode_attention(*args, num_splits=sp))
-            results.append((ms, bn, warps, stages, sp, mode, err))
-        now = [r for r in results if r[1:4] == defaults and r[5] == default_mode]
-        best_per_mode = [min(r for r in results if r[5] == m) for m in modes]
-        for ms, bn, warps, stages, sp, mode, err in sorted(results)[:3] + best_per_mode + sorted(now)[:1]:
-            print(
-                f"B={batch} ctx={ctx} BLOCK_N={bn} warps={warps} stages={stages} splits={sp}"
-                f"{f' fp8 as {mode}' if fp8 else ''}: "
-                f"{ms * 1e3:.1f} us, {kv_bytes / ms / 1e6:.0f} GB/s, max err {err:.1e}"
+            kernel.PREFETCH_SLOTS[size] = prefetch
+            err = close_ratio(
+                kernel.decode_attention(*args, num_splits=sp).float(), want, *TOLERANCE[torch.bfloat16]
             )
-    kernel.LAUNCH[size], kernel.FP8_MODE = defaults, default_mode
+            ms = bench(lambda sp=sp, args=args: kernel.decode_attention(*args, num_splits=sp))
+            results.append((ms, bn, warps, stages, sp, mode, prefetch, err))
+        now = [r for r in results if r[1:4] == defaults and r[5:7] == default_variant]
+        best_per_variant = [min(r for r in results if r[5:7] == v) for v in variants]
+        for ms, bn, warps, stages, sp, mode, prefetch, err in (
+            sorted(results)[:3] + best_per_variant + now[:1]
+        ):
+            print(
+                f"B={batch} ctx={ctx} page={args_cli.page_size} BLOCK_N={bn} warps={warps} stages={stages} "
+                f"splits={sp} prefetch={int(prefetch)}{f' fp8 as {mode}' if fp8 else ''}: "
+                f"{ms * 1e3:.1f} us, {kv_bytes / ms / 1e6:.0f} GB/s, error / bf16 tolerance {err:.2f}"
+            )
+    kernel.LAUNCH[size] = defaults
+    kernel.FP8_MODE, kernel.PREFETCH_SLOTS[size] = default_variant
 
 
 if __name__ == "__main__":

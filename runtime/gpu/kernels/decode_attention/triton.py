@@ -16,8 +16,9 @@ from runtime.gpu.kernels.triton_utils import dot_f32, dot_operand
 
 # (KV tokens per inner step, warps, pipeline stages) by the KV pool's bytes per value. 16-bit: swept on
 # the H200, 4 stages 20-22% faster than 2 at B=64-256, 1K-4K contexts (docs/PERF.md). An fp8 pool
-# (--kv-cache-dtype fp8_e4m3) moves half the bytes per token: a step covers more tokens for the same tile.
-LAUNCH = {4: (64, 4, 4), 2: (64, 4, 4), 1: (128, 4, 4)}
+# (--kv-cache-dtype fp8_e4m3) moves half the bytes per token: a step covers more tokens for the same tile;
+# with PREFETCH_SLOTS, 3 stages were the best of 2-4 (BLOCK_N 256 and 8 warps lost; session 4 sweep).
+LAUNCH = {4: (64, 4, 4), 2: (64, 4, 4), 1: (128, 4, 3)}
 
 # How an fp8 (e4m3) pool's values reach the tensor cores; `sweep --kv-dtype fp8` times both.
 #   "q":    upcast to q's dtype. For bf16 queries that is the slow path: there is no one-instruction
@@ -28,6 +29,13 @@ LAUNCH = {4: (64, 4, 4), 2: (64, 4, 4), 1: (128, 4, 4)}
 # and computing K q^T with the converted K tile as the register operand (245.3 us).
 FP8_MODES = {"q": 0, "f16": 1}
 FP8_MODE = "f16"
+
+# Load the next step's slot numbers while this step's tiles are in flight, by the pool's bytes per value.
+# Without it Triton's pipeliner waits for a step's own slot load before issuing its K/V gather and keeps
+# a single K/V buffer. fp8 pools, on the H200: 226.4 -> 214.3 us per layer at B=256, 1K and 214.2 ->
+# 189.6 us at B=64, 4K (docs/PERF.md); 16-bit pools gained nothing (within 1%), so they keep the
+# simpler loop.
+PREFETCH_SLOTS = {4: False, 2: False, 1: True}
 
 
 @triton.jit
@@ -47,6 +55,7 @@ def _stage1(
     stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_rt,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr, KV_MODE: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -75,13 +84,24 @@ def _stage1(
     denom = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     slot_row = ReqToToken + row * stride_rt
+    if PREFETCH:
+        first = start + tl.arange(0, BLOCK_N)
+        slot_next = tl.load(slot_row + first, mask=first < end, other=0).to(tl.int64)
     for s0 in range(start, end, BLOCK_N):
         pos = s0 + tl.arange(0, BLOCK_N)
         mask_n = pos < end
-        slot = tl.load(slot_row + pos, mask=mask_n, other=0).to(tl.int64)
+        if PREFETCH:
+            slot = slot_next
+            ahead = pos + BLOCK_N
+            slot_next = tl.load(slot_row + ahead, mask=ahead < end, other=0).to(tl.int64)
+        else:
+            slot = tl.load(slot_row + pos, mask=mask_n, other=0).to(tl.int64)
         kv_mask = mask_n[:, None] & mask_d[None, :]
         k = _kv_tile(
-            K + slot[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :], kv_mask, KV_MODE, Q.dtype.element_ty
+            K + slot[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :],
+            kv_mask,
+            KV_MODE,
+            Q.dtype.element_ty,
         )
         qk = (
             tl.dot(q, tl.trans(dot_operand(k, DOT_F32)), input_precision=DOT_PREC) * qk_scale
@@ -92,7 +112,10 @@ def _stage1(
         p = tl.exp2(qk - m_new[:, None])
         denom = denom * alpha + tl.sum(p, 1)
         v = _kv_tile(
-            V + slot[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :], kv_mask, KV_MODE, Q.dtype.element_ty
+            V + slot[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :],
+            kv_mask,
+            KV_MODE,
+            Q.dtype.element_ty,
         )
         acc = acc * alpha[:, None] + tl.dot(
             dot_operand(p.to(v.dtype), DOT_F32), dot_operand(v, DOT_F32), input_precision=DOT_PREC
@@ -180,7 +203,7 @@ def decode_attention(
         req_to_token.stride(0),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_H=max(16, next_pow2(group)),
         BLOCK_N=block_n, DOT_PREC=dot_precision(q.dtype), DOT_F32=dot_f32(q), KV_MODE=kv_mode,
-        num_warps=num_warps, num_stages=num_stages,
+        PREFETCH=PREFETCH_SLOTS[k_pool.element_size()], num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     _stage2[(batch, num_q_heads)](
         mid_o, mid_lse, out, seq_lens, num_splits, out.stride(0), out.stride(1),

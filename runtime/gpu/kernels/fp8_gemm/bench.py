@@ -73,22 +73,25 @@ def triton_configs(m: int) -> list:
     ]  # fmt: skip
 
 
-def tilelang_configs(m: int, n: int, k: int, device: torch.device, configs: bool) -> list[TileConfig]:
-    """The chosen config first, then (with `configs`) the others of TILELANG_CONFIGS at this shape."""
+def tilelang_configs(
+    m: int, n: int, k: int, device: torch.device, configs: bool, tiles: list[TileConfig] | None = None
+) -> list[TileConfig]:
+    """The chosen config first, then (with `configs`) the others of TILELANG_CONFIGS at this shape, or
+    of `tiles` (--tiles) when given."""
     from runtime.gpu.kernels.common import num_sms
 
     chosen = choose_config(m, n, k, device)
-    if not configs:
+    if not configs and not tiles:
         return [chosen]
-    others = [with_split(c, m, n, k, num_sms(device)) for c in TILELANG_CONFIGS]
+    others = [with_split(c, m, n, k, num_sms(device)) for c in tiles or TILELANG_CONFIGS]
     return [chosen] + [c for c in dict.fromkeys(others) if c != chosen]
 
 
-def variants(name: str, m: int, n: int, k: int, device: torch.device, configs: bool, sweep: bool):
+def variants(name: str, m: int, n: int, k: int, device: torch.device, configs: bool, sweep: bool, tiles=None):
     """(label, extra kwargs) to time for one implementation at one shape; `*` marks the config that
     `tilelang.choose_config` picks."""
     if name == "tilelang":
-        cfgs = tilelang_configs(m, n, k, device, configs)
+        cfgs = tilelang_configs(m, n, k, device, configs, tiles)
         return [
             (f"tilelang:{c.label()}" + ("*" if i == 0 else ""), {"config": c}) for i, c in enumerate(cfgs)
         ]
@@ -116,9 +119,13 @@ def _compile_one(key: tuple) -> str:
     return f"N={n} K={k} {cfg.label()}: {time.perf_counter() - t0:.0f} s"
 
 
-def tilelang_keys(shapes: list[tuple[int, int, int]], device: torch.device, configs: bool) -> list[tuple]:
+def tilelang_keys(
+    shapes: list[tuple[int, int, int]], device: torch.device, configs: bool, tiles=None
+) -> list[tuple]:
     """The `tilelang._kernel` arguments the rows at `shapes` use (one compile each)."""
-    keys = {(n, k, "bfloat16", c) for m, n, k in shapes for c in tilelang_configs(m, n, k, device, configs)}
+    keys = {
+        (n, k, "bfloat16", c) for m, n, k in shapes for c in tilelang_configs(m, n, k, device, configs, tiles)
+    }
     return sorted(keys, key=str)
 
 
@@ -171,6 +178,7 @@ def run(
     peak: float | None = None,
     workers: int = 12,
     reference: bool = False,
+    tiles: list[TileConfig] | None = None,
 ) -> int:
     """Print one row per (shape, implementation, config); returns the number of failures (compile, run
     or check). `impls` None: every available non-reference implementation (+ the reference when
@@ -185,7 +193,7 @@ def run(
         if i.available(device) and (i.name != "reference" or reference or device.type != "cuda")
     ]
     if "tilelang" in names:
-        prewarm(tilelang_keys(shapes, device, configs), workers)
+        prewarm(tilelang_keys(shapes, device, configs, tiles), workers)
     print(
         f"{'impl (* = default config)':<32} {'shape':<22} {'us':>9} {'TFLOP/s':>8} {'%fp8mm':>6} "
         f"{'DG-H800':>7} {'xDG':>5}  check (max err / tolerance)"
@@ -206,7 +214,7 @@ def run(
                 print(f"{name:<32} {shape:<22} import failed: {type(e).__name__}: {e}", flush=True)
                 failures += 1
                 continue
-            rows += [(label, fn, kw) for label, kw in variants(name, m, n, k, device, configs, sweep)]
+            rows += [(label, fn, kw) for label, kw in variants(name, m, n, k, device, configs, sweep, tiles)]
         for label, fn, kw in rows:
             try:
                 if fn is None:
@@ -239,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--impls", nargs="*", default=None, help="default: every available one")
     p.add_argument("--configs", action="store_true", help="also time TILELANG_CONFIGS")
     p.add_argument("--sweep", action="store_true", help="also time the Triton kernel's alternative configs")
+    p.add_argument(
+        "--tiles", nargs="*", default=None, help="TileLang tiles to time instead of TILELANG_CONFIGS"
+    )
     p.add_argument("--shapes", nargs="*", default=None, help="M:N:K, e.g. 4096:2112:7168 (default: SHAPES)")
     p.add_argument("--no-graph", action="store_true", help="time plain launches, not CUDA graph replays")
     p.add_argument("--compile-workers", type=int, default=12, help="0: compile lazily in this process")
@@ -253,12 +264,13 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"# {name}  torch {torch.__version__}", flush=True)
     shapes = [tuple(int(v) for v in s.split(":")) for s in a.shapes] if a.shapes else None
+    tiles = [TileConfig.parse(t) for t in a.tiles] if a.tiles else None
     if a.compile_only:
-        prewarm(tilelang_keys(shapes or SHAPES, device, a.configs), max(1, a.compile_workers))
+        prewarm(tilelang_keys(shapes or SHAPES, device, a.configs, tiles), max(1, a.compile_workers))
         return 0
     peak = fp8_ceiling(device, small=device.type != "cuda")
     failures = run(
-        device, shapes, a.impls, a.configs, a.sweep, not a.no_graph, peak, a.compile_workers
+        device, shapes, a.impls, a.configs, a.sweep, not a.no_graph, peak, a.compile_workers, tiles=tiles
     )  # fmt: skip
     return 1 if failures else 0
 

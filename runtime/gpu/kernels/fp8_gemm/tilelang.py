@@ -53,7 +53,18 @@ class TileConfig:
         assert self.threads in (128, 256) and self.num_stages >= 1 and self.split_k >= 1, self
 
     def label(self) -> str:
-        return f"{self.block_m}x{self.block_n}s{self.num_stages}t{self.threads}k{self.split_k}"
+        panel = f"p{self.panel}" if self.panel != 10 else ""
+        return f"{self.block_m}x{self.block_n}s{self.num_stages}t{self.threads}k{self.split_k}{panel}"
+
+    @staticmethod
+    def parse(label: str) -> "TileConfig":
+        """The inverse of `label`, e.g. "128x128s4t256k1" or "128x128s4t256k1p16"."""
+        import re
+
+        got = re.fullmatch(r"(\d+)x(\d+)s(\d+)t(\d+)k(\d+)(?:p(\d+))?", label)
+        assert got, f"not a tile label: {label!r}"
+        bm, bn, st, th, sk, panel = got.groups()
+        return TileConfig(int(bm), int(bn), int(st), int(th), int(sk), int(panel or 10))
 
 
 def choose_config(m: int, n: int, k: int, device: torch.device) -> TileConfig:
