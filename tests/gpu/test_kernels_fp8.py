@@ -113,17 +113,44 @@ def test_fp8_act_quant_matches_reference(name: str, shape: tuple) -> None:
     assert scale_err <= 1e-6 and mismatch <= 1e-3 and steps <= 1.0 + 1e-6
 
 
-def test_fp8_linear_end_to_end() -> None:
-    """The registry's quantizer + GEMM on a bf16 activation vs the bf16 matmul of the dequantized weight."""
-    from runtime.gpu.kernels.fp8_gemm.linear import fp8_linear
+@pytest.mark.parametrize("tokens", [(2, 64), (1, 3)], ids=["w8a8", "weight-only"])
+def test_fp8_linear_end_to_end(tokens: tuple[int, int]) -> None:
+    """The registry's path on a bf16 activation vs the float32 matmul of the dequantized weight: 128
+    tokens go through the quantizer + GEMM (e4m3 activations: a few % off), 3 through the weight-only
+    GEMM (x unquantized: bf16 rounding only)."""
+    from runtime.gpu.kernels.fp8_gemm.linear import WEIGHT_ONLY_MAX_M, fp8_linear
 
-    x = torch.randn(2, 64, 7168, device="cuda").to(torch.bfloat16)
+    x = torch.randn(*tokens, 7168, device="cuda").to(torch.bfloat16)
     wq, ws = quantize(torch.randn(2112, 7168, device="cuda") * 0.05, (128, 128))
     w = reference.dequant_weight(wq, ws)
     y = fp8_linear(x, wq, ws)
     rel = _rel(y, x.float() @ w.T)
-    print(
-        f"\n  fp8_linear (quant={registry.select('fp8_act_quant', 'cuda').name}, "
-        f"gemm={registry.select('fp8_block_gemm', 'cuda').name}): rel. error vs bf16 {rel:.4f}"
-    )
-    assert y.shape == (2, 64, 2112) and rel < 0.06
+    weight_only = tokens[0] * tokens[1] <= WEIGHT_ONLY_MAX_M
+    ops = ("fp8_weight_gemm",) if weight_only else ("fp8_act_quant", "fp8_block_gemm")
+    chosen = ", ".join(f"{op}={registry.select(op, 'cuda').name}" for op in ops)
+    print(f"\n  fp8_linear {tokens} ({chosen}): rel. error vs float32 {rel:.4f}")
+    assert y.shape == (*tokens, 2112) and rel < (0.005 if weight_only else 0.06)
+
+
+WEIGHT_ONLY_SHAPES = [
+    (1, 7168, 2048),
+    (1, 576, 7168),
+    (16, 2112, 7168),
+    (5, 100, 300),
+    (16, 257, 1000),
+    (9, 300, 384),
+]
+
+
+@pytest.mark.parametrize("name", impl_names("fp8_weight_gemm"))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("shape", WEIGHT_ONLY_SHAPES, ids=lambda s: "m{}-n{}-k{}".format(*s))
+def test_fp8_weight_gemm_matches_reference(name: str, dtype: torch.dtype, shape: tuple) -> None:
+    """W8A16 (decode-sized M): unquantized x against the dequantized weight, ragged N and K included."""
+    m, n, k = shape
+    x, _, (_, _, wq, ws) = _case(m, n, k)
+    x = x.to(dtype)
+    want = reference.fp8_weight_gemm(x, wq, ws).float()
+    got = load_impl("fp8_weight_gemm", name)(x, wq, ws)
+    assert got.dtype == dtype and got.shape == (m, n)
+    assert close_ratio(got.float(), want, 2e-3 * want.abs().max().item(), 1e-2) <= 1.0

@@ -320,6 +320,22 @@ def fp8_act_quant_bf16_ragged_k():
     return (s - sr).abs().max().item() / 1e-12 if same else float("inf")
 
 
+@case
+def fp8_weight_gemm_bf16_ragged():
+    """W8A16 with ragged M, N and K (masked rows, columns and the last K group), bf16 in and out."""
+    from runtime.gpu.kernels.fp8_gemm import reference, weight_only
+    from runtime.gpu.kernels.testing import close_ratio
+    from runtime.gpu.quant.fp8 import quantize
+
+    g = torch.Generator().manual_seed(11)
+    wq, ws = quantize(torch.randn(200, 300, generator=g) * 0.05, (128, 128))
+    x = torch.randn(5, 300, generator=g).to(torch.bfloat16)
+    want = reference.fp8_weight_gemm(x, wq, ws).float()
+    return close_ratio(
+        weight_only.fp8_weight_gemm(x, wq, ws).float(), want, 2e-3 * want.abs().max().item(), 1e-2
+    )
+
+
 def _fp8_gemm(m: int, n: int, k: int, split: int) -> float:
     from runtime.gpu.kernels.fp8_gemm import reference, triton
     from runtime.gpu.kernels.testing import close_ratio

@@ -1,12 +1,19 @@
-"""`fp8_linear`: a bf16 activation through an FP8 block-scaled weight, y = x W^T (+ bias), quantizing x
-per token and 128-group on the fly. Both steps come from the registry (`fp8_act_quant`,
-`fp8_block_gemm`), so DeepGEMM is used when importable."""
+"""`fp8_linear`: a bf16 activation through an FP8 block-scaled weight, y = x W^T (+ bias).
+
+Up to WEIGHT_ONLY_MAX_M rows (decode steps) x is used as it is (`fp8_weight_gemm`, W8A16: one launch,
+the step is a stream of weight bytes); above, x is quantized per token and 128-group on the fly and
+meets W in fp8 on the tensor cores (`fp8_act_quant` + `fp8_block_gemm`, DeepGEMM when importable).
+All three come from the registry."""
 
 from __future__ import annotations
 
 import torch
 
 from runtime.gpu.kernels import registry
+
+# Rows up to which x stays unquantized (W8A16). H200, V3/V2-Lite projections: see
+# `python -m runtime.gpu.kernels.fp8_gemm.weight_only` in docs/PERF.md.
+WEIGHT_ONLY_MAX_M = 16
 
 
 def fp8_linear(
@@ -17,8 +24,11 @@ def fp8_linear(
     x2 = x.reshape(-1, shape[-1])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    xq, xs = registry.get("fp8_act_quant", x.device)(x2)
-    y = registry.get("fp8_block_gemm", x.device)(xq, xs, w, w_scale, out_dtype=x.dtype)
+    if x2.shape[0] <= WEIGHT_ONLY_MAX_M:
+        y = registry.get("fp8_weight_gemm", x.device)(x2, w, w_scale)
+    else:
+        xq, xs = registry.get("fp8_act_quant", x.device)(x2)
+        y = registry.get("fp8_block_gemm", x.device)(xq, xs, w, w_scale, out_dtype=x.dtype)
     if bias is not None:
         y = y + bias
     return y.view(*shape[:-1], w.shape[0])

@@ -55,3 +55,14 @@ def fp8_block_gemm(
 
 def fp8_act_quant(x: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
     return act_quant(x, group)
+
+
+def fp8_weight_gemm(
+    x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """W8A16: y [M, N] = x @ dequant(w, w_scale)^T in float32, x unquantized, rounded to x's dtype."""
+    y = x.float() @ dequant_weight(w, w_scale).T
+    if out is None:
+        return y.to(x.dtype)
+    out.copy_(y)
+    return out
