@@ -113,19 +113,21 @@ def test_fp8_act_quant_matches_reference(name: str, shape: tuple) -> None:
     assert scale_err <= 1e-6 and mismatch <= 1e-3 and steps <= 1.0 + 1e-6
 
 
-@pytest.mark.parametrize("tokens", [(2, 64), (1, 3)], ids=["w8a8", "weight-only"])
-def test_fp8_linear_end_to_end(tokens: tuple[int, int]) -> None:
-    """The registry's path on a bf16 activation vs the float32 matmul of the dequantized weight: 128
-    tokens go through the quantizer + GEMM (e4m3 activations: a few % off), 3 through the weight-only
-    GEMM (x unquantized: bf16 rounding only)."""
-    from runtime.gpu.kernels.fp8_gemm.linear import WEIGHT_ONLY_MAX_M, fp8_linear
+@pytest.mark.parametrize(
+    "tokens,k", [((2, 64), 7168), ((1, 3), 7168), ((1, 3), 2048)], ids=["w8a8", "w8a8-long-k", "weight-only"]
+)
+def test_fp8_linear_end_to_end(tokens: tuple[int, int], k: int) -> None:
+    """The registry's path on a bf16 activation vs the float32 matmul of the dequantized weight: through
+    the quantizer + GEMM (e4m3 activations: a few % off), or at decode-sized M and K <= 4096 through the
+    weight-only GEMM (x unquantized: bf16 rounding only)."""
+    from runtime.gpu.kernels.fp8_gemm.linear import WEIGHT_ONLY_MAX_K, WEIGHT_ONLY_MAX_M, fp8_linear
 
-    x = torch.randn(*tokens, 7168, device="cuda").to(torch.bfloat16)
-    wq, ws = quantize(torch.randn(2112, 7168, device="cuda") * 0.05, (128, 128))
+    x = torch.randn(*tokens, k, device="cuda").to(torch.bfloat16)
+    wq, ws = quantize(torch.randn(2112, k, device="cuda") * 0.05, (128, 128))
     w = reference.dequant_weight(wq, ws)
     y = fp8_linear(x, wq, ws)
     rel = _rel(y, x.float() @ w.T)
-    weight_only = tokens[0] * tokens[1] <= WEIGHT_ONLY_MAX_M
+    weight_only = tokens[0] * tokens[1] <= WEIGHT_ONLY_MAX_M and k <= WEIGHT_ONLY_MAX_K
     ops = ("fp8_weight_gemm",) if weight_only else ("fp8_act_quant", "fp8_block_gemm")
     chosen = ", ".join(f"{op}={registry.select(op, 'cuda').name}" for op in ops)
     print(f"\n  fp8_linear {tokens} ({chosen}): rel. error vs float32 {rel:.4f}")

@@ -1,9 +1,9 @@
 """`fp8_linear`: a bf16 activation through an FP8 block-scaled weight, y = x W^T (+ bias).
 
-Up to WEIGHT_ONLY_MAX_M rows (decode steps) x is used as it is (`fp8_weight_gemm`, W8A16: one launch,
-the step is a stream of weight bytes); above, x is quantized per token and 128-group on the fly and
-meets W in fp8 on the tensor cores (`fp8_act_quant` + `fp8_block_gemm`, DeepGEMM when importable).
-All three come from the registry."""
+Up to WEIGHT_ONLY_MAX_M rows (decode steps) and WEIGHT_ONLY_MAX_K input features, x is used as it is
+(`fp8_weight_gemm`, W8A16: one launch, no activation rounding); otherwise x is quantized per token and
+128-group on the fly and meets W in fp8 on the tensor cores (`fp8_act_quant` + `fp8_block_gemm`,
+DeepGEMM when importable). All three come from the registry."""
 
 from __future__ import annotations
 
@@ -11,9 +11,12 @@ import torch
 
 from runtime.gpu.kernels import registry
 
-# Rows up to which x stays unquantized (W8A16). H200, V3/V2-Lite projections: see
-# `python -m runtime.gpu.kernels.fp8_gemm.weight_only` in docs/PERF.md.
+# Where x stays unquantized (W8A16), from `python -m runtime.gpu.kernels.fp8_gemm.weight_only` on the
+# H200 (docs/PERF.md): at M <= 16 and K <= 2816 it beat or tied W8A8 (TileLang) at every V2-Lite/V3
+# projection (e.g. 8.5 vs 12.3 us at 5632x2048); at K = 7168 its unsplit K loop lost (20.5 vs 12.3 us at
+# 1536x7168), and above 16 rows so did its 32-row tile.
 WEIGHT_ONLY_MAX_M = 16
+WEIGHT_ONLY_MAX_K = 4096
 
 
 def fp8_linear(
@@ -24,7 +27,7 @@ def fp8_linear(
     x2 = x.reshape(-1, shape[-1])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    if x2.shape[0] <= WEIGHT_ONLY_MAX_M:
+    if x2.shape[0] <= WEIGHT_ONLY_MAX_M and x2.shape[1] <= WEIGHT_ONLY_MAX_K:
         y = registry.get("fp8_weight_gemm", x.device)(x2, w, w_scale)
     else:
         xq, xs = registry.get("fp8_act_quant", x.device)(x2)
