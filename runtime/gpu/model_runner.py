@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import structlog
 import torch
 
 from runtime import envs
@@ -22,14 +23,18 @@ from runtime.gpu import loader, presets
 from runtime.gpu.attention import default_backend, get_attention_backend
 from runtime.gpu.cuda_graph import DecodeGraphs
 from runtime.gpu.forward_batch import ForwardBatch, token_positions
+from runtime.gpu.kernels.fp8_gemm.linear import precompile as precompile_fp8_gemms
 from runtime.gpu.kv_cache import KVCache
 from runtime.gpu.layers import RotaryEmbedding
+from runtime.gpu.layers.fp8_linear import weight_shapes as fp8_weight_shapes
 from runtime.gpu.models import get_model_class
 from runtime.gpu.models.llama import head_dim_of
 from runtime.gpu.pending import PendingStep
 from runtime.gpu.quant import fp8
 from runtime.gpu.sampler import Sampler
 from runtime.mailbox.messages import StepOutput, StepPlan
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass
@@ -161,6 +166,14 @@ class ModelRunner:
             raise ValueError(f"unknown load_format {self.cfg.load_format!r} (auto | dummy)")
         if hasattr(model, "fold_norms") and envs.fold_norms():  # Llama: norms into the next projections
             model.fold_norms()
+        t0 = time.perf_counter()
+        if lines := precompile_fp8_gemms(fp8_weight_shapes(model), self.dtype, self.device):
+            failed = [ln for ln in lines if ln.startswith("FAILED")]
+            log.info(
+                "fp8 GEMM kernels compiled", kernels=len(lines), seconds=round(time.perf_counter() - t0, 1)
+            )
+            for line in failed:  # those shapes compile (or fail) on their first call instead
+                log.warning("fp8 GEMM kernel did not compile", detail=line)
         return model.eval().requires_grad_(False)
 
     def _quant_kwargs(self, cls: type) -> dict:

@@ -101,3 +101,8 @@ def load_float(weight: torch.Tensor, scale: torch.Tensor, value: torch.Tensor) -
         raise ValueError(f"float weight {tuple(value.shape)} does not fit FP8 {tuple(weight.shape)}")
     weight.copy_(q)
     scale.copy_(s)
+
+
+def weight_shapes(model: nn.Module) -> set[tuple[int, int]]:
+    """(N, K) of every FP8 linear layer in `model` (what `fp8_linear.precompile` compiles for)."""
+    return {(m.out_features, m.in_features) for m in model.modules() if isinstance(m, Fp8Linear)}

@@ -60,3 +60,48 @@ def test_unsupported_inputs_are_left_to_triton() -> None:
     assert not tl.supported(torch.zeros(4, 300, dtype=fp8), torch.zeros(64, 300, dtype=fp8), torch.bfloat16)
     assert not tl.supported(torch.zeros(4, 256, dtype=fp8), w, torch.float64)
     assert not tl.supported(torch.zeros(256, 4, dtype=fp8).T, w, torch.bfloat16)
+
+
+@pytest.mark.parametrize("label", ["128x128s4t256k1", "64x64s4t128k4", "128x128s4t256k1p16"])
+def test_tile_labels_parse_back(label: str) -> None:
+    assert tl.TileConfig.parse(label).label() == label
+
+
+def test_precompile_keys_cover_every_row_count(monkeypatch) -> None:
+    """The kernels compiled at startup are the ones any M picks (CONFIG_M stands for all of them); K not a
+    multiple of 128 goes to Triton and compiles nothing."""
+    monkeypatch.setattr(tl, "num_sms", lambda device: H200_SMS)
+    dev = torch.device("cuda")
+    shapes = {(2112, 7168), (7168, 2048), (576, 7168), (100, 300)}
+    keys = tl.keys_for(shapes, torch.bfloat16, dev)
+    assert {(n, k) for n, k, _, _ in keys} == shapes - {(100, 300)}
+    assert all(out == "bfloat16" for _, _, out, _ in keys)
+    for n, k in shapes - {(100, 300)}:
+        for m in range(1, 400):
+            assert (n, k, "bfloat16", tl.choose_config(m, n, k, dev)) in keys, (m, n, k)
+
+
+def test_precompile_loads_what_compiled_and_reports_what_did_not(monkeypatch) -> None:
+    calls = []
+
+    def kernel(n, k, out, cfg):  # noqa: ANN001, ANN202
+        calls.append(n)
+        if n == 13:
+            raise RuntimeError("nvcc: error\nptxas fatal: bad tile")
+        return object()
+
+    monkeypatch.setattr(tl, "_kernel", kernel)
+    cfg = tl.TileConfig()
+    lines = tl.precompile([(13, 256, "bfloat16", cfg), (256, 256, "bfloat16", cfg)], workers=0)
+    assert lines[0].startswith("FAILED N=13 K=256 128x128s4t256k1: RuntimeError: ptxas fatal: bad tile")
+    assert lines[1].startswith("N=256 K=256 128x128s4t256k1:")
+    assert calls == [13, 256, 256]  # compiled each once, loaded only the one that compiled
+
+
+def test_nothing_is_precompiled_off_tilelang() -> None:
+    from runtime.gpu.kernels.fp8_gemm.linear import precompile
+    from runtime.gpu.layers.fp8_linear import Fp8Linear, weight_shapes
+
+    model = torch.nn.Sequential(Fp8Linear(256, 384), torch.nn.Linear(4, 4), Fp8Linear(384, 256))
+    assert weight_shapes(model) == {(384, 256), (256, 384)}
+    assert precompile(weight_shapes(model), torch.bfloat16, torch.device("cpu")) == []

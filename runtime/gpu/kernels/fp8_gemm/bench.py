@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import argparse
 import functools
-import multiprocessing
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 
 import torch
 
@@ -107,18 +105,6 @@ def _triton_label(c) -> str:
 # ------------------------------------------------------------------ compiling ahead
 
 
-def _compile_one(key: tuple) -> str:
-    t0 = time.perf_counter()
-    n, k, out, cfg = key
-    try:
-        from runtime.gpu.kernels.fp8_gemm import tilelang as tl
-
-        tl._kernel(n, k, out, cfg)
-    except Exception as e:  # noqa: BLE001 - reported here; the timing loop reports it again and goes on
-        return f"FAILED N={n} K={k} {cfg.label()}: {brief(e)}"
-    return f"N={n} K={k} {cfg.label()}: {time.perf_counter() - t0:.0f} s"
-
-
 def tilelang_keys(
     shapes: list[tuple[int, int, int]], device: torch.device, configs: bool, tiles=None
 ) -> list[tuple]:
@@ -139,13 +125,14 @@ def brief(e: Exception) -> str:
 
 
 def prewarm(keys: list[tuple], workers: int) -> None:
+    """Compile every kernel the run will time, in parallel worker processes (`tilelang.precompile`)."""
     if not keys or workers <= 0:
         return
+    from runtime.gpu.kernels.fp8_gemm.tilelang import precompile
+
     t0 = time.perf_counter()
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(workers, len(keys)), mp_context=ctx) as pool:
-        for line in pool.map(_compile_one, keys):
-            print(f"# compiled {line}", flush=True)
+    for line in precompile(keys, workers):
+        print(f"# compiled {line}", flush=True)
     print(f"# {len(keys)} TileLang kernels compiled in {time.perf_counter() - t0:.0f} s", flush=True)
 
 

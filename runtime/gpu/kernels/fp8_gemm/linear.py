@@ -7,14 +7,16 @@ DeepGEMM when importable). All three come from the registry."""
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from runtime.gpu.kernels import registry
 
 # Where x stays unquantized (W8A16), from `python -m runtime.gpu.kernels.fp8_gemm.weight_only` on the
-# H200 (docs/PERF.md): at M <= 16 and K <= 2816 it beat or tied W8A8 (TileLang) at every V2-Lite/V3
-# projection (e.g. 8.5 vs 12.3 us at 5632x2048); at K = 7168 its unsplit K loop lost (20.5 vs 12.3 us at
-# 1536x7168), and above 16 rows so did its 32-row tile.
+# H200 (docs/PERF.md): at M <= 16 and K <= 2816 it was faster than W8A8 (TileLang), or within 0.6 us,
+# at every V2-Lite/V3 projection (e.g. 8.5 vs 12.3 us at 5632x2048); at K = 7168 its unsplit K loop lost
+# (20.5 vs 12.3 us at 1536x7168), and above 16 rows so did its 32-row tile.
 WEIGHT_ONLY_MAX_M = 16
 WEIGHT_ONLY_MAX_K = 4096
 
@@ -35,3 +37,16 @@ def fp8_linear(
     if bias is not None:
         y = y + bias
     return y.view(*shape[:-1], w.shape[0])
+
+
+def precompile(shapes: set[tuple[int, int]], dtype: torch.dtype, device: torch.device) -> list[str]:
+    """Compile, before the first request, the GEMM kernels that weights of `shapes` ((N, K) pairs) will
+    use, where the registry's `fp8_block_gemm` builds a kernel per shape (TileLang: 5-10 s each, which a
+    first prefill would otherwise wait for). Returns one log line per kernel; [] when there is nothing
+    to compile."""
+    if device.type != "cuda" or not shapes or registry.select("fp8_block_gemm", device).name != "tilelang":
+        return []
+    from runtime.gpu.kernels.fp8_gemm import tilelang
+
+    workers = max(1, min(8, (os.cpu_count() or 2) // 2))
+    return tilelang.precompile(tilelang.keys_for(shapes, dtype, device), workers)

@@ -29,6 +29,9 @@ Kernels compile on first use per (N, K, out dtype, config); M is dynamic."""
 # No `from __future__ import annotations`: TileLang reads the prim_func parameter annotations
 # (T.Tensor shapes built from local variables) at decoration time.
 import functools
+import multiprocessing
+import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 
 import torch
@@ -183,6 +186,57 @@ def _kernel(n: int, k: int, out_dtype: str, cfg: TileConfig):
     import tilelang
 
     return tilelang.compile(program(n, k, out_dtype, cfg), target="cuda")
+
+
+# ------------------------------------------------------------------ compiling ahead of the first call
+
+# Row counts standing for every M: `choose_config` depends on M only through the number of 64-row tiles
+# (1 up to 64 rows, 2 up to 128) and whether M exceeds 128.
+CONFIG_M = (1, 65, 129)
+
+
+def keys_for(shapes, out_dtype: torch.dtype, device: torch.device) -> list[tuple]:
+    """The `_kernel` arguments that calls with weights of `shapes` ((N, K) pairs) can reach."""
+    out = _TL_OUT[out_dtype]
+    keys = {
+        (n, k, out, choose_config(m, n, k, device))
+        for n, k in shapes
+        if k % GROUP == 0 and k > 0
+        for m in CONFIG_M
+    }
+    return sorted(keys, key=str)
+
+
+def compile_one(key: tuple) -> str:
+    """Compile one `_kernel` (in a worker process: TileLang's disk cache keeps the result). Returns a log
+    line; a failure is reported, not raised (the first call then compiles, or fails, in the caller)."""
+    t0 = time.perf_counter()
+    n, k, out, cfg = key
+    try:
+        _kernel(n, k, out, cfg)
+    except Exception as e:  # noqa: BLE001 - reported to the caller
+        return (
+            f"FAILED N={n} K={k} {cfg.label()}: {type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}"
+        )
+    return f"N={n} K={k} {cfg.label()}: {time.perf_counter() - t0:.0f} s"
+
+
+def precompile(keys: list[tuple], workers: int) -> list[str]:
+    """Compile `keys` in `workers` spawned processes (0: here, one by one), then load each that compiled
+    here from the disk cache (fast), so no first call compiles (5-10 s per kernel). Returns one log line
+    per key, "FAILED ..." for those that did not compile."""
+    if not keys:
+        return []
+    if workers > 0:
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=min(workers, len(keys)), mp_context=ctx) as pool:
+            lines = list(pool.map(compile_one, keys))
+    else:
+        lines = [compile_one(key) for key in keys]
+    for key, line in zip(keys, lines, strict=True):
+        if not line.startswith("FAILED"):
+            _kernel(*key)
+    return lines
 
 
 def fp8_block_gemm(
