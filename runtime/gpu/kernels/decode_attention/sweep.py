@@ -38,6 +38,27 @@ def graph_time_ms(fn) -> float:
     return triton.testing.do_bench(graph.replay, rep=60) / GRAPH_CALLS
 
 
+def print_compiled(fp8: bool) -> None:
+    """Shared memory, registers and the async copies / waits of stage 1's loop as compiled for the
+    default launch: how many K/V buffers Triton's pipeliner keeps, and how many programs fit an SM."""
+    import re
+
+    case = paged_case(
+        [1023] * 8, [1] * 8, 32, 8, 128, torch.bfloat16, "cuda", q_strided=False,
+        kv_dtype=torch.float8_e4m3fn if fp8 else None,
+    )  # fmt: skip
+    q, k_pool, v_pool, r2t, rows, seq_lens, scale = case.decode_args()[:7]
+    compiled = kernel.stage1(q, k_pool, v_pool, r2t, rows, seq_lens, scale, 1)[2]
+    size = k_pool.element_size()
+    print(
+        f"LAUNCH {kernel.LAUNCH[size]} prefetch={kernel.PREFETCH_SLOTS[size]}: shared "
+        f"{compiled.metadata.shared} B, {compiled.n_regs} registers, {compiled.n_spills} spills"
+    )
+    for line in compiled.asm["ttgir"].splitlines():
+        if re.search(r"async_copy_global_to_local|async_wait|local_alloc", line):
+            print("  " + line.strip()[:160])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--graph", action="store_true", help="time inside a CUDA graph (small batches)")
@@ -48,7 +69,12 @@ def main() -> None:
     parser.add_argument(
         "--page-size", type=int, default=1, help="the pool's pages are shuffled, not the tokens"
     )
+    parser.add_argument(
+        "--compiled", action="store_true", help="print what stage 1 compiles to (default launch), then exit"
+    )
     args_cli = parser.parse_args()
+    if args_cli.compiled:
+        return print_compiled(args_cli.kv_dtype == "fp8")
     shapes = SHAPES
     if args_cli.batch_sizes:
         wanted = {int(b) for b in args_cli.batch_sizes.split(",")}

@@ -165,6 +165,39 @@ def _stage2(
     )
 
 
+def stage1(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    req_to_token: torch.Tensor,
+    rows: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    num_splits: int,
+):
+    """Launch stage 1: (partial outputs [B, Hq, splits, D] f32, their lse [B, Hq, splits] f32, and
+    Triton's compiled kernel, whose `asm` / `n_regs` / `metadata.shared` `sweep --compiled` prints)."""
+    batch, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_pool.shape[1]
+    group = num_q_heads // num_kv_heads
+    block_n, num_warps, num_stages = LAUNCH[k_pool.element_size()]
+    kv_mode = 0
+    if k_pool.dtype == torch.float8_e4m3fn and q.dtype != torch.float32:
+        kv_mode = FP8_MODES[FP8_MODE]
+    mid_o = torch.empty(batch, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+    mid_lse = torch.empty(batch, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
+    compiled = _stage1[(batch, num_kv_heads, num_splits)](
+        q, k_pool, v_pool, req_to_token, rows, seq_lens, mid_o, mid_lse,
+        scale * LOG2E,
+        q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
+        req_to_token.stride(0),
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=next_pow2(head_dim), BLOCK_H=max(16, next_pow2(group)),
+        BLOCK_N=block_n, DOT_PREC=dot_precision(q.dtype), DOT_F32=dot_f32(q), KV_MODE=kv_mode,
+        PREFETCH=PREFETCH_SLOTS[k_pool.element_size()], num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    return mid_o, mid_lse, compiled
+
+
 def decode_attention(
     q: torch.Tensor,
     k_pool: torch.Tensor,
@@ -188,25 +221,10 @@ def decode_attention(
         return out
     if num_splits is None:
         num_splits = choose_num_splits(batch, num_kv_heads, req_to_token.shape[1], q.device)
-    group = num_q_heads // num_kv_heads
-    block_d = next_pow2(head_dim)
-    block_n, num_warps, num_stages = LAUNCH[k_pool.element_size()]
-    kv_mode, qk_scale = 0, scale * LOG2E
-    if k_pool.dtype == torch.float8_e4m3fn and q.dtype != torch.float32:
-        kv_mode = FP8_MODES[FP8_MODE]
-    mid_o = torch.empty(batch, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
-    mid_lse = torch.empty(batch, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
-    _stage1[(batch, num_kv_heads, num_splits)](
-        q, k_pool, v_pool, req_to_token, rows, seq_lens, mid_o, mid_lse,
-        qk_scale,
-        q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
-        req_to_token.stride(0),
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_H=max(16, next_pow2(group)),
-        BLOCK_N=block_n, DOT_PREC=dot_precision(q.dtype), DOT_F32=dot_f32(q), KV_MODE=kv_mode,
-        PREFETCH=PREFETCH_SLOTS[k_pool.element_size()], num_warps=num_warps, num_stages=num_stages,
-    )  # fmt: skip
+    mid_o, mid_lse, _ = stage1(q, k_pool, v_pool, req_to_token, rows, seq_lens, scale, num_splits)
     _stage2[(batch, num_q_heads)](
         mid_o, mid_lse, out, seq_lens, num_splits, out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=max(2, next_pow2(num_splits)), BLOCK_N=block_n, num_warps=4,
+        HEAD_DIM=head_dim, BLOCK_D=next_pow2(head_dim), BLOCK_S=max(2, next_pow2(num_splits)),
+        BLOCK_N=LAUNCH[k_pool.element_size()][0], num_warps=4,
     )  # fmt: skip
     return out
