@@ -84,6 +84,22 @@ def _block_tile(b, Pairs, BlockExpert, num_pairs, N, BLOCK_M: tl.constexpr, BLOC
 
 
 @triton.jit
+def _k_step(
+    acc, a, w, a_s_ptrs, w_s_ptrs, valid, mask_n,
+    FP8: tl.constexpr, DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr,
+):  # fmt: skip
+    """acc + a @ w for one K step of a [BLOCK_M, BLOCK_N] tile. FP8: one 128-group, e4m3 dots promoted by
+    the rows' activation scales (a_s_ptrs) and the columns' weight block scales (w_s_ptrs); else a dot
+    accumulating into acc."""
+    if FP8:
+        a_s = tl.load(a_s_ptrs, mask=valid, other=0.0)[:, None]
+        w_s = tl.load(w_s_ptrs, mask=mask_n, other=0.0)[None, :]
+        return acc + tl.dot(a, w) * a_s * w_s
+    else:
+        return tl.dot(dot_operand(a, DOT_F32), dot_operand(w, DOT_F32), acc, input_precision=DOT_PREC)
+
+
+@triton.jit
 def _gate_up_swiglu(
     X, W, H, Pairs, BlockExpert, NumRows, XS, WS,
     num_pairs, N, K, limit,
@@ -105,10 +121,10 @@ def _gate_up_swiglu(
     x_ptrs = X + tok[:, None] * stride_xm + offs_k[None, :]
     g_ptrs = W + e * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
     u_ptrs = g_ptrs + N * stride_wn  # the up rows follow the I gate rows
-    if FP8:  # scale pointers: the rows' tokens; the gate and up rows' 128-row weight blocks
-        xs_ptrs = XS + tok * stride_xsm
-        gs_ptrs = WS + e * stride_wse + (offs_n // BLOCK_K) * stride_wsn
-        us_ptrs = WS + e * stride_wse + ((offs_n + N) // BLOCK_K) * stride_wsn
+    # scale pointers (read only under FP8): the rows' tokens; the gate and up rows' 128-row weight blocks
+    xs_ptrs = XS + tok * stride_xsm
+    gs_ptrs = WS + e * stride_wse + (offs_n // BLOCK_K) * stride_wsn
+    us_ptrs = WS + e * stride_wse + ((offs_n + N) // BLOCK_K) * stride_wsn
     acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -116,17 +132,13 @@ def _gate_up_swiglu(
         a = tl.load(x_ptrs + k0, mask=valid[:, None] & mk[None, :], other=0.0)
         g = tl.load(g_ptrs + k0, mask=mk[:, None] & mask_n[None, :], other=0.0)
         u = tl.load(u_ptrs + k0, mask=mk[:, None] & mask_n[None, :], other=0.0)
-        if FP8:  # one 128-group: fp8 dots, promoted by activation-row x weight-block scales
-            kb = k0 // BLOCK_K
-            a_s = tl.load(xs_ptrs + kb * stride_xsk, mask=valid, other=0.0)[:, None]
-            g_s = tl.load(gs_ptrs + kb, mask=mask_n, other=0.0)[None, :]
-            u_s = tl.load(us_ptrs + kb, mask=mask_n, other=0.0)[None, :]
-            acc_g += tl.dot(a, g) * a_s * g_s
-            acc_u += tl.dot(a, u) * a_s * u_s
-        else:
-            a = dot_operand(a, DOT_F32)
-            acc_g = tl.dot(a, dot_operand(g, DOT_F32), acc_g, input_precision=DOT_PREC)
-            acc_u = tl.dot(a, dot_operand(u, DOT_F32), acc_u, input_precision=DOT_PREC)
+        kb = k0 // BLOCK_K
+        acc_g = _k_step(
+            acc_g, a, g, xs_ptrs + kb * stride_xsk, gs_ptrs + kb, valid, mask_n, FP8, DOT_PREC, DOT_F32
+        )
+        acc_u = _k_step(
+            acc_u, a, u, xs_ptrs + kb * stride_xsk, us_ptrs + kb, valid, mask_n, FP8, DOT_PREC, DOT_F32
+        )
     if HAS_LIMIT:  # DeepSeek-V4: silu(min(gate, L)) * clamp(up, -L, L)
         acc_g = tl.minimum(acc_g, limit)
         acc_u = tl.minimum(tl.maximum(acc_u, -limit), limit)
@@ -154,21 +166,17 @@ def _down_weighted(
     offs_k = tl.arange(0, BLOCK_K)
     h_ptrs = H + offs_m[:, None].to(tl.int64) * stride_hm + offs_k[None, :]
     w_ptrs = W + e * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
-    if FP8:
-        hs_ptrs = HS + offs_m.to(tl.int64) * stride_hsm
-        ws_ptrs = WS + e * stride_wse + (offs_n // BLOCK_K) * stride_wsn
+    hs_ptrs = HS + offs_m.to(tl.int64) * stride_hsm  # scale pointers, read only under FP8
+    ws_ptrs = WS + e * stride_wse + (offs_n // BLOCK_K) * stride_wsn
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         mk = offs_k < K - k0
         a = tl.load(h_ptrs + k0, mask=valid[:, None] & mk[None, :], other=0.0)
         w = tl.load(w_ptrs + k0, mask=mk[:, None] & mask_n[None, :], other=0.0)
-        if FP8:  # one 128-group, as in the gate/up kernel
-            kb = k0 // BLOCK_K
-            a_s = tl.load(hs_ptrs + kb * stride_hsk, mask=valid, other=0.0)[:, None]
-            w_s = tl.load(ws_ptrs + kb, mask=mask_n, other=0.0)[None, :]
-            acc += tl.dot(a, w) * a_s * w_s
-        else:
-            acc = tl.dot(dot_operand(a, DOT_F32), dot_operand(w, DOT_F32), acc, input_precision=DOT_PREC)
+        kb = k0 // BLOCK_K
+        acc = _k_step(
+            acc, a, w, hs_ptrs + kb * stride_hsk, ws_ptrs + kb, valid, mask_n, FP8, DOT_PREC, DOT_F32
+        )
     acc = acc * tl.load(TopkW + pair, mask=valid, other=0.0)[:, None]
     y_ptrs = Y + pair[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
     tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=valid[:, None] & mask_n[None, :])
