@@ -199,8 +199,9 @@ def rope_store_folded_norm_into_pools_bf16():
 
 @case
 def triton_backend_matches_torch_backend_mixed_then_decode():
-    """The backend on a runner-shaped step: a mixed step (fresh prompt, prefixed extend, decode) and then
-    an all-decode step, against the PyTorch reference backend on the same cache."""
+    """The backend on runner-shaped steps: mixed steps (fresh prompt, prefixed extend, decode rows between
+    and around them: the decode kernel's gather/scatter) and then an all-decode step, against the
+    PyTorch reference backend on the same cache."""
     from runtime.gpu.attention.torch_ref import TorchAttentionBackend
     from runtime.gpu.attention.triton_backend import TritonAttentionBackend
     from runtime.gpu.kernels.decode_attention.triton import decode_attention
@@ -222,7 +223,7 @@ def triton_backend_matches_torch_backend_mixed_then_decode():
         cache.v[0][slots] = torch.randn(n, hkv, d, generator=g)
         lens[row] = n
     ratios = []
-    for ext in ({1: 12, 2: 5, 3: 1}, {1: 1, 2: 1, 3: 1}):
+    for ext in ({1: 12, 3: 1, 2: 5}, {2: 1, 1: 7, 3: 1}, {1: 1, 2: 1, 3: 1}):
         rows = list(ext)
         out_loc, positions = [], []
         for row in rows:
