@@ -2,11 +2,8 @@
 
 `prepare` packs the step's per-row columns into one host tensor and moves it with one copy; lengths
 needed for grid sizes (longest new part, longest row) come from the host lists, so no step syncs.
-An all-decode step (every row one new token) runs the split-KV decode kernel over every row; a prefill
-or extend step the extend kernel; a mixed step both: its decode rows through the decode kernel (q rows
-gathered, outputs scattered back) and the rest through the extend kernel. The extend kernel would take a
-decode row too (an extend row of one token), but as one program per q head on a 64-query block with one
-real query: the GQA group's K/V read once per q head and 64x the tensor work the row needs.
+An all-decode step (every row one new token) runs the split-KV decode kernel; any other step, mixed
+ones included, runs the extend kernel over every row (a decode row is an extend row of one token).
 The kernels come from the op registry, so `CONDUIT_KERNEL_DECODE_ATTENTION=reference` (or
 `..._EXTEND_ATTENTION`) swaps one for its reference for comparisons."""
 
@@ -25,26 +22,15 @@ from runtime.gpu.kernels.common import choose_num_splits
 
 
 @dataclass
-class _Decodes:
-    """A mixed step's decode rows, for the decode kernel."""
-
-    tokens: torch.Tensor  # [Bd] their token index in the step
-    rows: torch.Tensor  # [Bd] req_to_token rows
-    seq_lens: torch.Tensor  # [Bd] with the new token
-    num_splits: int
-
-
-@dataclass
 class _Meta:
     decode: bool  # every row has exactly one new token, so q rows are batch rows
-    rows: torch.Tensor  # [B] req_to_token rows (a mixed step: of its extend rows only)
+    rows: torch.Tensor  # [B] req_to_token rows
     prefix_lens: torch.Tensor  # [B]
     extend_lens: torch.Tensor  # [B]
     q_starts: torch.Tensor  # [B] first token of each row in the flattened step
     seq_lens: torch.Tensor  # [B] prefix + extend
     max_extend: int
     num_splits: int
-    decodes: _Decodes | None = None  # a mixed step's decode rows
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -64,31 +50,12 @@ class TritonAttentionBackend(AttentionBackend):
             starts.append(total)
             seq_lens.append(p + e)
             total += e
+        host = torch.tensor([batch.rows_list, prefix, ext, starts, seq_lens], dtype=torch.int64)
+        rows, prefix_t, ext_t, starts_t, seq_t = host.to(device, non_blocking=True).unbind(0)
         decode = bool(ext) and all(e == 1 for e in ext)
-        mixed = not decode and any(e == 1 for e in ext)
-        cols = [batch.rows_list, prefix, ext, starts, seq_lens]
-        if mixed:  # extend rows first, then the decode rows' (token, row, length)
-            ext_at = [i for i, e in enumerate(ext) if e > 1]
-            dec_at = [i for i, e in enumerate(ext) if e == 1]
-            cols = [[c[i] for i in ext_at] for c in cols] + [
-                [starts[i] for i in dec_at],
-                [batch.rows_list[i] for i in dec_at],
-                [seq_lens[i] for i in dec_at],
-            ]
-        n = len(cols[0])
-        host = torch.tensor([x for c in cols for x in c], dtype=torch.int64)
-        dev = host.to(device, non_blocking=True)
-        rows, prefix_t, ext_t, starts_t, seq_t = dev[: 5 * n].view(5, n).unbind(0)
         max_len = max(seq_lens, default=1)
         splits = choose_num_splits(len(ext), self.num_kv_heads, max_len, device) if decode else 1
         batch.attn_meta = _Meta(decode, rows, prefix_t, ext_t, starts_t, seq_t, max(ext, default=0), splits)
-        if mixed:
-            d = len(dec_at)
-            tok, drows, dlens = dev[5 * n :].view(3, d).unbind(0)
-            dmax = max(seq_lens[i] for i in dec_at)
-            batch.attn_meta.decodes = _Decodes(
-                tok, drows, dlens, choose_num_splits(d, self.num_kv_heads, dmax, device)
-            )
 
     supports_cuda_graph = True
 
@@ -118,14 +85,6 @@ class TritonAttentionBackend(AttentionBackend):
         args: tuple[Any, ...] = (q, k_pool, v_pool, batch.req_to_token, meta.rows)
         if meta.decode:
             return self.decode_fn(*args, meta.seq_lens, self.scale, num_splits=meta.num_splits)
-        out = None
-        if (d := meta.decodes) is not None:
-            od = self.decode_fn(
-                q.index_select(0, d.tokens), k_pool, v_pool, batch.req_to_token, d.rows, d.seq_lens,
-                self.scale, num_splits=d.num_splits,
-            )  # fmt: skip
-            out = torch.empty_like(q).index_copy_(0, d.tokens, od)
         return self.extend_fn(
-            *args, meta.prefix_lens, meta.extend_lens, meta.q_starts, self.scale, max_extend=meta.max_extend,
-            out=out,
-        )  # fmt: skip
+            *args, meta.prefix_lens, meta.extend_lens, meta.q_starts, self.scale, max_extend=meta.max_extend
+        )
