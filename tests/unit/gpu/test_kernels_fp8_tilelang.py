@@ -105,3 +105,27 @@ def test_nothing_is_precompiled_off_tilelang() -> None:
     model = torch.nn.Sequential(Fp8Linear(256, 384), torch.nn.Linear(4, 4), Fp8Linear(384, 256))
     assert weight_shapes(model) == {(384, 256), (256, 384)}
     assert precompile(weight_shapes(model), torch.bfloat16, torch.device("cpu")) == []
+
+
+def test_precompile_marks_what_compiled_and_skips_it_next_time(monkeypatch, tmp_path) -> None:
+    """A second model load compiles nothing: marked kernels are only loaded (from TileLang's cache);
+    a kernel that failed is not marked, so the next load tries it again."""
+    calls = []
+
+    def kernel(n, k, out, cfg):  # noqa: ANN001, ANN202
+        calls.append(n)
+        if n == 13:
+            raise RuntimeError("no")
+        return object()
+
+    monkeypatch.setattr(tl, "_kernel", kernel)
+    keys = [(13, 256, "bfloat16", tl.TileConfig()), (256, 256, "bfloat16", tl.TileConfig())]
+    first = tl.precompile(keys, workers=0, marks=tmp_path / "marks")
+    assert first[0].startswith("FAILED") and calls == [13, 256, 256]
+    assert [p.name.endswith("256x256-bfloat16-128x128s4t256k1") for p in (tmp_path / "marks").iterdir()] == [
+        True
+    ]
+    calls.clear()
+    second = tl.precompile(keys, workers=0, marks=tmp_path / "marks")
+    assert second[0].startswith("FAILED") and second[1].endswith("compiled before")
+    assert calls == [13, 256]  # the failed one compiled again, the marked one loaded once

@@ -200,8 +200,8 @@ def rope_store_folded_norm_into_pools_bf16():
 @case
 def triton_backend_matches_torch_backend_mixed_then_decode():
     """The backend on runner-shaped steps: mixed steps (fresh prompt, prefixed extend, decode rows between
-    and around them: the decode kernel's gather/scatter) and then an all-decode step, against the
-    PyTorch reference backend on the same cache."""
+    and around them) and then an all-decode step, against the PyTorch reference backend on the same
+    cache."""
     from runtime.gpu.attention.torch_ref import TorchAttentionBackend
     from runtime.gpu.attention.triton_backend import TritonAttentionBackend
     from runtime.gpu.kernels.decode_attention.triton import decode_attention

@@ -46,7 +46,9 @@ def precompile(shapes: set[tuple[int, int]], dtype: torch.dtype, device: torch.d
     to compile."""
     if device.type != "cuda" or not shapes or registry.select("fp8_block_gemm", device).name != "tilelang":
         return []
+    from runtime import envs
     from runtime.gpu.kernels.fp8_gemm import tilelang
 
     workers = max(1, min(8, (os.cpu_count() or 2) // 2))
-    return tilelang.precompile(tilelang.keys_for(shapes, dtype, device), workers)
+    keys = tilelang.keys_for(shapes, dtype, device)
+    return tilelang.precompile(keys, workers, marks=envs.cache_dir() / "kernels")

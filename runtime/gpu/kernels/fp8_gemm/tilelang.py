@@ -33,6 +33,7 @@ import multiprocessing
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 
@@ -221,22 +222,46 @@ def compile_one(key: tuple) -> str:
     return f"N={n} K={k} {cfg.label()}: {time.perf_counter() - t0:.0f} s"
 
 
-def precompile(keys: list[tuple], workers: int) -> list[str]:
+def precompile(keys: list[tuple], workers: int, marks: Path | None = None) -> list[str]:
     """Compile `keys` in `workers` spawned processes (0: here, one by one), then load each that compiled
-    here from the disk cache (fast), so no first call compiles (5-10 s per kernel). Returns one log line
-    per key, "FAILED ..." for those that did not compile."""
+    here from TileLang's disk cache (fast), so no first call compiles (5-10 s per kernel). Returns one
+    log line per key, "FAILED ..." for those that did not compile.
+
+    `marks`: a folder where a file per kernel records that it compiled on this machine before; those
+    are only loaded here (starting the worker processes alone costs ~8 s), the rest go to the workers.
+    A mark whose TileLang cache entry was cleared since costs an in-process compile, nothing worse."""
     if not keys:
         return []
-    if workers > 0:
+    mark = {key: marks / _mark_name(key) for key in keys} if marks else {}
+    todo = [key for key in keys if not (marks and mark[key].exists())]
+    if todo and workers > 0:
         ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=min(workers, len(keys)), mp_context=ctx) as pool:
-            lines = list(pool.map(compile_one, keys))
+        with ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=ctx) as pool:
+            done = dict(zip(todo, pool.map(compile_one, todo), strict=True))
     else:
-        lines = [compile_one(key) for key in keys]
-    for key, line in zip(keys, lines, strict=True):
+        done = {key: compile_one(key) for key in todo}
+    lines = []
+    for key in keys:
+        line = done.get(key) or f"N={key[0]} K={key[1]} {key[3].label()}: compiled before"
         if not line.startswith("FAILED"):
             _kernel(*key)
+            if marks:
+                marks.mkdir(parents=True, exist_ok=True)
+                mark[key].touch()
+        lines.append(line)
     return lines
+
+
+def _mark_name(key: tuple) -> str:
+    """Per TileLang version: its disk cache is too."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        tl_version = version("tilelang")
+    except PackageNotFoundError:
+        tl_version = "unknown"
+    n, k, out, cfg = key
+    return f"tilelang-{tl_version}-fp8_block_gemm-{n}x{k}-{out}-{cfg.label()}"
 
 
 def fp8_block_gemm(
