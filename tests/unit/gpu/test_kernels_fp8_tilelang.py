@@ -81,7 +81,10 @@ def test_precompile_keys_cover_every_row_count(monkeypatch) -> None:
             assert (n, k, "bfloat16", tl.choose_config(m, n, k, dev)) in keys, (m, n, k)
 
 
-def test_precompile_loads_what_compiled_and_reports_what_did_not(monkeypatch) -> None:
+@pytest.fixture
+def compiled(monkeypatch) -> list[int]:
+    """`tl._kernel` replaced by a recorder of the N of each call, failing for N = 13 (a tile nvcc
+    rejects)."""
     calls = []
 
     def kernel(n, k, out, cfg):  # noqa: ANN001, ANN202
@@ -91,11 +94,17 @@ def test_precompile_loads_what_compiled_and_reports_what_did_not(monkeypatch) ->
         return object()
 
     monkeypatch.setattr(tl, "_kernel", kernel)
-    cfg = tl.TileConfig()
-    lines = tl.precompile([(13, 256, "bfloat16", cfg), (256, 256, "bfloat16", cfg)], workers=0)
+    return calls
+
+
+KEYS = [(13, 256, "bfloat16", tl.TileConfig()), (256, 256, "bfloat16", tl.TileConfig())]
+
+
+def test_precompile_loads_what_compiled_and_reports_what_did_not(compiled: list[int]) -> None:
+    lines = tl.precompile(KEYS, workers=0)
     assert lines[0].startswith("FAILED N=13 K=256 128x128s4t256k1: RuntimeError: ptxas fatal: bad tile")
     assert lines[1].startswith("N=256 K=256 128x128s4t256k1:")
-    assert calls == [13, 256, 256]  # compiled each once, loaded only the one that compiled
+    assert compiled == [13, 256, 256]  # compiled each once, loaded only the one that compiled
 
 
 def test_nothing_is_precompiled_off_tilelang() -> None:
@@ -107,25 +116,15 @@ def test_nothing_is_precompiled_off_tilelang() -> None:
     assert precompile(weight_shapes(model), torch.bfloat16, torch.device("cpu")) == []
 
 
-def test_precompile_marks_what_compiled_and_skips_it_next_time(monkeypatch, tmp_path) -> None:
+def test_precompile_marks_what_compiled_and_skips_it_next_time(compiled: list[int], tmp_path) -> None:
     """A second model load compiles nothing: marked kernels are only loaded (from TileLang's cache);
     a kernel that failed is not marked, so the next load tries it again."""
-    calls = []
-
-    def kernel(n, k, out, cfg):  # noqa: ANN001, ANN202
-        calls.append(n)
-        if n == 13:
-            raise RuntimeError("no")
-        return object()
-
-    monkeypatch.setattr(tl, "_kernel", kernel)
-    keys = [(13, 256, "bfloat16", tl.TileConfig()), (256, 256, "bfloat16", tl.TileConfig())]
-    first = tl.precompile(keys, workers=0, marks=tmp_path / "marks")
-    assert first[0].startswith("FAILED") and calls == [13, 256, 256]
+    first = tl.precompile(KEYS, workers=0, marks=tmp_path / "marks")
+    assert first[0].startswith("FAILED") and compiled == [13, 256, 256]
     assert [p.name.endswith("256x256-bfloat16-128x128s4t256k1") for p in (tmp_path / "marks").iterdir()] == [
         True
     ]
-    calls.clear()
-    second = tl.precompile(keys, workers=0, marks=tmp_path / "marks")
+    compiled.clear()
+    second = tl.precompile(KEYS, workers=0, marks=tmp_path / "marks")
     assert second[0].startswith("FAILED") and second[1].endswith("compiled before")
-    assert calls == [13, 256]  # the failed one compiled again, the marked one loaded once
+    assert compiled == [13, 256]  # the failed one compiled again, the marked one loaded once
