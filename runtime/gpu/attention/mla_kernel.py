@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from runtime.gpu.attention.mla_ref import TorchMLABackend
-from runtime.gpu.attention.torch_ref import _Prefill
+from runtime.gpu.attention.mla_ref import PrefillGroup, TorchMLABackend
 from runtime.gpu.forward_batch import ForwardBatch
 from runtime.gpu.kernels import registry
 from runtime.gpu.kernels.common import choose_num_splits
@@ -30,7 +29,7 @@ class _Meta:
     rows: torch.Tensor | None  # [B] req_to_token rows of the decode rows
     seq_lens: torch.Tensor | None  # [B] their lengths including the new token
     num_splits: int | None = None  # None: the kernel picks it from the table width (host-side, fixed)
-    prefills: list[_Prefill] = field(default_factory=list)
+    prefills: list[PrefillGroup] = field(default_factory=list)
 
 
 class MLAKernelBackend(TorchMLABackend):
@@ -49,7 +48,7 @@ class MLAKernelBackend(TorchMLABackend):
         device = batch.input_ids.device
         self._bind(device)
         dec_tok, dec_rows, dec_lens, prefills = self._split_rows(batch)
-        meta = _Meta(None, False, None, None, None, prefills)
+        meta = _Meta(None, False, None, None, None, self.group_prefills(prefills, device))
         if dec_tok:
             host = torch.tensor([dec_tok, dec_rows, dec_lens], dtype=torch.int64)
             meta.decode_tokens, meta.rows, meta.seq_lens = host.to(device, non_blocking=True).unbind(0)

@@ -10,17 +10,18 @@ keys are `[W_UK[h] c | k_pe]` and values `W_UV[h] c`, with W_UK/W_UV the two hal
   attends the same single-"head" latent rows (MQA, d_qk = r + d_rope, d_v = r), and `W_UV` is applied
   to the attention output: the cache is read once per step, never expanded.
 
-Both give the same result (`tests/unit/gpu/test_deepseek_v3_mla.py`). Step metadata is the reference
-backend's (`TorchAttentionBackend.prepare`)."""
+Both give the same result (`tests/unit/gpu/test_deepseek_v3_layers.py`). Step metadata is the
+reference backend's (`TorchAttentionBackend.prepare`), with the prefill rows grouped for `mla_prefill`."""
 
 from __future__ import annotations
 
 import itertools
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from runtime.gpu.attention.torch_ref import TorchAttentionBackend
+from runtime.gpu.attention.torch_ref import TorchAttentionBackend, _Prefill
 from runtime.gpu.forward_batch import ForwardBatch
 from runtime.gpu.kernels import registry
 
@@ -77,17 +78,42 @@ def mla_absorbed(
     return torch.einsum("bhr,hvr->bhv", o.squeeze(2), w_uv)
 
 
+class PrefillGroup(NamedTuple):
+    """Consecutive prefill rows attended by one `mla_prefill` call."""
+
+    rows: list[_Prefill]
+    cols: torch.Tensor  # [4, n] int32 on the device: q starts, q lengths, kv starts (in the group's
+    # concatenated latents), kv lengths
+    max_q_len: int
+
+
 class TorchMLABackend(TorchAttentionBackend):
     """The reference MLA backend. Models call `forward_mla`; `forward` (separate K and V) does not apply.
 
     Graph-safe like the reference MHA backend (decode rows padded to `max_seq_len` keys and masked), so
-    slow under CUDA graphs for long contexts; `mla_kernel.MLAKernelBackend` is the fast path."""
+    slow under CUDA graphs for long contexts; `mla_kernel.MLAKernelBackend` is the fast path. The step
+    metadata's `prefills` are `PrefillGroup`s here (built once per step in `prepare`)."""
 
     supports_cuda_graph = True
 
-    def __init__(self, num_heads: int, kv_lora_rank: int, rope_dim: int, scale: float) -> None:
+    def __init__(
+        self, num_heads: int, kv_lora_rank: int, rope_dim: int, scale: float, qk_nope_dim: int, v_dim: int
+    ) -> None:
         super().__init__(num_heads, 1, kv_lora_rank + rope_dim, scale)
         self.kv_lora_rank = kv_lora_rank
+        # expanded K + V elements per latent row: what a prefill group's transient memory scales with
+        self.expanded_per_key = num_heads * (qk_nope_dim + rope_dim + v_dim)
+
+    def prepare(self, batch: ForwardBatch) -> None:
+        super().prepare(batch)
+        meta = batch.attn_meta
+        meta.prefills = self.group_prefills(meta.prefills, batch.input_ids.device)
+
+    @staticmethod
+    def _prefill(batch: ForwardBatch, row: int, start: int, length: int, prefix: int) -> _Prefill:
+        """The row's slots but no prefix-shifted mask: `mla_prefill` applies the causal rule itself."""
+        slots = batch.req_to_token[row, : prefix + length] if prefix else None
+        return _Prefill(start, length, prefix, slots, None)
 
     def forward(self, layer, q, k, v, batch):  # noqa: ANN001 - the MHA entry point
         raise NotImplementedError("MLA layers call forward_mla")
@@ -128,19 +154,17 @@ class TorchMLABackend(TorchAttentionBackend):
         lat = rows.index_select(0, meta.decode_slots).view(*meta.decode_shape, rows.shape[-1])
         return mla_absorbed(q_nope, q_pe, lat, w_uk, w_uv, self.scale, meta.decode_mask)
 
-    def forward_prefills(self, prefills, q_nope, q_pe, latent, pool, w_uk, w_uv, out) -> None:  # noqa: ANN001
+    def forward_prefills(self, groups, q_nope, q_pe, latent, pool, w_uk, w_uv, out) -> None:  # noqa: ANN001
         """The rows with several new tokens, in the expanded form, into `out` (shared with the kernel
-        backend): the rows' latents (this step's for a fresh prompt, prefix + new slots of the pool
-        otherwise) concatenated and expanded to per-head K and V with one matmul per weight, then one call
-        of the `mla_prefill` op (causal, each row's queries the last of its keys). Rows whose keys would
-        expand past EXPANDED_ELEMENTS go in further calls (a longer row alone)."""
-        if not prefills:
+        backend): per group, the rows' latents (this step's for a fresh prompt, prefix + new slots of the
+        pool otherwise) concatenated and expanded to per-head K and V with one matmul per weight, then one
+        call of the `mla_prefill` op (causal, each row's queries the last of its keys)."""
+        if not groups:
             return
         r, heads = w_uk.shape[-1], w_uk.shape[0]
         q = torch.cat([q_nope, q_pe], dim=-1)  # decode tokens too (few): no gather, and `out` is shared
         attend = registry.get("mla_prefill", q.device)
-        per_key = heads * (q.shape[-1] + w_uv.shape[1])  # expanded K + V elements per latent row
-        for rows, cols, max_q_len in self._prefill_groups(prefills, per_key, q.device):
+        for rows, cols, max_q_len in groups:
             lats = [latent[p.start : p.start + p.length, 0] if p.slots is None else pool.index_select(0, p.slots)
                     for p in rows]  # fmt: skip
             lat = lats[0] if len(lats) == 1 else torch.cat(lats)
@@ -150,29 +174,24 @@ class TorchMLABackend(TorchAttentionBackend):
             k = torch.cat([k_nope, k_pe.unsqueeze(1).expand(-1, heads, -1)], dim=-1)
             attend(q, k, v, *cols, self.scale, max_q_len=max_q_len, out=out)
 
-    _groups_of: list | None = None  # the step's prefill list that `_groups` was built for
-    _groups: list = []
-
-    def _prefill_groups(self, prefills: list, per_key: int, device: torch.device) -> list:
-        """[(rows, cols, max_q_len)]: consecutive rows whose expanded K/V fit EXPANDED_ELEMENTS, with
-        their columns [4, n] int32 on `device` (q starts, q lengths, kv starts in the group's concatenated
-        latents, kv lengths). Built once per step (the prefill list is the step's), not once per layer."""
-        if self._groups_of is not prefills:
-            groups, cur, keys = [], [], 0
-            for p in prefills:
-                n = p.prefix + p.length
-                if cur and (keys + n) * per_key > EXPANDED_ELEMENTS:
-                    groups.append(cur)
-                    cur, keys = [], 0
-                cur.append(p)
-                keys += n
+    def group_prefills(self, prefills: list[_Prefill], device: torch.device) -> list[PrefillGroup]:
+        """Consecutive rows whose expanded K/V fit EXPANDED_ELEMENTS (a longer row alone), with their
+        columns moved to `device` in one copy per group."""
+        groups, cur, keys = [], [], 0
+        for p in prefills:
+            n = p.prefix + p.length
+            if cur and (keys + n) * self.expanded_per_key > EXPANDED_ELEMENTS:
+                groups.append(cur)
+                cur, keys = [], 0
+            cur.append(p)
+            keys += n
+        if cur:
             groups.append(cur)
-            self._groups = []
-            for rows in groups:
-                kv_lens = [p.prefix + p.length for p in rows]
-                kv_starts = [0, *itertools.accumulate(kv_lens)][:-1]
-                host = [[p.start for p in rows], [p.length for p in rows], kv_starts, kv_lens]
-                cols = torch.tensor(host, dtype=torch.int32).to(device, non_blocking=True)
-                self._groups.append((rows, cols, max(p.length for p in rows)))
-            self._groups_of = prefills
-        return self._groups
+        out = []
+        for rows in groups:
+            kv_lens = [p.prefix + p.length for p in rows]
+            kv_starts = [0, *itertools.accumulate(kv_lens)][:-1]
+            host = [[p.start for p in rows], [p.length for p in rows], kv_starts, kv_lens]
+            cols = torch.tensor(host, dtype=torch.int32).to(device, non_blocking=True)
+            out.append(PrefillGroup(rows, cols, max(p.length for p in rows)))
+        return out

@@ -282,7 +282,10 @@ class DeepseekV3ForCausalLM(nn.Module):
         decode rows through the `mla_decode` op (FlashMLA / Triton on CUDA, the reference elsewhere)."""
         c = self.config
         cls = TorchMLABackend if name == "torch" else MLAKernelBackend
-        backend = cls(c.num_attention_heads, c.kv_lora_rank, c.qk_rope_head_dim, softmax_scale(c))
+        backend = cls(
+            c.num_attention_heads, c.kv_lora_rank, c.qk_rope_head_dim, softmax_scale(c),
+            qk_nope_dim=c.qk_nope_head_dim, v_dim=c.v_head_dim,
+        )  # fmt: skip
         device = self.lm_head.weight.device
         if device.type == "cuda" and registry.select("fused_moe", device).name == "reference":
             # the reference MoE reads expert counts on the host: a decode step cannot be captured

@@ -86,10 +86,11 @@ def test_backend_prefills_in_one_call_equal_the_row_by_row_expanded_form(calls: 
     w_uk, w_uv = w[:, :dn], w[:, dn:]  # views, as DeepseekV3Attention.up_projections gives them
     mask = torch.arange(11)[None, :] <= (6 + torch.arange(5))[:, None]
     prefills = [_Prefill(0, 7, 0, None, None), _Prefill(8, 5, 6, slots, mask)]
-    backend = TorchMLABackend(heads, r, dr, 0.25)
+    backend = TorchMLABackend(heads, r, dr, 0.25, qk_nope_dim=dn, v_dim=dv)
     out = torch.full((tokens, heads, dv), 3.0)
-    backend.forward_prefills(prefills, q_nope, q_pe, latent, pool, w_uk, w_uv, out)
-    assert len(backend._groups) == calls
+    groups = backend.group_prefills(prefills, torch.device("cpu"))
+    assert [len(g.rows) for g in groups] == ([2] if calls == 1 else [1, 1])
+    backend.forward_prefills(groups, q_nope, q_pe, latent, pool, w_uk, w_uv, out)
     fresh = mla_expanded(q_nope[:7], q_pe[:7], latent[:7, 0], w_uk, w_uv, 0.25, causal=True)
     cached = mla_expanded(q_nope[8:], q_pe[8:], pool[slots], w_uk, w_uv, 0.25, mask)
     torch.testing.assert_close(out[:7], fresh, atol=1e-5, rtol=1e-5)
