@@ -17,7 +17,7 @@ from runtime.gpu.kernels.triton_utils import dot_f32, dot_operand
 # (KV tokens per inner step, warps, pipeline stages) by the KV pool's bytes per value. 16-bit: swept on
 # the H200, 4 stages 20-22% faster than 2 at B=64-256, 1K-4K contexts (docs/PERF.md). An fp8 pool
 # (--kv-cache-dtype fp8_e4m3) moves half the bytes per token: a step covers more tokens for the same tile;
-# with PREFETCH_SLOTS, 3 stages were the best of 2-4 (BLOCK_N 256 and 8 warps lost; session 4 sweep).
+# with PREFETCH_SLOTS, 3 stages were the best of 2-4 (BLOCK_N 256 and 8 warps lost; docs/PERF.md).
 LAUNCH = {4: (64, 4, 4), 2: (64, 4, 4), 1: (128, 4, 3)}
 
 # How an fp8 (e4m3) pool's values reach the tensor cores; `sweep --kv-dtype fp8` times both.
