@@ -1,4 +1,5 @@
-"""`loadgen`: serve (benchmark a running server), compare (two result files), steps (engine steps)."""
+"""`loadgen`: serve (benchmark a running server), ab (start several server configurations in turn and
+benchmark each), compare (two result files), steps (engine steps), sched (scheduler cost)."""
 
 from __future__ import annotations
 
@@ -72,6 +73,12 @@ def _serve(args) -> int:
     return asyncio.run(run(args))
 
 
+def _ab(args) -> int:
+    from loadgen.ab import run
+
+    return run(args)
+
+
 def _compare(args) -> int:
     from loadgen import report
 
@@ -91,6 +98,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="benchmark a running OpenAI-compatible server")
     _serve_args(p)
     p.set_defaults(func=_serve)
+    from loadgen import ab
+
+    p = sub.add_parser(
+        "ab",
+        help="start each --variant server in turn, run the same benchmark on each, print them side by side",
+        description=ab.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _serve_args(p)
+    ab.add_args(p)
+    p.set_defaults(func=_ab)
     p = sub.add_parser("compare", help="print two results files side by side with ratios")
     p.add_argument("a")
     p.add_argument("b")

@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import socket
-import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from loadgen.launch import Launched, free_port, launch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -43,18 +41,8 @@ def smollm2_path() -> Path:
     return Path(default_model_path())
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @dataclass
-class Server:
-    url: str
-    proc: subprocess.Popen
-    log_path: Path
-
+class Server(Launched):
     @property
     def base_url(self) -> str:
         return f"{self.url}/v1"
@@ -69,44 +57,13 @@ class Server:
                 out[key] = float(value)
         return out
 
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
 
 @contextlib.contextmanager
 def run_server(tmp_dir: Path, *args: str, timeout: float = 300.0) -> Iterator[Server]:
     port = free_port()
-    log_path = tmp_dir / f"server-{port}.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "runtime.cli", "serve", "--host", "127.0.0.1", "--port", str(port), *args],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    server = Server(f"http://127.0.0.1:{port}", proc, log_path)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log()[-4000:]}")
-            try:
-                if urllib.request.urlopen(f"{server.url}/health", timeout=2).status == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"server not healthy after {timeout}s:\n{server.log()[-4000:]}")
-            time.sleep(0.2)  # polling a process we do not control; there is no event to wait on
-        yield server
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
+    cmd = [sys.executable, "-m", "runtime.cli", "serve", "--host", "127.0.0.1", "--port", str(port), *args]
+    with launch(cmd, port, tmp_dir / f"server-{port}.log", timeout) as s:
+        yield Server(s.url, s.proc, s.log_path)
 
 
 @pytest.fixture(scope="session")
