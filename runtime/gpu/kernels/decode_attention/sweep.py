@@ -103,8 +103,8 @@ def main() -> None:
         kv_bytes = 2 * batch * ctx * 8 * 128 * size
         results = []
         grid = ((32, 64), (2, 4), (1, 2, 4)) if args_cli.graph else ((32, 64, 128), (4, 8), (2, 3, 4))
-        if fp8 and not args_cli.graph:
-            grid = ((128, 256), (4, 8), (2, 3))
+        if fp8 and not args_cli.graph:  # with prefetch, stages - 1 K/V buffers (--compiled shows them)
+            grid = ((64, 128, 256), (4, 8), (2, 3, 4, 5))
         modes = args_cli.modes.split(",") if args_cli.modes else list(kernel.FP8_MODES)
         prefetches = [bool(int(v)) for v in args_cli.prefetch.split(",")]
         variants = list(itertools.product(modes if fp8 else [kernel.FP8_MODE], prefetches))
