@@ -6,8 +6,9 @@ machine (clocks, a cold first start) falls on all of them alike; each run starts
 loopback port, waits for /health, runs exactly what `loadgen serve` runs with the same arguments, and
 stops the server before the next one starts. Per run: `<out-dir>/<variant>-r<round>.json`,
 `.server.log`, and `.png` when --plot is given (its path is not used). --base-url, --host, --port and
---out do not apply. At the end every variant's runs are printed next to the first
-variant's (the ratio column is variant / first).
+--out do not apply. At the end every variant's runs are printed next to the first variant's, round by
+round (the ratio column is variant / first), then a summary: each variant's output throughput per
+round, its mean, and the ratio of that mean to the first variant's.
 
     python -m loadgen ab --out-dir out/ab --rounds 2 \\
         --variant bf16 "--model llama-3.1-8b --load-format dummy --device cuda" \\
@@ -91,4 +92,19 @@ def run(args) -> int:
         for rnd, (a, b) in enumerate(zip(results[first], results[name], strict=True), 1):
             print(f"\n{name} vs {first}, round {rnd}")
             print(report.compare(report.load_json(a), report.load_json(b), first, name))
+    print("\n" + summary(results))
     return status
+
+
+def summary(results: dict[str, list[str]]) -> str:
+    """Output throughput of every run, the mean per variant and its ratio to the first variant's."""
+    rows = {name: [report.load_json(p)["metrics"]["output_throughput"] for p in paths]
+            for name, paths in results.items()}  # fmt: skip
+    means = {name: sum(v) / len(v) for name, v in rows.items()}
+    base = next(iter(means.values()))
+    lines = [f"{'output tok/s':<16}{'rounds':>30}{'mean':>12}{'x first':>9}"]
+    for name, values in rows.items():
+        per_round = " ".join(f"{v:,.1f}" for v in values)
+        ratio = f"{means[name] / base:.3f}" if base else "-"
+        lines.append(f"{name[:16]:<16}{per_round:>30}{means[name]:>12,.1f}{ratio:>9}")
+    return "\n".join(lines)

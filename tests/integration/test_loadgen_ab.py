@@ -21,6 +21,8 @@ def test_ab_runs_each_variant_on_its_own_server_and_prints_them_side_by_side(smo
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "large vs small, round 1" in proc.stdout and "Output token throughput" in proc.stdout
+    summary = proc.stdout[proc.stdout.index("output tok/s") :].splitlines()
+    assert [ln.split()[0] for ln in summary[1:3]] == ["small", "large"] and summary[1].endswith("1.000")
     for name in ("small", "large"):
         result = json.loads((out / f"{name}-r1.json").read_text())
         assert result["metrics"]["completed"] == 4 and result["metrics"]["failed"] == 0
