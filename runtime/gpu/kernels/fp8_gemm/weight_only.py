@@ -1,11 +1,12 @@
 """FP8 block-scaled weights times an unquantized bf16/fp16 activation (W8A16), for decode-sized M.
 
-At a few rows per step the GEMM is a stream of weight bytes; the W8A8 path (`fp8_linear`'s default)
-spends a launch quantizing x and, at small M, another summing split-K partials, each a few
-microseconds a projection with a graph-captured step of ~100 of them. Here one launch reads x as it is,
-converts each 128-wide block of W to x's dtype in registers (every e4m3 value is exact in bf16 and
-fp16), and applies the block's scale to the float32 partial. No activation rounding, so the result is
-closer to the dequantized-weight product than W8A8's.
+At a few rows per step the GEMM is a stream of weight bytes, and the W8A8 path (`fp8_linear` above 16
+rows) spends a launch quantizing x and, at small M, another summing split-K partials: a few
+microseconds each, for each of the step's ~100 projections. Here one launch reads x as it is, converts
+each 128-wide block of W to x's dtype in registers (every e4m3 value is exact in bf16 and fp16), and
+applies the block's scale to the float32 partial. No activation rounding, so the result is closer to
+the dequantized-weight product than W8A8's. Without split-K it loses to W8A8 at long K (docs/PERF.md),
+which is why `fp8_linear` sends it only K <= 4096.
 
 One program per (BLOCK_N columns, BLOCK_M rows); BLOCK_N divides 128, so a program's columns share one
 weight-scale row, and each K step is one scale group."""
