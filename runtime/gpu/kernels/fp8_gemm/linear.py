@@ -14,7 +14,7 @@ import torch
 from runtime.gpu.kernels import registry
 
 # Where x stays unquantized (W8A16), from `python -m runtime.gpu.kernels.fp8_gemm.weight_only` on the
-# H200 (docs/PERF.md): at M <= 16 and K <= 2816 it was faster than W8A8 (TileLang), or within 0.6 us,
+# H200 (docs/PERF.md): at M <= 16 and K <= 2816 it was faster than W8A8 (TileLang), or within 0.9 us,
 # at every V2-Lite/V3 projection (e.g. 8.5 vs 12.3 us at 5632x2048); at K = 7168 its unsplit K loop lost
 # (20.5 vs 12.3 us at 1536x7168), and above 16 rows so did its 32-row tile.
 WEIGHT_ONLY_MAX_M = 16
