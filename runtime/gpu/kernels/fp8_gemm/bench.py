@@ -25,7 +25,7 @@ import time
 import torch
 
 from runtime.gpu.kernels import registry
-from runtime.gpu.kernels.fp8_gemm.tilelang import TileConfig, choose_config, with_split
+from runtime.gpu.kernels.fp8_gemm.tilelang import TileConfig, brief, choose_config, with_split
 from runtime.gpu.kernels.testing import close_ratio
 
 OP = "fp8_block_gemm"
@@ -113,15 +113,6 @@ def tilelang_keys(
         (n, k, "bfloat16", c) for m, n, k in shapes for c in tilelang_configs(m, n, k, device, configs, tiles)
     }
     return sorted(keys, key=str)
-
-
-def brief(e: Exception) -> str:
-    """The exception's type and one line of it: what follows TileLang's "Compilation error:" (nvcc's
-    message; the exception also holds the whole source), else its last line."""
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    at = next((i for i, ln in enumerate(lines) if ln.startswith("Compilation error")), None)
-    line = lines[at + 1] if at is not None and at + 1 < len(lines) else (lines[-1] if lines else "")
-    return f"{type(e).__name__}: {line[:300]}"
 
 
 def prewarm(keys: list[tuple], workers: int) -> None:

@@ -216,10 +216,17 @@ def compile_one(key: tuple) -> str:
     try:
         _kernel(n, k, out, cfg)
     except Exception as e:  # noqa: BLE001 - reported to the caller
-        return (
-            f"FAILED N={n} K={k} {cfg.label()}: {type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}"
-        )
+        return f"FAILED N={n} K={k} {cfg.label()}: {brief(e)}"
     return f"N={n} K={k} {cfg.label()}: {time.perf_counter() - t0:.0f} s"
+
+
+def brief(e: Exception) -> str:
+    """The exception's type and one line of it: what follows TileLang's "Compilation error:" (nvcc's
+    message; the exception also holds the whole source), else its last line."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    at = next((i for i, ln in enumerate(lines) if ln.startswith("Compilation error")), None)
+    line = lines[at + 1] if at is not None and at + 1 < len(lines) else (lines[-1] if lines else "")
+    return f"{type(e).__name__}: {line[:300]}"
 
 
 def precompile(keys: list[tuple], workers: int, marks: Path | None = None) -> list[str]:
