@@ -175,8 +175,7 @@ class InterpreterCases:
         @CASES.case
         def rope_bf16(): return close_ratio(...)
 
-        @pytest.fixture(scope="module")
-        def results(): return CASES.results(__file__)
+        test_kernels_match_under_interpreter = CASES.pytest_test(__file__)   # after the cases
 
         if __name__ == "__main__": CASES.main()
     """
@@ -214,6 +213,29 @@ class InterpreterCases:
         )
         assert proc.returncode == 0, proc.stderr[-4000:]
         return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    def pytest_test(self, test_file: str) -> Callable[[str], None]:
+        """The pytest side: one test per case (parametrized by name, skipped without triton), all read
+        from one subprocess run of `test_file`, started by the first of them (a failed run fails each)."""
+        import importlib.util
+
+        import pytest
+
+        run: dict = {}
+
+        @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+        @pytest.mark.parametrize("name", self.names())
+        def test(name: str) -> None:
+            if not run:
+                try:
+                    run["results"] = self.results(test_file)
+                except Exception as e:  # every case reports the one failed run, none reruns it
+                    run["error"] = e
+            if "error" in run:
+                raise run["error"]
+            check_interpreted(run["results"], name)
+
+        return test
 
     def main(self) -> None:
         import json

@@ -8,7 +8,6 @@ ratio}). Skipped without triton."""
 from __future__ import annotations
 
 import functools
-import importlib.util
 
 import pytest
 import torch
@@ -17,7 +16,7 @@ from runtime.gpu.kernels import registry
 from runtime.gpu.kernels.fp8_gemm.reference import act_quant, dequant_act
 from runtime.gpu.kernels.fused_moe import reference
 from runtime.gpu.kernels.fused_moe.layout import max_blocks, moe_layout
-from runtime.gpu.kernels.testing import InterpreterCases, check_interpreted
+from runtime.gpu.kernels.testing import InterpreterCases
 from runtime.gpu.quant.fp8 import dequantize, quantize
 
 
@@ -255,15 +254,7 @@ for _table, _run in (
         CASES.add(_name, functools.partial(_run, *_args))
 
 
-@pytest.fixture(scope="module")
-def results() -> dict:
-    return CASES.results(__file__)
-
-
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
-@pytest.mark.parametrize("name", CASES.names())
-def test_triton_matches_torch_under_interpreter(results: dict, name: str) -> None:
-    check_interpreted(results, name)
+test_triton_matches_torch_under_interpreter = CASES.pytest_test(__file__)
 
 
 if __name__ == "__main__":

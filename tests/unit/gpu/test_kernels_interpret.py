@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import importlib.util
 
-import pytest
 import torch
 
-from runtime.gpu.kernels.testing import InterpreterCases, check_interpreted
+from runtime.gpu.kernels.testing import InterpreterCases
 
 CASES = InterpreterCases()
 case = CASES.case
@@ -484,18 +483,7 @@ def sparse_attention_fp32_20_heads_two_head_blocks():
 
 # ------------------------------------------------------------------ the pytest side
 
-_HAS_TRITON = importlib.util.find_spec("triton") is not None
-
-
-@pytest.fixture(scope="module")
-def results() -> dict:
-    return CASES.results(__file__)
-
-
-@pytest.mark.skipif(not _HAS_TRITON, reason="triton is not installed")
-@pytest.mark.parametrize("name", CASES.names())
-def test_triton_kernel_matches_reference_under_interpreter(results: dict, name: str) -> None:
-    check_interpreted(results, name)
+test_triton_kernel_matches_reference_under_interpreter = CASES.pytest_test(__file__)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,6 @@ splits like DeepSeek's 192 = 128 + 64, and d_v differs from it."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,7 +13,7 @@ import torch.nn.functional as F
 from runtime.gpu.kernels import registry
 from runtime.gpu.kernels.mla_prefill import reference
 from runtime.gpu.kernels.mla_prefill.testing import prefill_case
-from runtime.gpu.kernels.testing import InterpreterCases, check_interpreted, close_ratio
+from runtime.gpu.kernels.testing import InterpreterCases, close_ratio
 
 CASES = InterpreterCases()
 case = CASES.case
@@ -133,18 +131,7 @@ def bf16_small_dims_dqk12_dv8_padded_to_16():
     return _kernel([50], [3], 2, 12, 8, torch.bfloat16)
 
 
-_HAS_TRITON = importlib.util.find_spec("triton") is not None
-
-
-@pytest.fixture(scope="module")
-def results() -> dict:
-    return CASES.results(__file__)
-
-
-@pytest.mark.skipif(not _HAS_TRITON, reason="triton is not installed")
-@pytest.mark.parametrize("name", CASES.names())
-def test_triton_mla_prefill_matches_reference_under_interpreter(results: dict, name: str) -> None:
-    check_interpreted(results, name)
+test_triton_mla_prefill_matches_reference_under_interpreter = CASES.pytest_test(__file__)
 
 
 if __name__ == "__main__":
