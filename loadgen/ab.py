@@ -24,14 +24,13 @@ import argparse
 import asyncio
 import copy
 import shlex
-import sys
 from pathlib import Path
 
 from loadgen import report
 from loadgen.errors import LoadgenError
-from loadgen.launch import free_port, launch
+from loadgen.launch import conduit_serve, free_port, launch
 
-SERVER_CMD = f"{shlex.quote(sys.executable)} -m runtime.cli serve --host 127.0.0.1 --port {{port}}"
+SERVER_CMD = shlex.join(conduit_serve("{port}"))
 
 
 def add_args(p: argparse.ArgumentParser) -> None:

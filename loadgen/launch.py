@@ -9,11 +9,17 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+
+def conduit_serve(port: int | str, *flags: str) -> list[str]:
+    """The command line of `conduit serve` on 127.0.0.1:`port` (this interpreter) with `flags`."""
+    return [sys.executable, "-m", "runtime.cli", "serve", "--host", "127.0.0.1", "--port", str(port), *flags]
 
 
 def free_port() -> int:

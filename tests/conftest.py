@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.launch import Launched, free_port, launch
+from loadgen.launch import Launched, conduit_serve, free_port, launch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -61,8 +60,7 @@ class Server(Launched):
 @contextlib.contextmanager
 def run_server(tmp_dir: Path, *args: str, timeout: float = 300.0) -> Iterator[Server]:
     port = free_port()
-    cmd = [sys.executable, "-m", "runtime.cli", "serve", "--host", "127.0.0.1", "--port", str(port), *args]
-    with launch(cmd, port, tmp_dir / f"server-{port}.log", timeout) as s:
+    with launch(conduit_serve(port, *args), port, tmp_dir / f"server-{port}.log", timeout) as s:
         yield Server(s.url, s.proc, s.log_path)
 
 
