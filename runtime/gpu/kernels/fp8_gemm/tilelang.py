@@ -303,11 +303,9 @@ def fp8_block_gemm(
     if cfg.split_k > 1:
         part = torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=out.device)
         kernel(x_fp8, x_scale, w, w_scale, part)
-        if out.dtype == torch.float32:
-            torch.sum(part, dim=0, out=out)
-        else:
-            out.copy_(part.sum(0))
-        return out
+        from runtime.gpu.kernels.fp8_gemm.triton import sum_splits
+
+        return sum_splits(part, out)
     dst = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
     kernel(x_fp8, x_scale, w, w_scale, dst)
     if dst is not out:

@@ -169,5 +169,12 @@ def fp8_block_gemm(
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if split > 1:
-        torch.sum(dst, dim=0, out=out) if out.dtype == torch.float32 else out.copy_(dst.sum(0))
+        sum_splits(dst, out)
     return out
+
+
+def sum_splits(partials: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out [M, N] = the sum of split-K float32 partials [S, M, N] (in place for a float32 out)."""
+    if out.dtype == torch.float32:
+        return torch.sum(partials, dim=0, out=out)
+    return out.copy_(partials.sum(0))
