@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
 from runtime.gpu.model_runner import ModelRunner, RunnerConfig
-from runtime.gpu.testing import PlanBuilder, save_tiny_llama, seq_start
+from runtime.gpu.testing import PlanBuilder, prefill_then_decode, save_tiny_llama, seq_start
 from runtime.mailbox.messages import SamplingParams
 
 pytestmark = pytest.mark.gpu
@@ -38,22 +36,6 @@ LLAMA3 = dict(
 )
 
 
-def run_sequences(runner: ModelRunner, seqs: list[list[int]], split: int) -> list[torch.Tensor]:
-    """Prefill the first `split` tokens of every sequence in one step, then decode the rest batched;
-    returns per sequence the logits of positions split-1 .. end-1, shape [len - split + 1, V]."""
-    slots = list(range(1, runner.cfg.num_kv_slots))
-    random.Random(0).shuffle(slots)
-    pb = PlanBuilder(slots)
-    rows = list(range(1, len(seqs) + 1))
-    added = [seq_start(r, s) for r, s in zip(rows, seqs, strict=True)]
-    flat = [t for s in seqs for t in s[:split]]
-    steps = [runner.forward_logits(pb.plan(rows, [0] * len(rows), [split] * len(rows), flat, added=added))]
-    for pos in range(split, len(seqs[0])):
-        plan = pb.plan(rows, [pos] * len(rows), [1] * len(rows), [s[pos] for s in seqs])
-        steps.append(runner.forward_logits(plan))
-    return list(torch.stack(steps, dim=1).float().cpu())
-
-
 def reference(ref, seqs: list[list[int]], split: int) -> list[torch.Tensor]:
     with torch.no_grad():
         logits = ref(torch.tensor(seqs, device="cuda")).logits.float().cpu()
@@ -73,7 +55,7 @@ def test_cuda_logits_match_transformers(tmp_path, shape, dtype):
     vocab = ref.config.vocab_size
     g = torch.Generator().manual_seed(0)
     seqs = torch.randint(3, vocab, (3, 40), generator=g).tolist()
-    ours, expected = run_sequences(runner, seqs, split=32), reference(ref, seqs, split=32)
+    ours, expected = list(prefill_then_decode(runner, seqs, split=32)), reference(ref, seqs, split=32)
     for a, b in zip(ours, expected, strict=True):
         if dtype == "float32":
             torch.testing.assert_close(a, b, atol=2e-4, rtol=0)

@@ -6,7 +6,6 @@ steps as CUDA graphs equal eager ones; a V2-Lite-shaped dummy model decodes in F
 from __future__ import annotations
 
 import json
-import random
 import time
 
 import pytest
@@ -20,6 +19,7 @@ from runtime.gpu.testing import (
     assert_same_decode,
     decode_scenario,
     load_into_reference,
+    prefill_then_decode,
     save_tiny_deepseek_v2,
     save_tiny_deepseek_v3,
     seq_start,
@@ -42,20 +42,6 @@ def _fp8_checkpoint(tmp_path, name: str):
     return tmp_path / "fp8", ref
 
 
-def _steps(runner: ModelRunner, seqs: list[list[int]], split: int) -> torch.Tensor:
-    """Rows prefill seqs[:, :split] together, then decode one token per step (CUDA graphs on CUDA)."""
-    slots = list(range(1, 4096))
-    random.Random(0).shuffle(slots)
-    pb, rows = PlanBuilder(slots), list(range(1, len(seqs) + 1))
-    added = [seq_start(r, s) for r, s in zip(rows, seqs, strict=True)]
-    ids = [t for s in seqs for t in s[:split]]
-    steps = [runner.forward_logits(pb.plan(rows, [0] * len(rows), [split] * len(rows), ids, added=added))]
-    for pos in range(split, len(seqs[0])):
-        plan = pb.plan(rows, [pos] * len(rows), [1] * len(rows), [s[pos] for s in seqs])
-        steps.append(runner.forward_logits(plan))
-    return torch.stack(steps, dim=1).float().cpu()
-
-
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_cuda_fp8_weights_logits_match_transformers_on_the_dequantized_model(tmp_path, name):
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -67,7 +53,7 @@ def test_cuda_fp8_weights_logits_match_transformers_on_the_dequantized_model(tmp
     assert isinstance(runner.model.model.layers[0].mlp.gate_up_proj, MergedFp8Linear)
     assert layer.mlp.experts.gate_up_proj.dtype == fp8.FP8 and runner.graphs is not None
     seqs = torch.randint(3, 128, (3, 48), generator=torch.Generator().manual_seed(0)).tolist()
-    ours = _steps(runner, seqs, 40)  # bf16 activations, quantized to e4m3 per token and 128-group
+    ours = prefill_then_decode(runner, seqs, 40)  # bf16 activations, quantized to e4m3 per token, 128-group
     with torch.no_grad():
         expected = ref.cuda()(torch.tensor(seqs, device="cuda")).logits.float().cpu()[:, 39:]
     cos = torch.nn.functional.cosine_similarity(ours, expected, dim=-1)
@@ -79,11 +65,11 @@ def test_cuda_fp8_weights_logits_match_transformers_on_the_dequantized_model(tmp
     # float activations): the first H200 run measured the GPU/CPU mean difference at 1.6% (V3) and 3.9%
     # (V2-Lite) of the logits' spread. A wrong scale block or K group is many times that.
     cpu_cfg = RunnerConfig(str(path), quantization="fp8", **dict(cfg, device="cpu"))
-    cpu = _steps(ModelRunner(cpu_cfg), seqs, 40)
-    unquantized = _steps(
+    cpu = prefill_then_decode(ModelRunner(cpu_cfg), seqs, 40)
+    unquantized = prefill_then_decode(
         ModelRunner(RunnerConfig(str(path), quantization="none", **dict(cfg, device="cpu"))), seqs, 40
     )
-    gpu = _steps(ModelRunner(RunnerConfig(str(path), dtype="float32", **cfg)), seqs, 40)
+    gpu = prefill_then_decode(ModelRunner(RunnerConfig(str(path), dtype="float32", **cfg)), seqs, 40)
     err, noise = (gpu - cpu).abs(), (cpu - unquantized).abs()
     print(f"{name}: GPU vs CPU mean {err.mean():.4f}, activation quantization mean {noise.mean():.4f}")
     assert err.mean() < noise.mean(), (err.mean(), noise.mean())

@@ -117,3 +117,17 @@ def shuffled_slots(seed: int, num_slots: int = 1024) -> list[int]:
 def random_prompt(n: int, seed: int, vocab: int = 128) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(3, vocab, (n,), generator=g).tolist()
+
+
+def prefill_then_decode(runner, seqs: list[list[int]], split: int) -> torch.Tensor:  # noqa: ANN001
+    """Every sequence (equal lengths) in its own row: their first `split` tokens prefilled in one step,
+    then one token each per decode step (CUDA graphs where the runner has them), on shuffled slots.
+    Returns the float32 logits on the CPU, [rows, len - split + 1, vocab]: positions split-1 .. end-1."""
+    pb, rows = PlanBuilder(shuffled_slots(0, runner.cfg.num_kv_slots)), list(range(1, len(seqs) + 1))
+    added = [seq_start(r, s) for r, s in zip(rows, seqs, strict=True)]
+    ids = [t for s in seqs for t in s[:split]]
+    steps = [runner.forward_logits(pb.plan(rows, [0] * len(rows), [split] * len(rows), ids, added=added))]
+    for pos in range(split, len(seqs[0])):
+        plan = pb.plan(rows, [pos] * len(rows), [1] * len(rows), [s[pos] for s in seqs])
+        steps.append(runner.forward_logits(plan))
+    return torch.stack(steps, dim=1).float().cpu()
