@@ -179,8 +179,7 @@ class ModelRunner:
     def _quant_kwargs(self, cls: type) -> dict:
         """`fp8_weights=True` for a model that keeps FP8 weights under `quantization`."""
         mode = self.cfg.quantization
-        if mode not in fp8.QUANTIZATION_MODES:
-            raise ValueError(f"unknown quantization {mode!r} ({', '.join(fp8.QUANTIZATION_MODES)})")
+        fp8.check_quantization(mode)  # also for models that never keep FP8 weights
         if not getattr(cls, "supports_fp8_weights", False):
             if mode == "fp8":
                 raise ValueError(f"--quantization fp8 is supported for DeepSeek-V2/V3, not {cls.__name__}")

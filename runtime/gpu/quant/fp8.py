@@ -37,12 +37,16 @@ def block_size(config) -> tuple[int, int] | None:
     return int(bn), int(bk)
 
 
+def check_quantization(mode: str) -> None:
+    if mode not in QUANTIZATION_MODES:
+        raise ValueError(f"unknown quantization {mode!r} ({', '.join(QUANTIZATION_MODES)})")
+
+
 def keep_fp8(mode: str, config, device: torch.device | str) -> bool:
     """Whether the model keeps FP8 block-scaled weights (`--quantization`): "none" never, "fp8" always
     (a float checkpoint or dummy weights are quantized at load), "auto" when the checkpoint is FP8 in
     128 x 128 blocks and the device is CUDA (on the CPU the FP8 GEMM is the slow float32 reference)."""
-    if mode not in QUANTIZATION_MODES:
-        raise ValueError(f"unknown quantization {mode!r} ({', '.join(QUANTIZATION_MODES)})")
+    check_quantization(mode)
     if mode == "auto":
         return torch.device(device).type == "cuda" and block_size(config) == BLOCK
     return mode == "fp8"
