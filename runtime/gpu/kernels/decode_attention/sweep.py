@@ -113,9 +113,11 @@ def main() -> None:
         ):
             kernel.LAUNCH[size], kernel.FP8_MODE = (bn, warps, stages), mode
             kernel.PREFETCH_SLOTS[size] = prefetch
-            err = close_ratio(
-                kernel.decode_attention(*args, num_splits=sp).float(), want, *TOLERANCE[torch.bfloat16]
-            )
+            try:
+                got = kernel.decode_attention(*args, num_splits=sp)
+            except triton.runtime.errors.OutOfResources:  # e.g. BLOCK_N 256 x 5 stages of K/V
+                continue
+            err = close_ratio(got.float(), want, *TOLERANCE[torch.bfloat16])
             ms = bench(lambda sp=sp, args=args: kernel.decode_attention(*args, num_splits=sp))
             results.append((ms, bn, warps, stages, sp, mode, prefetch, err))
         now = [r for r in results if r[1:4] == defaults and r[5:7] == default_variant]

@@ -133,7 +133,9 @@ def _kernel(
     import tilelang.language as T
 
     assert d_v % 128 == 0 and d_pe % 8 == 0 and d_pe <= 64, (d_v, d_pe)
-    assert set(opts) <= {"early_p", "chunked", "tma", "no_load", "no_compute"}, opts
+    assert set(opts) <= {"early_p", "chunked", "seesaw", "tma", "no_load", "no_compute"}, opts
+    seesaw = "seesaw" in opts
+    assert not (seesaw and ({"early_p", "chunked", "no_compute"} & set(opts))), opts
     early_p = "early_p" in opts
     chunked = "chunked" in opts
     use_tma = "tma" in opts and page % BLOCK_N == 0
@@ -152,9 +154,8 @@ def _kernel(
     num_splits = T.dynamic("num_splits") if split else 1
 
     @T.macro
-    def gather_part(KV, slots, dst, col0, width, ready, lane_row, lane_col):
-        """cp.async 16 B per thread and row (8 threads per token row, 16 rows per pass), then an arrive
-        on `ready` that fires once this thread's copies have landed."""
+    def gather_copies(KV, slots, dst, col0, width, lane_row, lane_col):
+        """cp.async 16 B per thread and row (8 threads per token row, 16 rows per pass)."""
         for r in T.unroll(BLOCK_N // 16):
             for u in T.unroll(-(-width // 64)):
                 if width % 64 == 0 or 64 * u + lane_col < width:
@@ -164,6 +165,11 @@ def _kernel(
                             T.access_ptr(KV[slots[r], col0 + 64 * u + lane_col], "r", 8),
                             8,
                         )
+
+    @T.macro
+    def gather_part(KV, slots, dst, col0, width, ready, lane_row, lane_col):
+        """One part's copies, then an arrive on `ready` that fires once this thread's copies landed."""
+        gather_copies(KV, slots, dst, col0, width, lane_row, lane_col)
         T.cp_async_barrier_noinc(ready[0])
 
     @T.macro
@@ -459,6 +465,313 @@ def _kernel(
                         KV, Table, row, slots, buf1, start + (2 * i_i + 1) * BLOCK_N, end, last, i_i & 1, tx
                     )
 
+    # ---- the "seesaw" schedule (FlashMLA's dense decode, in this kernel's terms) -------------------
+    # Tiles go in pairs (A in buffer 0, B in buffer 1). WG0 owns S_A = Q K_A^T and O[:, :256]; WG1 owns
+    # S_B and O[:, 256:]. Each WG multiplies its own P (registers, bf16) by its V half and the other
+    # WG's P (shared) by the same half of the other tile, so both warpgroups do the same FLOPs and
+    # one's softmax runs while the other's GEMMs keep the tensor cores busy. The running max passes
+    # WG0 -> WG1 (m after A) and back (m after B); WG0 rescales its P_A to the later max before
+    # publishing it. Each KV buffer has a left half (value columns 0-255) and a right half (256-511
+    # and the rope tail), each with its own ready / free barrier, so the left half of A's buffer
+    # refills as soon as WG0's own P_A V_A-left is done (half a pair earlier than a whole buffer
+    # would). Shared memory: Q without its rope tail (kept in registers per WG, an RS wgmma) makes
+    # room for the two P tiles next to two 72 KB KV buffers.
+
+    @T.macro
+    def fill_half(
+        KV, slots, dst, col0, width, dst2, col2, width2, ready, free, parity, lane_row, lane_col, full, base
+    ):
+        """Producer: one half of a KV buffer, one or two parts, once its readers freed it."""
+        T.barrier_wait(free[0], parity ^ 1)
+        if use_tma and full:  # a whole tile inside one page: bulk copies, swizzled by the TMA unit
+            if load:
+                T.tma_copy(KV[base : base + BLOCK_N, col0 : col0 + width], dst, barrier=ready[0])
+                if width2 > 0:
+                    T.tma_copy(KV[base : base + BLOCK_N, col2 : col2 + width2], dst2, barrier=ready[0])
+            T.barrier_arrive(ready[0])
+        else:
+            gather_copies(KV, slots, dst, col0, width, lane_row, lane_col)
+            if width2 > 0:
+                gather_copies(KV, slots, dst2, col2, width2, lane_row, lane_col)
+            T.cp_async_barrier_noinc(ready[0])
+
+    @T.macro
+    def tile_slots(Table, row, slots, tile_start, last, lane_row):
+        """The gather's slots of one tile (this thread's rows)."""
+        for r in T.unroll(BLOCK_N // 16):
+            pos = T.min(tile_start + r * 16 + lane_row, last)  # past the end: the last token again
+            slots[r] = T.cast(Table[row, pos // page], "int64") * page + T.cast(pos % page, "int64")
+
+    @T.macro
+    def produce_pair(KV, Table, row, slots, bufs, a_start, end, last, parity, tx):
+        """Producer, one pair: A's left half (freed first, by WG0 alone), A's right half, B's right
+        half, B's left half (freed last, after WG0's P_B V_B-left): the order the halves free up. A
+        tile whole inside one page goes by TMA from its first slot (clamped to the row's last token so
+        that a padded tile past the end never indexes past the table)."""
+        (l0, r0, t0, rdy0_l, rdy0_r, free0_l, free0_r), (l1, r1, t1, rdy1_l, rdy1_r, free1_l, free1_r) = bufs
+        p = tx - 256
+        lane_row = p // 8
+        lane_col = (p % 8) * 8
+        b_start = a_start + BLOCK_N
+        a_first = T.min(a_start, last)
+        b_first = T.min(b_start, last)
+        a_base = T.cast(Table[row, a_first // page], "int64") * page + T.cast(a_first % page, "int64")
+        b_base = T.cast(Table[row, b_first // page], "int64") * page + T.cast(b_first % page, "int64")
+        a_full = a_start + BLOCK_N <= end
+        b_full = b_start + BLOCK_N <= end
+        tile_slots(Table, row, slots, a_start, last, lane_row)
+        fill_half(
+            KV, slots, l0, 0, half, l0, 0, 0, rdy0_l, free0_l, parity, lane_row, lane_col, a_full, a_base
+        )
+        fill_half(
+            KV, slots, r0, half, half, t0, d_v, d_pe, rdy0_r, free0_r, parity, lane_row, lane_col, a_full, a_base
+        )  # fmt: skip
+        tile_slots(Table, row, slots, b_start, last, lane_row)
+        fill_half(
+            KV, slots, r1, half, half, t1, d_v, d_pe, rdy1_r, free1_r, parity, lane_row, lane_col, b_full, b_base
+        )  # fmt: skip
+        fill_half(
+            KV, slots, l1, 0, half, l1, 0, 0, rdy1_l, free1_l, parity, lane_row, lane_col, b_full, b_base
+        )
+
+    @T.macro
+    def masked_scores(acc_s, tile_start, end):
+        # masked scores start at -inf and stay there (wgmma accumulates into acc_s)
+        for h_i, n_i in T.Parallel(BLOCK_H, BLOCK_N):
+            acc_s[h_i, n_i] = T.if_then_else(tile_start + n_i < end, 0, -T.infinity(accum))
+
+    @T.macro
+    def exp_scores(acc_s, m_i, sum_i):
+        """P = exp2(S sm_scale - m sm_scale) in place, and its row sums."""
+        for h_i, n_i in T.Parallel(BLOCK_H, BLOCK_N):
+            acc_s[h_i, n_i] = T.exp2(acc_s[h_i, n_i] * sm_scale - m_i[h_i] * sm_scale)
+        T.reduce_sum(acc_s, sum_i, dim=1)
+
+    @T.macro
+    def load_q(Q, bid, h0, Q_half, col0, Q_tail_f):
+        """One WG's share of Q: half of the value columns into shared (the other WG loads the other
+        half) and the rope tail into this WG's registers. Rows past the heads are zero."""
+        for h_i, d_i in T.Parallel(BLOCK_H, half):
+            Q_half[h_i, d_i] = T.if_then_else(h0 + h_i < num_heads, Q[bid, h0 + h_i, col0 + d_i], 0)
+        for h_i, d_i in T.Parallel(BLOCK_H, d_pe):
+            Q_tail_f[h_i, d_i] = T.if_then_else(h0 + h_i < num_heads, Q[bid, h0 + h_i, d_v + d_i], 0)
+
+    @T.macro
+    def write_out(Out, MidO, bid, h0, sid, acc_o, inv, O_half, col0):
+        if split:
+            for h_i, d_i in T.Parallel(BLOCK_H, half):
+                if h_i < valid_h:
+                    MidO[bid, h0 + h_i, sid, col0 + d_i] = acc_o[h_i, d_i] * inv[h_i]
+        else:
+            for h_i, d_i in T.Parallel(BLOCK_H, half):
+                acc_o[h_i, d_i] *= inv[h_i]
+            T.copy(acc_o, O_half)
+            for h_i, d_i in T.Parallel(BLOCK_H, half):
+                if h_i < valid_h:
+                    Out[bid, h0 + h_i, col0 + d_i] = O_half[h_i, d_i]
+
+    @T.macro
+    def attend_seesaw(Q, KV, Table, Rows, SeqLens, Out, Lse, MidO, MidLse):
+        with T.Kernel(head_blocks, batch, num_splits, threads=384) as (hb, bid, sid):
+            Q_l = T.alloc_shared([BLOCK_H, half], dtype)
+            Q_r = T.alloc_shared([BLOCK_H, half], dtype)
+            kv0_l = T.alloc_shared([BLOCK_N, half], dtype)
+            kv0_r = T.alloc_shared([BLOCK_N, half], dtype)
+            kv1_l = T.alloc_shared([BLOCK_N, half], dtype)
+            kv1_r = T.alloc_shared([BLOCK_N, half], dtype)
+            k0_tail = T.alloc_shared([BLOCK_N, d_pe], dtype)
+            k1_tail = T.alloc_shared([BLOCK_N, d_pe], dtype)
+            P0_shared = T.alloc_shared([BLOCK_H, BLOCK_N], dtype)  # WG0's P_A, at WG1's max
+            P1_shared = T.alloc_shared([BLOCK_H, BLOCK_N], dtype)  # WG1's P_B
+            m0_shared = T.alloc_shared([BLOCK_H], accum)  # max after A (WG0 -> WG1)
+            scale0_shared = T.alloc_shared([BLOCK_H], accum)  # exp2 of (max before A - max after A)
+            m1_shared = T.alloc_shared([BLOCK_H], accum)  # max after B (WG1 -> WG0)
+            scale1_shared = T.alloc_shared([BLOCK_H], accum)  # exp2 of (max after A - max after B)
+            sum0_shared = T.alloc_shared([BLOCK_H], accum)
+            sum1_shared = T.alloc_shared([BLOCK_H], accum)
+
+            # WG0's registers
+            q0_tail = T.alloc_fragment([BLOCK_H, d_pe], dtype)
+            s0 = T.alloc_fragment([BLOCK_H, BLOCK_N], accum)
+            p0 = T.alloc_fragment([BLOCK_H, BLOCK_N], dtype)
+            o0 = T.alloc_fragment([BLOCK_H, half], accum)
+            m0 = T.alloc_fragment([BLOCK_H], accum)
+            m0_prev = T.alloc_fragment([BLOCK_H], accum)
+            scale0 = T.alloc_fragment([BLOCK_H], accum)
+            sum0 = T.alloc_fragment([BLOCK_H], accum)
+            sum0_i = T.alloc_fragment([BLOCK_H], accum)
+            inv0 = T.alloc_fragment([BLOCK_H], accum)
+            # WG1's registers
+            q1_tail = T.alloc_fragment([BLOCK_H, d_pe], dtype)
+            s1 = T.alloc_fragment([BLOCK_H, BLOCK_N], accum)
+            p1 = T.alloc_fragment([BLOCK_H, BLOCK_N], dtype)
+            o1 = T.alloc_fragment([BLOCK_H, half], accum)
+            m1 = T.alloc_fragment([BLOCK_H], accum)
+            m1_prev = T.alloc_fragment([BLOCK_H], accum)
+            scale1 = T.alloc_fragment([BLOCK_H], accum)
+            both1 = T.alloc_fragment([BLOCK_H], accum)
+            sum1 = T.alloc_fragment([BLOCK_H], accum)
+            sum1_i = T.alloc_fragment([BLOCK_H], accum)
+            inv1 = T.alloc_fragment([BLOCK_H], accum)
+
+            rdy0_l = T.alloc_barrier(arrive_count=128)  # producer -> consumers
+            rdy0_r = T.alloc_barrier(arrive_count=128)
+            rdy1_l = T.alloc_barrier(arrive_count=128)
+            rdy1_r = T.alloc_barrier(arrive_count=128)
+            free0_l = T.alloc_barrier(arrive_count=128)  # WG0 (S_A, P_A V_A-left)
+            free0_r = T.alloc_barrier(arrive_count=256)  # WG0 (S_A) and WG1 (P_A V_A-right)
+            free1_l = T.alloc_barrier(arrive_count=256)  # WG1 (S_B) and WG0 (P_B V_B-left)
+            free1_r = T.alloc_barrier(arrive_count=128)  # WG1 (S_B, P_B V_B-right)
+            q_ready = T.alloc_barrier(arrive_count=256)  # both halves of Q are in shared
+            m0_ready = T.alloc_barrier(arrive_count=128)  # WG0 -> WG1: m0_shared, scale0_shared
+            m1_ready = T.alloc_barrier(arrive_count=128)  # WG1 -> WG0: m1_shared, scale1_shared
+            p0_ready = T.alloc_barrier(arrive_count=128)  # WG0 -> WG1: P0_shared
+            p1_ready = T.alloc_barrier(arrive_count=128)  # WG1 -> WG0: P1_shared
+            sums_ready = T.alloc_barrier(arrive_count=256)  # both row sums; both done with Q
+            bufs = (
+                (kv0_l, kv0_r, k0_tail, rdy0_l, rdy0_r, free0_l, free0_r),
+                (kv1_l, kv1_r, k1_tail, rdy1_l, rdy1_r, free1_l, free1_r),
+            )
+
+            row = T.cast(Rows[bid], "int64")
+            seq_len = T.cast(SeqLens[bid], "int32")
+            per_split = T.ceildiv(T.ceildiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+            start = sid * per_split
+            end = T.min(start + per_split, seq_len)
+            num_tiles = T.ceildiv(T.max(end - start, 0), BLOCK_N)
+            num_pairs = T.ceildiv(num_tiles, 2)  # an odd last tile pairs with a fully masked one
+            h0 = hb * BLOCK_H
+            tx = T.get_thread_binding()
+
+            if tx < 128:
+                T.set_max_nreg(232, 1)
+                load_q(Q, bid, h0, Q_l, 0, q0_tail)
+                T.fence_proxy_async()  # plain stores, read by the other WG's wgmma (async proxy)
+                T.barrier_arrive(q_ready)
+                T.fill(sum0, 0)
+                T.fill(m0, -(2**30))  # finite: exp2(m_prev - m_new) must not be inf - inf
+                T.fill(o0, 0)
+                T.barrier_wait(q_ready, 0)
+                for i_i in T.serial(num_pairs):
+                    parity = i_i & 1
+                    masked_scores(s0, start + 2 * i_i * BLOCK_N, end)
+                    T.barrier_wait(rdy0_l[0], parity)
+                    T.wgmma_gemm(Q_l, kv0_l, s0, transpose_B=True)
+                    T.barrier_wait(rdy0_r[0], parity)
+                    T.wgmma_gemm(Q_r, kv0_r, s0, transpose_B=True)
+                    T.wgmma_gemm(q0_tail, k0_tail, s0, transpose_B=True)
+                    T.wait_wgmma(0)
+                    T.barrier_arrive(free0_r[0])
+                    T.copy(m0, m0_prev)
+                    T.reduce_max(s0, m0, dim=1, clear=False)
+                    for h_i in T.Parallel(BLOCK_H):
+                        scale0[h_i] = T.exp2((m0_prev[h_i] - m0[h_i]) * sm_scale)
+                    T.copy(m0, m0_shared)
+                    T.copy(scale0, scale0_shared)
+                    T.barrier_arrive(m0_ready)
+                    exp_scores(s0, m0, sum0_i)
+                    for h_i in T.Parallel(BLOCK_H):
+                        sum0[h_i] = sum0[h_i] * scale0[h_i] + sum0_i[h_i]
+                    for h_i, d_i in T.Parallel(BLOCK_H, half):
+                        o0[h_i, d_i] *= scale0[h_i]
+                    T.copy(s0, p0)
+                    T.wgmma_gemm(p0, kv0_l, o0)
+                    # P_A at the max after B, for WG1 (its O half is already at that max)
+                    T.barrier_wait(m1_ready, parity)
+                    for h_i, n_i in T.Parallel(BLOCK_H, BLOCK_N):
+                        P0_shared[h_i, n_i] = T.cast(s0[h_i, n_i] * scale1_shared[h_i], dtype)
+                    T.fence_proxy_async()
+                    T.barrier_arrive(p0_ready)
+                    T.wait_wgmma(0)
+                    T.barrier_arrive(free0_l[0])
+                    for h_i in T.Parallel(BLOCK_H):
+                        sum0[h_i] *= scale1_shared[h_i]
+                        m0[h_i] = m1_shared[h_i]
+                    for h_i, d_i in T.Parallel(BLOCK_H, half):
+                        o0[h_i, d_i] *= scale1_shared[h_i]
+                    T.barrier_wait(p1_ready, parity)
+                    T.wgmma_gemm(P1_shared, kv1_l, o0)
+                    T.wait_wgmma(0)
+                    T.barrier_arrive(free1_l[0])
+                T.copy(sum0, sum0_shared)
+                T.barrier_arrive(sums_ready)
+                T.barrier_wait(sums_ready, 0)
+                # an empty split (row shorter than the split start) has sum 0: output 0, LSE -inf
+                for h_i in T.Parallel(BLOCK_H):
+                    total = sum0[h_i] + sum1_shared[h_i]
+                    inv0[h_i] = T.if_then_else(total > 0, 1.0 / total, 0)
+                for h_i in T.Parallel(BLOCK_H):
+                    if h_i < valid_h:
+                        total = sum0[h_i] + sum1_shared[h_i]
+                        lse2 = T.if_then_else(
+                            total > 0, T.log2(total) + m0[h_i] * sm_scale, -T.infinity(accum)
+                        )
+                        if split:
+                            MidLse[bid, h0 + h_i, sid] = lse2
+                        else:
+                            Lse[bid, h0 + h_i] = lse2 * LN2
+                write_out(Out, MidO, bid, h0, sid, o0, inv0, Q_l, 0)
+            elif tx < 256:
+                T.set_max_nreg(232, 1)
+                load_q(Q, bid, h0, Q_r, half, q1_tail)
+                T.fence_proxy_async()
+                T.barrier_arrive(q_ready)
+                T.fill(sum1, 0)
+                T.fill(o1, 0)
+                T.barrier_wait(q_ready, 0)
+                for i_i in T.serial(num_pairs):
+                    parity = i_i & 1
+                    masked_scores(s1, start + (2 * i_i + 1) * BLOCK_N, end)
+                    T.barrier_wait(rdy1_r[0], parity)
+                    T.wgmma_gemm(Q_r, kv1_r, s1, transpose_B=True)
+                    T.wgmma_gemm(q1_tail, k1_tail, s1, transpose_B=True)
+                    T.barrier_wait(rdy1_l[0], parity)
+                    T.wgmma_gemm(Q_l, kv1_l, s1, transpose_B=True)
+                    T.wait_wgmma(0)
+                    T.barrier_arrive(free1_l[0])
+                    T.barrier_wait(m0_ready, parity)
+                    for h_i in T.Parallel(BLOCK_H):
+                        m1_prev[h_i] = m0_shared[h_i]
+                        m1[h_i] = m0_shared[h_i]
+                    T.reduce_max(s1, m1, dim=1, clear=False)
+                    for h_i in T.Parallel(BLOCK_H):
+                        scale1[h_i] = T.exp2((m1_prev[h_i] - m1[h_i]) * sm_scale)
+                        both1[h_i] = scale0_shared[h_i] * scale1[h_i]
+                    T.copy(m1, m1_shared)
+                    T.copy(scale1, scale1_shared)
+                    T.barrier_arrive(m1_ready)
+                    exp_scores(s1, m1, sum1_i)
+                    for h_i in T.Parallel(BLOCK_H):
+                        sum1[h_i] = sum1[h_i] * both1[h_i] + sum1_i[h_i]
+                    for h_i, d_i in T.Parallel(BLOCK_H, half):
+                        o1[h_i, d_i] *= both1[h_i]
+                    T.copy(s1, p1)
+                    T.copy(s1, P1_shared)
+                    T.fence_proxy_async()
+                    T.barrier_arrive(p1_ready)
+                    T.wgmma_gemm(p1, kv1_r, o1)
+                    T.barrier_wait(p0_ready, parity)
+                    T.wgmma_gemm(P0_shared, kv0_r, o1)
+                    T.wait_wgmma(1)
+                    T.barrier_arrive(free1_r[0])
+                    T.wait_wgmma(0)
+                    T.barrier_arrive(free0_r[0])
+                T.copy(sum1, sum1_shared)
+                T.barrier_arrive(sums_ready)
+                T.barrier_wait(sums_ready, 0)
+                for h_i in T.Parallel(BLOCK_H):
+                    total = sum1[h_i] + sum0_shared[h_i]
+                    inv1[h_i] = T.if_then_else(total > 0, 1.0 / total, 0)
+                write_out(Out, MidO, bid, h0, sid, o1, inv1, Q_r, half)
+            else:
+                T.set_max_nreg(40, 0)
+                last = T.max(end - 1, 0)
+                slots = T.alloc_local([BLOCK_N // 16], "int64")
+                for i_i in T.serial(num_pairs):
+                    produce_pair(
+                        KV, Table, row, slots, bufs, start + 2 * i_i * BLOCK_N, end, last, i_i & 1, tx
+                    )
+
     @T.macro
     def combine(MidO, MidLse, Out, Lse):
         """Merge the splits of one (row, head): weights exp2(lse_s - max), 4 columns a thread."""
@@ -498,7 +811,10 @@ def _kernel(
             Out: T.Tensor([batch, num_heads, d_v], dtype),
             Lse: T.Tensor([batch, num_heads], accum),
         ):
-            attend(Q, KV, Table, Rows, SeqLens, Out, Lse, MidO, MidLse)
+            if seesaw:
+                attend_seesaw(Q, KV, Table, Rows, SeqLens, Out, Lse, MidO, MidLse)
+            else:
+                attend(Q, KV, Table, Rows, SeqLens, Out, Lse, MidO, MidLse)
             combine(MidO, MidLse, Out, Lse)
 
         func = mla_decode_split
@@ -514,7 +830,10 @@ def _kernel(
             Out: T.Tensor([batch, num_heads, d_v], dtype),
             Lse: T.Tensor([batch, num_heads], accum),
         ):
-            attend(Q, KV, Table, Rows, SeqLens, Out, Lse, None, None)
+            if seesaw:
+                attend_seesaw(Q, KV, Table, Rows, SeqLens, Out, Lse, None, None)
+            else:
+                attend(Q, KV, Table, Rows, SeqLens, Out, Lse, None, None)
 
         func = mla_decode_direct
 
