@@ -133,9 +133,21 @@ def _kernel(
     import tilelang.language as T
 
     assert d_v % 128 == 0 and d_pe % 8 == 0 and d_pe <= 64, (d_v, d_pe)
-    assert set(opts) <= {"early_p", "chunked", "seesaw", "tma", "no_load", "no_compute"}, opts
+    assert set(opts) <= {
+        "early_p",
+        "chunked",
+        "seesaw",
+        "ahead",
+        "r1first",
+        "tma",
+        "no_load",
+        "no_compute",
+    }, opts
     seesaw = "seesaw" in opts
     assert not (seesaw and ({"early_p", "chunked", "no_compute"} & set(opts))), opts
+    ahead = "ahead" in opts  # seesaw: WG0 issues the next pair's first QK^T part before its last PV ends
+    r1first = "r1first" in opts  # seesaw: the producer refills B's right half before A's
+    assert seesaw or not (ahead or r1first), opts
     early_p = "early_p" in opts
     chunked = "chunked" in opts
     use_tma = "tma" in opts and page % BLOCK_N == 0
@@ -519,17 +531,35 @@ def _kernel(
         b_base = T.cast(Table[row, b_first // page], "int64") * page + T.cast(b_first % page, "int64")
         a_full = a_start + BLOCK_N <= end
         b_full = b_start + BLOCK_N <= end
-        tile_slots(Table, row, slots, a_start, last, lane_row)
+        a_slots = a_start + BLOCK_N > end or not use_tma  # the gather runs: slots needed
+        b_slots = b_start + BLOCK_N > end or not use_tma
+        if a_slots:
+            tile_slots(Table, row, slots, a_start, last, lane_row)
         fill_half(
             KV, slots, l0, 0, half, l0, 0, 0, rdy0_l, free0_l, parity, lane_row, lane_col, a_full, a_base
         )
-        fill_half(
-            KV, slots, r0, half, half, t0, d_v, d_pe, rdy0_r, free0_r, parity, lane_row, lane_col, a_full, a_base
-        )  # fmt: skip
-        tile_slots(Table, row, slots, b_start, last, lane_row)
-        fill_half(
-            KV, slots, r1, half, half, t1, d_v, d_pe, rdy1_r, free1_r, parity, lane_row, lane_col, b_full, b_base
-        )  # fmt: skip
+        if r1first:  # WG1 frees B's right half one PV before A's; its next QK^T starts there
+            if b_slots:
+                tile_slots(Table, row, slots, b_start, last, lane_row)
+            fill_half(
+                KV, slots, r1, half, half, t1, d_v, d_pe, rdy1_r, free1_r, parity, lane_row, lane_col, b_full, b_base
+            )  # fmt: skip
+            if a_slots:
+                tile_slots(Table, row, slots, a_start, last, lane_row)
+            fill_half(
+                KV, slots, r0, half, half, t0, d_v, d_pe, rdy0_r, free0_r, parity, lane_row, lane_col, a_full, a_base
+            )  # fmt: skip
+            if b_slots:
+                tile_slots(Table, row, slots, b_start, last, lane_row)
+        else:
+            fill_half(
+                KV, slots, r0, half, half, t0, d_v, d_pe, rdy0_r, free0_r, parity, lane_row, lane_col, a_full, a_base
+            )  # fmt: skip
+            if b_slots:
+                tile_slots(Table, row, slots, b_start, last, lane_row)
+            fill_half(
+                KV, slots, r1, half, half, t1, d_v, d_pe, rdy1_r, free1_r, parity, lane_row, lane_col, b_full, b_base
+            )  # fmt: skip
         fill_half(
             KV, slots, l1, 0, half, l1, 0, 0, rdy1_l, free1_l, parity, lane_row, lane_col, b_full, b_base
         )
@@ -652,11 +682,17 @@ def _kernel(
                 T.fill(m0, -(2**30))  # finite: exp2(m_prev - m_new) must not be inf - inf
                 T.fill(o0, 0)
                 T.barrier_wait(q_ready, 0)
+                if ahead:
+                    if num_pairs > 0:
+                        masked_scores(s0, start, end)
+                        T.barrier_wait(rdy0_l[0], 0)
+                        T.wgmma_gemm(Q_l, kv0_l, s0, transpose_B=True)
                 for i_i in T.serial(num_pairs):
                     parity = i_i & 1
-                    masked_scores(s0, start + 2 * i_i * BLOCK_N, end)
-                    T.barrier_wait(rdy0_l[0], parity)
-                    T.wgmma_gemm(Q_l, kv0_l, s0, transpose_B=True)
+                    if not ahead:
+                        masked_scores(s0, start + 2 * i_i * BLOCK_N, end)
+                        T.barrier_wait(rdy0_l[0], parity)
+                        T.wgmma_gemm(Q_l, kv0_l, s0, transpose_B=True)
                     T.barrier_wait(rdy0_r[0], parity)
                     T.wgmma_gemm(Q_r, kv0_r, s0, transpose_B=True)
                     T.wgmma_gemm(q0_tail, k0_tail, s0, transpose_B=True)
@@ -691,7 +727,16 @@ def _kernel(
                         o0[h_i, d_i] *= scale1_shared[h_i]
                     T.barrier_wait(p1_ready, parity)
                     T.wgmma_gemm(P1_shared, kv1_l, o0)
-                    T.wait_wgmma(0)
+                    if ahead:  # the next pair's first QK^T part queues behind this PV
+                        if i_i + 1 < num_pairs:
+                            masked_scores(s0, start + 2 * (i_i + 1) * BLOCK_N, end)
+                            T.barrier_wait(rdy0_l[0], parity ^ 1)
+                            T.wgmma_gemm(Q_l, kv0_l, s0, transpose_B=True)
+                            T.wait_wgmma(1)
+                        else:
+                            T.wait_wgmma(0)
+                    else:
+                        T.wait_wgmma(0)
                     T.barrier_arrive(free1_l[0])
                 T.copy(sum0, sum0_shared)
                 T.barrier_arrive(sums_ready)
