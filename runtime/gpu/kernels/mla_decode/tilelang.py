@@ -133,21 +133,13 @@ def _kernel(
     import tilelang.language as T
 
     assert d_v % 128 == 0 and d_pe % 8 == 0 and d_pe <= 64, (d_v, d_pe)
-    assert set(opts) <= {
-        "early_p",
-        "chunked",
-        "seesaw",
-        "ahead",
-        "r1first",
-        "tma",
-        "no_load",
-        "no_compute",
-    }, opts
+    assert set(opts) <= {"early_p", "chunked", "seesaw", "parts", "tma", "no_load", "no_compute"}, opts
     seesaw = "seesaw" in opts
     assert not (seesaw and ({"early_p", "chunked", "no_compute"} & set(opts))), opts
-    ahead = "ahead" in opts  # seesaw: WG0 issues the next pair's first QK^T part before its last PV ends
-    r1first = "r1first" in opts  # seesaw: the producer refills B's right half before A's
-    assert seesaw or not (ahead or r1first), opts
+    # seesaw: one ready barrier per 64-column part, so QK^T starts on the first part to land
+    parts = "parts" in opts
+    assert seesaw or not parts, opts
+    assert not parts or (d_v == 512 and d_pe <= 64), (d_v, d_pe)
     early_p = "early_p" in opts
     chunked = "chunked" in opts
     use_tma = "tma" in opts and page % BLOCK_N == 0
@@ -490,22 +482,74 @@ def _kernel(
     # room for the two P tiles next to two 72 KB KV buffers.
 
     @T.macro
+    def fill_part(KV, slots, dst, dcol, kcol, width, ready, lane_row, lane_col, full, base):
+        """Producer: `width` (<= 64) columns from `kcol` on into dst[:, dcol:], then an arrive on `ready`
+        (that fires when the bytes or this thread's copies landed)."""
+        if use_tma and full:  # a whole tile inside one page: one bulk copy, swizzled by the TMA unit
+            if load:
+                T.tma_copy(
+                    KV[base : base + BLOCK_N, kcol : kcol + width], dst[:, dcol : dcol + width], barrier=ready
+                )
+            T.barrier_arrive(ready)
+        else:
+            for r in T.unroll(BLOCK_N // 16):
+                if width == 64 or lane_col < width:
+                    if load:
+                        T.ptx_cp_async(
+                            T.access_ptr(dst[r * 16 + lane_row, dcol + lane_col], "w", 8),
+                            T.access_ptr(KV[slots[r], kcol + lane_col], "r", 8),
+                            8,
+                        )
+            T.cp_async_barrier_noinc(ready[0])
+
+    @T.macro
     def fill_half(
         KV, slots, dst, col0, width, dst2, col2, width2, ready, free, parity, lane_row, lane_col, full, base
     ):
-        """Producer: one half of a KV buffer, one or two parts, once its readers freed it."""
+        """Producer: one half of a KV buffer, one or two parts, once its readers freed it. `ready` is a
+        tuple of one-barrier buffers: one for the half, or with `parts` one per 64-column part (the
+        right half's fifth: the tail)."""
         T.barrier_wait(free[0], parity ^ 1)
-        if use_tma and full:  # a whole tile inside one page: bulk copies, swizzled by the TMA unit
+        if parts:
+            fill_part(KV, slots, dst, 0, col0, 64, ready[0], lane_row, lane_col, full, base)
+            fill_part(KV, slots, dst, 64, col0 + 64, 64, ready[1], lane_row, lane_col, full, base)
+            fill_part(KV, slots, dst, 128, col0 + 128, 64, ready[2], lane_row, lane_col, full, base)
+            fill_part(KV, slots, dst, 192, col0 + 192, 64, ready[3], lane_row, lane_col, full, base)
+            if width2 > 0:
+                fill_part(KV, slots, dst2, 0, col2, width2, ready[4], lane_row, lane_col, full, base)
+        elif use_tma and full:  # a whole tile inside one page: bulk copies, swizzled by the TMA unit
             if load:
-                T.tma_copy(KV[base : base + BLOCK_N, col0 : col0 + width], dst, barrier=ready[0])
+                T.tma_copy(KV[base : base + BLOCK_N, col0 : col0 + width], dst, barrier=ready[0][0])
                 if width2 > 0:
-                    T.tma_copy(KV[base : base + BLOCK_N, col2 : col2 + width2], dst2, barrier=ready[0])
-            T.barrier_arrive(ready[0])
+                    T.tma_copy(KV[base : base + BLOCK_N, col2 : col2 + width2], dst2, barrier=ready[0][0])
+            T.barrier_arrive(ready[0][0])
         else:
             gather_copies(KV, slots, dst, col0, width, lane_row, lane_col)
             if width2 > 0:
                 gather_copies(KV, slots, dst2, col2, width2, lane_row, lane_col)
-            T.cp_async_barrier_noinc(ready[0])
+            T.cp_async_barrier_noinc(ready[0][0])
+
+    @T.macro
+    def qk_half(Q_half, kv_half, ready, parity, acc_s):
+        """S += Q_half K_half^T, part by part as they land with `parts`, else once the half landed."""
+        if parts:
+            T.barrier_wait(ready[0][0], parity)
+            T.wgmma_gemm(Q_half[:, 0:64], kv_half[:, 0:64], acc_s, transpose_B=True)
+            T.barrier_wait(ready[1][0], parity)
+            T.wgmma_gemm(Q_half[:, 64:128], kv_half[:, 64:128], acc_s, transpose_B=True)
+            T.barrier_wait(ready[2][0], parity)
+            T.wgmma_gemm(Q_half[:, 128:192], kv_half[:, 128:192], acc_s, transpose_B=True)
+            T.barrier_wait(ready[3][0], parity)
+            T.wgmma_gemm(Q_half[:, 192:256], kv_half[:, 192:256], acc_s, transpose_B=True)
+        else:
+            T.barrier_wait(ready[0][0], parity)
+            T.wgmma_gemm(Q_half, kv_half, acc_s, transpose_B=True)
+
+    @T.macro
+    def qk_tail(q_tail, k_tail, ready, parity, acc_s):
+        if parts:
+            T.barrier_wait(ready[4][0], parity)
+        T.wgmma_gemm(q_tail, k_tail, acc_s, transpose_B=True)
 
     @T.macro
     def tile_slots(Table, row, slots, tile_start, last, lane_row):
@@ -531,35 +575,17 @@ def _kernel(
         b_base = T.cast(Table[row, b_first // page], "int64") * page + T.cast(b_first % page, "int64")
         a_full = a_start + BLOCK_N <= end
         b_full = b_start + BLOCK_N <= end
-        a_slots = a_start + BLOCK_N > end or not use_tma  # the gather runs: slots needed
-        b_slots = b_start + BLOCK_N > end or not use_tma
-        if a_slots:
-            tile_slots(Table, row, slots, a_start, last, lane_row)
+        tile_slots(Table, row, slots, a_start, last, lane_row)
         fill_half(
             KV, slots, l0, 0, half, l0, 0, 0, rdy0_l, free0_l, parity, lane_row, lane_col, a_full, a_base
         )
-        if r1first:  # WG1 frees B's right half one PV before A's; its next QK^T starts there
-            if b_slots:
-                tile_slots(Table, row, slots, b_start, last, lane_row)
-            fill_half(
-                KV, slots, r1, half, half, t1, d_v, d_pe, rdy1_r, free1_r, parity, lane_row, lane_col, b_full, b_base
-            )  # fmt: skip
-            if a_slots:
-                tile_slots(Table, row, slots, a_start, last, lane_row)
-            fill_half(
-                KV, slots, r0, half, half, t0, d_v, d_pe, rdy0_r, free0_r, parity, lane_row, lane_col, a_full, a_base
-            )  # fmt: skip
-            if b_slots:
-                tile_slots(Table, row, slots, b_start, last, lane_row)
-        else:
-            fill_half(
-                KV, slots, r0, half, half, t0, d_v, d_pe, rdy0_r, free0_r, parity, lane_row, lane_col, a_full, a_base
-            )  # fmt: skip
-            if b_slots:
-                tile_slots(Table, row, slots, b_start, last, lane_row)
-            fill_half(
-                KV, slots, r1, half, half, t1, d_v, d_pe, rdy1_r, free1_r, parity, lane_row, lane_col, b_full, b_base
-            )  # fmt: skip
+        fill_half(
+            KV, slots, r0, half, half, t0, d_v, d_pe, rdy0_r, free0_r, parity, lane_row, lane_col, a_full, a_base
+        )  # fmt: skip
+        tile_slots(Table, row, slots, b_start, last, lane_row)
+        fill_half(
+            KV, slots, r1, half, half, t1, d_v, d_pe, rdy1_r, free1_r, parity, lane_row, lane_col, b_full, b_base
+        )  # fmt: skip
         fill_half(
             KV, slots, l1, 0, half, l1, 0, 0, rdy1_l, free1_l, parity, lane_row, lane_col, b_full, b_base
         )
@@ -644,10 +670,34 @@ def _kernel(
             sum1_i = T.alloc_fragment([BLOCK_H], accum)
             inv1 = T.alloc_fragment([BLOCK_H], accum)
 
-            rdy0_l = T.alloc_barrier(arrive_count=128)  # producer -> consumers
-            rdy0_r = T.alloc_barrier(arrive_count=128)
-            rdy1_l = T.alloc_barrier(arrive_count=128)
-            rdy1_r = T.alloc_barrier(arrive_count=128)
+            # producer -> consumers: per half, or per 64-column part (the right half's fifth: the tail)
+            # (separate one-barrier buffers: a barrier index passed into a macro is lost on lowering)
+            if parts:
+                rdy0_l = (
+                    T.alloc_barrier(128),
+                    T.alloc_barrier(128),
+                    T.alloc_barrier(128),
+                    T.alloc_barrier(128),
+                )
+                rdy1_l = (
+                    T.alloc_barrier(128),
+                    T.alloc_barrier(128),
+                    T.alloc_barrier(128),
+                    T.alloc_barrier(128),
+                )
+                rdy0_r = (
+                    T.alloc_barrier(128), T.alloc_barrier(128), T.alloc_barrier(128), T.alloc_barrier(128),
+                    T.alloc_barrier(128),
+                )  # fmt: skip
+                rdy1_r = (
+                    T.alloc_barrier(128), T.alloc_barrier(128), T.alloc_barrier(128), T.alloc_barrier(128),
+                    T.alloc_barrier(128),
+                )  # fmt: skip
+            else:
+                rdy0_l = (T.alloc_barrier(128),)
+                rdy0_r = (T.alloc_barrier(128),)
+                rdy1_l = (T.alloc_barrier(128),)
+                rdy1_r = (T.alloc_barrier(128),)
             free0_l = T.alloc_barrier(arrive_count=128)  # WG0 (S_A, P_A V_A-left)
             free0_r = T.alloc_barrier(arrive_count=256)  # WG0 (S_A) and WG1 (P_A V_A-right)
             free1_l = T.alloc_barrier(arrive_count=256)  # WG1 (S_B) and WG0 (P_B V_B-left)
@@ -682,20 +732,12 @@ def _kernel(
                 T.fill(m0, -(2**30))  # finite: exp2(m_prev - m_new) must not be inf - inf
                 T.fill(o0, 0)
                 T.barrier_wait(q_ready, 0)
-                if ahead:
-                    if num_pairs > 0:
-                        masked_scores(s0, start, end)
-                        T.barrier_wait(rdy0_l[0], 0)
-                        T.wgmma_gemm(Q_l, kv0_l, s0, transpose_B=True)
                 for i_i in T.serial(num_pairs):
                     parity = i_i & 1
-                    if not ahead:
-                        masked_scores(s0, start + 2 * i_i * BLOCK_N, end)
-                        T.barrier_wait(rdy0_l[0], parity)
-                        T.wgmma_gemm(Q_l, kv0_l, s0, transpose_B=True)
-                    T.barrier_wait(rdy0_r[0], parity)
-                    T.wgmma_gemm(Q_r, kv0_r, s0, transpose_B=True)
-                    T.wgmma_gemm(q0_tail, k0_tail, s0, transpose_B=True)
+                    masked_scores(s0, start + 2 * i_i * BLOCK_N, end)
+                    qk_half(Q_l, kv0_l, rdy0_l, parity, s0)
+                    qk_half(Q_r, kv0_r, rdy0_r, parity, s0)
+                    qk_tail(q0_tail, k0_tail, rdy0_r, parity, s0)
                     T.wait_wgmma(0)
                     T.barrier_arrive(free0_r[0])
                     T.copy(m0, m0_prev)
@@ -727,16 +769,7 @@ def _kernel(
                         o0[h_i, d_i] *= scale1_shared[h_i]
                     T.barrier_wait(p1_ready, parity)
                     T.wgmma_gemm(P1_shared, kv1_l, o0)
-                    if ahead:  # the next pair's first QK^T part queues behind this PV
-                        if i_i + 1 < num_pairs:
-                            masked_scores(s0, start + 2 * (i_i + 1) * BLOCK_N, end)
-                            T.barrier_wait(rdy0_l[0], parity ^ 1)
-                            T.wgmma_gemm(Q_l, kv0_l, s0, transpose_B=True)
-                            T.wait_wgmma(1)
-                        else:
-                            T.wait_wgmma(0)
-                    else:
-                        T.wait_wgmma(0)
+                    T.wait_wgmma(0)
                     T.barrier_arrive(free1_l[0])
                 T.copy(sum0, sum0_shared)
                 T.barrier_arrive(sums_ready)
@@ -767,11 +800,9 @@ def _kernel(
                 for i_i in T.serial(num_pairs):
                     parity = i_i & 1
                     masked_scores(s1, start + (2 * i_i + 1) * BLOCK_N, end)
-                    T.barrier_wait(rdy1_r[0], parity)
-                    T.wgmma_gemm(Q_r, kv1_r, s1, transpose_B=True)
-                    T.wgmma_gemm(q1_tail, k1_tail, s1, transpose_B=True)
-                    T.barrier_wait(rdy1_l[0], parity)
-                    T.wgmma_gemm(Q_l, kv1_l, s1, transpose_B=True)
+                    qk_half(Q_r, kv1_r, rdy1_r, parity, s1)
+                    qk_tail(q1_tail, k1_tail, rdy1_r, parity, s1)
+                    qk_half(Q_l, kv1_l, rdy1_l, parity, s1)
                     T.wait_wgmma(0)
                     T.barrier_arrive(free1_l[0])
                     T.barrier_wait(m0_ready, parity)
