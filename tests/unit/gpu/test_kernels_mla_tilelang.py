@@ -54,3 +54,17 @@ def test_unsupported_dtypes_are_not_the_kernels() -> None:
     assert tl.supported(q.to(torch.bfloat16), 512)
     assert not tl.supported(q.to(torch.bfloat16)[..., :516], 512)  # rope 4: not a 16-byte copy
     assert not tl.supported(q.to(torch.bfloat16)[..., :320], 256 + 8)  # d_v not a multiple of 128
+
+
+@pytest.mark.parametrize(
+    ("page", "want"),
+    [
+        (64, ("seesaw", "tma")),  # a FlashMLA block table: whole tiles by TMA, the seesaw schedule
+        (128, ("seesaw", "tma")),
+        (1, ()),  # the engine's per-token table gathers with the three-role schedule
+        (16, ()),
+    ],
+)
+def test_the_seesaw_schedule_runs_where_tiles_arrive_by_tma(page: int, want: tuple) -> None:
+    assert tl.schedule(tl.DEFAULT_OPTS, page) == want
+    assert tl.schedule(("early_p", "seesaw", "tma"), page) == tuple(sorted(("early_p", *want)))

@@ -28,14 +28,21 @@ One split: the CTA writes the output and the LSE. More: it writes a normalised f
 base-2 LSE, and a combine kernel (one CTA per (head, row)) merges the splits. The split count is chosen
 on the host (no sync) so the grid fills the SMs; pass a fixed one under CUDA graphs.
 
-Schedule options (`_kernel`'s `opts`; `DEFAULT_OPTS` is the one measured best, docs/PERF.md): "tma"
-loads whole tiles of a page-64 block table with one bulk copy per part (+3-4% there; the per-token
-table always gathers); "chunked" (per-part ready/free barriers) measured no gain; "early_p" hands P to
-WG1 before WG0's own half of PV, so the buffer frees one PV sooner: it passed the GPU test's nine
-op-signature shapes on the H200 but is not yet timed. Measured on the H200 at h_q = 128: the math alone runs at ~600 TFLOP/s,
-the loads alone at ~1000 TFLOP/s-equivalent, both together ~470-490: with two 72 KB KV buffers (all
-that fits beside Q) a tile's loads only start when the tile two back has finished its PV, and overlap
-poorly with the math. That overlap is the remaining gap to FlashMLA at 4K-32K.
+Schedule options (`_kernel`'s `opts`; `DEFAULT_OPTS` is the one measured best, docs/PERF.md):
+- "tma": whole tiles of a page-64 block table arrive by bulk copies (+3-4% there; the per-token table
+  always gathers).
+- "seesaw" (FlashMLA's dense-decode division of labour, see the comment above `attend_seesaw`): WG0
+  and WG1 each own one tile of a pair and half of O, so both do the same FLOPs and one's softmax runs
+  under the other's GEMMs. With TMA, +4-7% at h_q = 128 and 4K-32K (H200, two runs); on the gather it
+  lost at 1K and at h_q = 16, so it applies with TMA only (the engine's per-token table keeps the
+  schedule above).
+- "chunked" (per-part ready/free barriers) and "early_p" (P to WG1 before WG0's own PV half): timed,
+  no gain worth a default. With seesaw, per-64-column ready barriers, issuing the next pair's QK^T
+  ahead of the last PV and reordering the producer were timed too (4% slower, equal, equal) and
+  removed.
+Measured on the H200 at h_q = 128: the seesaw math alone (no loads) runs at 624-650 TFLOP/s, with
+the loads 480-510: the two 72 KB KV buffers (all that fits beside Q) leave one tile pair of
+prefetch, and the loads overlap the math only partly. That is the remaining gap to FlashMLA.
 
 Kernels are compiled on first use per (heads, dims, dtypes, page, split or not, scale, schedule); batch,
 pool size, table shape and split count are dynamic, so a serving run compiles a handful of variants."""
@@ -54,7 +61,7 @@ from runtime.gpu.kernels.registry import tilelang_importable as _importable
 BLOCK_H = 64  # q heads per CTA: the wgmma M tile (fewer heads are zero-padded)
 BLOCK_N = 64  # tokens per KV tile
 LN2 = 0.6931471805599453
-DEFAULT_OPTS: tuple[str, ...] = ("tma",)  # see _kernel: the schedule measured best on the H200 (PERF.md)
+DEFAULT_OPTS: tuple[str, ...] = ("seesaw", "tma")  # the schedule measured best on the H200 (PERF.md)
 
 _TL_DTYPE = {
     torch.bfloat16: "bfloat16",
@@ -82,9 +89,10 @@ def supported(q: torch.Tensor, kv_lora_rank: int) -> bool:
 
 
 def schedule(opts: tuple[str, ...], page: int) -> tuple[str, ...]:
-    """The options that apply at this page size (TMA needs whole 64-token tiles in a page), sorted: one
-    compiled variant per distinct schedule."""
-    return tuple(sorted(o for o in opts if o != "tma" or page % BLOCK_N == 0))
+    """The options that apply at this page size, sorted (one compiled variant per distinct schedule):
+    TMA needs whole 64-token tiles in a page, and the seesaw schedule only pays with TMA."""
+    tiled = page % BLOCK_N == 0
+    return tuple(sorted(o for o in opts if o not in ("tma", "seesaw") or tiled))
 
 
 def choose_num_splits(batch: int, head_blocks: int, max_tokens: int, device: torch.device) -> int:
@@ -133,13 +141,9 @@ def _kernel(
     import tilelang.language as T
 
     assert d_v % 128 == 0 and d_pe % 8 == 0 and d_pe <= 64, (d_v, d_pe)
-    assert set(opts) <= {"early_p", "chunked", "seesaw", "parts", "tma", "no_load", "no_compute"}, opts
+    assert set(opts) <= {"early_p", "chunked", "seesaw", "tma", "no_load", "no_compute"}, opts
     seesaw = "seesaw" in opts
     assert not (seesaw and ({"early_p", "chunked", "no_compute"} & set(opts))), opts
-    # seesaw: one ready barrier per 64-column part, so QK^T starts on the first part to land
-    parts = "parts" in opts
-    assert seesaw or not parts, opts
-    assert not parts or (d_v == 512 and d_pe <= 64), (d_v, d_pe)
     early_p = "early_p" in opts
     chunked = "chunked" in opts
     use_tma = "tma" in opts and page % BLOCK_N == 0
@@ -482,74 +486,22 @@ def _kernel(
     # room for the two P tiles next to two 72 KB KV buffers.
 
     @T.macro
-    def fill_part(KV, slots, dst, dcol, kcol, width, ready, lane_row, lane_col, full, base):
-        """Producer: `width` (<= 64) columns from `kcol` on into dst[:, dcol:], then an arrive on `ready`
-        (that fires when the bytes or this thread's copies landed)."""
-        if use_tma and full:  # a whole tile inside one page: one bulk copy, swizzled by the TMA unit
-            if load:
-                T.tma_copy(
-                    KV[base : base + BLOCK_N, kcol : kcol + width], dst[:, dcol : dcol + width], barrier=ready
-                )
-            T.barrier_arrive(ready)
-        else:
-            for r in T.unroll(BLOCK_N // 16):
-                if width == 64 or lane_col < width:
-                    if load:
-                        T.ptx_cp_async(
-                            T.access_ptr(dst[r * 16 + lane_row, dcol + lane_col], "w", 8),
-                            T.access_ptr(KV[slots[r], kcol + lane_col], "r", 8),
-                            8,
-                        )
-            T.cp_async_barrier_noinc(ready[0])
-
-    @T.macro
     def fill_half(
         KV, slots, dst, col0, width, dst2, col2, width2, ready, free, parity, lane_row, lane_col, full, base
     ):
-        """Producer: one half of a KV buffer, one or two parts, once its readers freed it. `ready` is a
-        tuple of one-barrier buffers: one for the half, or with `parts` one per 64-column part (the
-        right half's fifth: the tail)."""
+        """Producer: one half of a KV buffer, one or two parts, once its readers freed it."""
         T.barrier_wait(free[0], parity ^ 1)
-        if parts:
-            fill_part(KV, slots, dst, 0, col0, 64, ready[0], lane_row, lane_col, full, base)
-            fill_part(KV, slots, dst, 64, col0 + 64, 64, ready[1], lane_row, lane_col, full, base)
-            fill_part(KV, slots, dst, 128, col0 + 128, 64, ready[2], lane_row, lane_col, full, base)
-            fill_part(KV, slots, dst, 192, col0 + 192, 64, ready[3], lane_row, lane_col, full, base)
-            if width2 > 0:
-                fill_part(KV, slots, dst2, 0, col2, width2, ready[4], lane_row, lane_col, full, base)
-        elif use_tma and full:  # a whole tile inside one page: bulk copies, swizzled by the TMA unit
+        if use_tma and full:  # a whole tile inside one page: bulk copies, swizzled by the TMA unit
             if load:
-                T.tma_copy(KV[base : base + BLOCK_N, col0 : col0 + width], dst, barrier=ready[0][0])
+                T.tma_copy(KV[base : base + BLOCK_N, col0 : col0 + width], dst, barrier=ready[0])
                 if width2 > 0:
-                    T.tma_copy(KV[base : base + BLOCK_N, col2 : col2 + width2], dst2, barrier=ready[0][0])
-            T.barrier_arrive(ready[0][0])
+                    T.tma_copy(KV[base : base + BLOCK_N, col2 : col2 + width2], dst2, barrier=ready[0])
+            T.barrier_arrive(ready[0])
         else:
             gather_copies(KV, slots, dst, col0, width, lane_row, lane_col)
             if width2 > 0:
                 gather_copies(KV, slots, dst2, col2, width2, lane_row, lane_col)
-            T.cp_async_barrier_noinc(ready[0][0])
-
-    @T.macro
-    def qk_half(Q_half, kv_half, ready, parity, acc_s):
-        """S += Q_half K_half^T, part by part as they land with `parts`, else once the half landed."""
-        if parts:
-            T.barrier_wait(ready[0][0], parity)
-            T.wgmma_gemm(Q_half[:, 0:64], kv_half[:, 0:64], acc_s, transpose_B=True)
-            T.barrier_wait(ready[1][0], parity)
-            T.wgmma_gemm(Q_half[:, 64:128], kv_half[:, 64:128], acc_s, transpose_B=True)
-            T.barrier_wait(ready[2][0], parity)
-            T.wgmma_gemm(Q_half[:, 128:192], kv_half[:, 128:192], acc_s, transpose_B=True)
-            T.barrier_wait(ready[3][0], parity)
-            T.wgmma_gemm(Q_half[:, 192:256], kv_half[:, 192:256], acc_s, transpose_B=True)
-        else:
-            T.barrier_wait(ready[0][0], parity)
-            T.wgmma_gemm(Q_half, kv_half, acc_s, transpose_B=True)
-
-    @T.macro
-    def qk_tail(q_tail, k_tail, ready, parity, acc_s):
-        if parts:
-            T.barrier_wait(ready[4][0], parity)
-        T.wgmma_gemm(q_tail, k_tail, acc_s, transpose_B=True)
+            T.cp_async_barrier_noinc(ready[0])
 
     @T.macro
     def tile_slots(Table, row, slots, tile_start, last, lane_row):
@@ -575,14 +527,16 @@ def _kernel(
         b_base = T.cast(Table[row, b_first // page], "int64") * page + T.cast(b_first % page, "int64")
         a_full = a_start + BLOCK_N <= end
         b_full = b_start + BLOCK_N <= end
-        tile_slots(Table, row, slots, a_start, last, lane_row)
+        if a_start + BLOCK_N > end or not use_tma:  # the tile gathers: slots needed
+            tile_slots(Table, row, slots, a_start, last, lane_row)
         fill_half(
             KV, slots, l0, 0, half, l0, 0, 0, rdy0_l, free0_l, parity, lane_row, lane_col, a_full, a_base
         )
         fill_half(
             KV, slots, r0, half, half, t0, d_v, d_pe, rdy0_r, free0_r, parity, lane_row, lane_col, a_full, a_base
         )  # fmt: skip
-        tile_slots(Table, row, slots, b_start, last, lane_row)
+        if b_start + BLOCK_N > end or not use_tma:
+            tile_slots(Table, row, slots, b_start, last, lane_row)
         fill_half(
             KV, slots, r1, half, half, t1, d_v, d_pe, rdy1_r, free1_r, parity, lane_row, lane_col, b_full, b_base
         )  # fmt: skip
@@ -670,34 +624,10 @@ def _kernel(
             sum1_i = T.alloc_fragment([BLOCK_H], accum)
             inv1 = T.alloc_fragment([BLOCK_H], accum)
 
-            # producer -> consumers: per half, or per 64-column part (the right half's fifth: the tail)
-            # (separate one-barrier buffers: a barrier index passed into a macro is lost on lowering)
-            if parts:
-                rdy0_l = (
-                    T.alloc_barrier(128),
-                    T.alloc_barrier(128),
-                    T.alloc_barrier(128),
-                    T.alloc_barrier(128),
-                )
-                rdy1_l = (
-                    T.alloc_barrier(128),
-                    T.alloc_barrier(128),
-                    T.alloc_barrier(128),
-                    T.alloc_barrier(128),
-                )
-                rdy0_r = (
-                    T.alloc_barrier(128), T.alloc_barrier(128), T.alloc_barrier(128), T.alloc_barrier(128),
-                    T.alloc_barrier(128),
-                )  # fmt: skip
-                rdy1_r = (
-                    T.alloc_barrier(128), T.alloc_barrier(128), T.alloc_barrier(128), T.alloc_barrier(128),
-                    T.alloc_barrier(128),
-                )  # fmt: skip
-            else:
-                rdy0_l = (T.alloc_barrier(128),)
-                rdy0_r = (T.alloc_barrier(128),)
-                rdy1_l = (T.alloc_barrier(128),)
-                rdy1_r = (T.alloc_barrier(128),)
+            rdy0_l = T.alloc_barrier(arrive_count=128)  # producer -> consumers
+            rdy0_r = T.alloc_barrier(arrive_count=128)
+            rdy1_l = T.alloc_barrier(arrive_count=128)
+            rdy1_r = T.alloc_barrier(arrive_count=128)
             free0_l = T.alloc_barrier(arrive_count=128)  # WG0 (S_A, P_A V_A-left)
             free0_r = T.alloc_barrier(arrive_count=256)  # WG0 (S_A) and WG1 (P_A V_A-right)
             free1_l = T.alloc_barrier(arrive_count=256)  # WG1 (S_B) and WG0 (P_B V_B-left)
@@ -735,9 +665,11 @@ def _kernel(
                 for i_i in T.serial(num_pairs):
                     parity = i_i & 1
                     masked_scores(s0, start + 2 * i_i * BLOCK_N, end)
-                    qk_half(Q_l, kv0_l, rdy0_l, parity, s0)
-                    qk_half(Q_r, kv0_r, rdy0_r, parity, s0)
-                    qk_tail(q0_tail, k0_tail, rdy0_r, parity, s0)
+                    T.barrier_wait(rdy0_l[0], parity)
+                    T.wgmma_gemm(Q_l, kv0_l, s0, transpose_B=True)
+                    T.barrier_wait(rdy0_r[0], parity)
+                    T.wgmma_gemm(Q_r, kv0_r, s0, transpose_B=True)
+                    T.wgmma_gemm(q0_tail, k0_tail, s0, transpose_B=True)
                     T.wait_wgmma(0)
                     T.barrier_arrive(free0_r[0])
                     T.copy(m0, m0_prev)
@@ -800,9 +732,11 @@ def _kernel(
                 for i_i in T.serial(num_pairs):
                     parity = i_i & 1
                     masked_scores(s1, start + (2 * i_i + 1) * BLOCK_N, end)
-                    qk_half(Q_r, kv1_r, rdy1_r, parity, s1)
-                    qk_tail(q1_tail, k1_tail, rdy1_r, parity, s1)
-                    qk_half(Q_l, kv1_l, rdy1_l, parity, s1)
+                    T.barrier_wait(rdy1_r[0], parity)
+                    T.wgmma_gemm(Q_r, kv1_r, s1, transpose_B=True)
+                    T.wgmma_gemm(q1_tail, k1_tail, s1, transpose_B=True)
+                    T.barrier_wait(rdy1_l[0], parity)
+                    T.wgmma_gemm(Q_l, kv1_l, s1, transpose_B=True)
                     T.wait_wgmma(0)
                     T.barrier_arrive(free1_l[0])
                     T.barrier_wait(m0_ready, parity)
