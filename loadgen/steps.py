@@ -58,6 +58,9 @@ def add_args(p) -> None:
     p.add_argument("--steps", type=int, default=10, help="timed steps per point (median reported)")
     p.add_argument("--warmup-steps", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--page-size", type=int, default=1,
+                   help="KV pool page size: each decode row's slots start on a page (MLA reads whole "
+                   "64-token tiles through a page table when it is a multiple of 64)")  # fmt: skip
     p.add_argument("--cuda-graph", choices=("on", "off", "both"), default="on",
                    help="decode with CUDA graphs, eagerly, or both side by side (rows `decode-e`: eager)")  # fmt: skip
     p.add_argument("--overlap", choices=("on", "off", "both"), default="on",
@@ -126,15 +129,17 @@ class _Bench:
         max_b = max(args.batch_sizes) if args.batch_sizes else 1
         k_max = max(args.draft_tokens) if args.draft_tokens else 0
         grow = (args.warmup_steps + args.steps + 1) * (k_max + 1)
-        self.per_row = args.context_len + grow  # KV slots each decode row owns
+        page = args.page_size
+        self.per_row = -(-(args.context_len + grow) // page) * page  # KV slots each decode row owns
+        self.first_slot = page if page > 1 else 1  # slot 0 is padding; rows start on a page
         prefill_need = args.prefill_context + max(args.prefill_tokens, default=0)
-        slots = 1 + max(max_b * self.per_row, prefill_need)
+        slots = self.first_slot + max(max_b * self.per_row, prefill_need)
         self.max_len = max(self.per_row, prefill_need) + 1
         cfg = RunnerConfig(model_path=args.model_path, device=device, dtype=args.dtype, load_format=args.load_format,
                            kv_cache_dtype=args.kv_cache_dtype, hf_overrides=args.hf_overrides,
                            quantization=args.quantization,
                            num_kv_slots=slots, max_reqs=max_b, max_model_len=self.max_len, seed=args.seed,
-                           cuda_graph=args.cuda_graph != "off",
+                           cuda_graph=args.cuda_graph != "off", page_size=page,
                            attention_backend=args.attention_backend)  # fmt: skip
         self.runner = ModelRunner(cfg)
         c = self.runner.config
@@ -202,7 +207,7 @@ class _Bench:
         if self.runner.graphs is not None:
             self.runner.graphs.enabled = graph
         c, n = self.args.context_len, k + 1
-        base = {r: 1 + (r - 1) * self.per_row for r in range(1, b + 1)}
+        base = {r: self.first_slot + (r - 1) * self.per_row for r in range(1, b + 1)}
         added, released = self._start(list(base), {r: list(range(s, s + c)) for r, s in base.items()})
         plans = []
         for i in range(self.args.warmup_steps + self.args.steps):

@@ -126,6 +126,7 @@ class ModelRunner:
             self.attn_backend = get_attention_backend(backend)(
                 self.config.num_attention_heads, n_kv, hd, scale=hd**-0.5
             )
+        self.attn_backend.page_size = cfg.page_size
         # Models with per-request state outside the paged pool (V4's window ring and compressor tails)
         # rebuild it on a prefix hit by replaying this many tokens before the hit (StepPlan.replay), and
         # need page sizes that are multiples of `page_multiple` (V4: whole compression windows per page).

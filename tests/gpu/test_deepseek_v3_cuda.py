@@ -15,6 +15,7 @@ from runtime.gpu.attention.mla_kernel import MLAKernelBackend
 from runtime.gpu.model_runner import ModelRunner, RunnerConfig
 from runtime.gpu.testing import (
     YARN_ROPE,
+    PagedPlanBuilder,
     PlanBuilder,
     assert_same_decode,
     decode_scenario,
@@ -79,28 +80,54 @@ def test_cuda_logits_match_transformers(tmp_path, name, dtype):
     )
     runner = ModelRunner(cfg)
     assert isinstance(runner.attn_backend, MLAKernelBackend) and runner.graphs is not None
-    g = torch.Generator().manual_seed(0)
-    seqs = torch.randint(3, 128, (3, 48), generator=g).tolist()
     slots = list(range(1, 4096))
     random.Random(0).shuffle(slots)
-    pb, rows, split = PlanBuilder(slots), [1, 2, 3], 40
-    added = [seq_start(r, s) for r, s in zip(rows, seqs, strict=True)]
-    steps = [
-        runner.forward_logits(
-            pb.plan(rows, [0] * 3, [split] * 3, [t for s in seqs for t in s[:split]], added=added)
-        )
-    ]
-    for pos in range(split, 48):
-        steps.append(runner.forward_logits(pb.plan(rows, [pos] * 3, [1] * 3, [s[pos] for s in seqs])))
-    ours = torch.stack(steps, dim=1).float().cpu()
-    with torch.no_grad():
-        expected = ref(torch.tensor(seqs, device="cuda")).logits.float().cpu()[:, split - 1 :]
+    ours, expected = _logits_vs_transformers(runner, ref, PlanBuilder(slots), 48, 40)
     if dtype == "float32":
         torch.testing.assert_close(ours, expected, atol=2e-4, rtol=0)
     else:  # bf16 may flip a near-tied expert choice; logits stay close overall
         cos = torch.nn.functional.cosine_similarity(ours, expected, dim=-1)
         assert cos.mean() > 0.995 and cos.min() > 0.97
         assert (ours.argmax(-1) == expected.argmax(-1)).float().mean() > 0.9
+
+
+def _logits_vs_transformers(runner, ref, pb, length: int, split: int):
+    """Three rows: prefill `split` tokens, then decode one token per step to `length` (CUDA graphs);
+    our logits and transformers' on the same sequences, float32 on the host."""
+    g = torch.Generator().manual_seed(0)
+    seqs = torch.randint(3, 128, (3, length), generator=g).tolist()
+    rows = [1, 2, 3]
+    added = [seq_start(r, s) for r, s in zip(rows, seqs, strict=True)]
+    steps = [
+        runner.forward_logits(
+            pb.plan(rows, [0] * 3, [split] * 3, [t for s in seqs for t in s[:split]], added=added)
+        )
+    ]
+    for pos in range(split, length):
+        steps.append(runner.forward_logits(pb.plan(rows, [pos] * 3, [1] * 3, [s[pos] for s in seqs])))
+    ours = torch.stack(steps, dim=1).float().cpu()
+    with torch.no_grad():
+        expected = ref(torch.tensor(seqs, device="cuda")).logits.float().cpu()[:, split - 1 :]
+    return ours, expected
+
+
+def test_pages_of_64_decode_through_a_page_table(tmp_path):
+    """bf16 with 64-token pages (shuffled): decode steps hand the kernel a page table, so on Hopper
+    with TileLang whole tiles arrive by TMA (the seesaw schedule); rows of 100-160 tokens cover full
+    and partial tiles; DeepSeek's latent width (512 + 64) so the TileLang kernel takes it. Logits as close
+    to transformers as the per-token path's."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ref = save_tiny_deepseek_v3(tmp_path, seed=7, kv_lora_rank=512, qk_rope_head_dim=64).cuda()
+    cfg = RunnerConfig(
+        str(tmp_path), device="cuda", dtype="bfloat16", num_kv_slots=4096, max_reqs=8, max_model_len=256,
+        page_size=64,
+    )  # fmt: skip
+    runner = ModelRunner(cfg)
+    assert runner.graphs is not None
+    ours, expected = _logits_vs_transformers(runner, ref, PagedPlanBuilder(64, 4096), 160, 100)
+    cos = torch.nn.functional.cosine_similarity(ours, expected, dim=-1)
+    assert cos.mean() > 0.995 and cos.min() > 0.97
+    assert (ours.argmax(-1) == expected.argmax(-1)).float().mean() > 0.9
 
 
 def test_decode_graph_replays_match_eager_steps(tmp_path):

@@ -51,6 +51,9 @@ class AttentionBackend(ABC):
 
     # True when `prepare_decode_graph` is implemented: all-decode steps can then run as CUDA graphs.
     supports_cuda_graph: bool = False
+    # The KV pool's page size (set by the runner): position p of a row lives at offset p % page_size of
+    # its (p // page_size)-th page, so kernels may read whole pages through a page table.
+    page_size: int = 1
 
     def prepare_decode_graph(self, batch: ForwardBatch, seq_lens: torch.Tensor, max_seq_len: int) -> None:
         """Metadata for an all-decode step from device tensors alone (no host reads, shapes fixed by the

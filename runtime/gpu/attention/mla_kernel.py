@@ -5,7 +5,9 @@ Per decode row: q_lat = q_nope W_UK (per head, into the latent space), the kerne
 over the row's latent slots (keys are whole rows, values their first kv_lora_rank dims), and W_UV maps
 the result back to v_head_dim. The kernel reads the slots through req_to_token and each row's length
 on the device, so under CUDA graphs the only host-side choice, the split count, is fixed per bucket
-(from the batch size and req_to_token's width); eager steps choose it from their longest row."""
+(from the batch size and req_to_token's width); eager steps choose it from their longest row. With a
+pool paged in multiples of 64 tokens, the step hands the kernel a 64-token page table instead (derived
+on the device once per step): the TileLang kernel then loads whole tiles by TMA (docs/kernels.md)."""
 
 from __future__ import annotations
 
@@ -18,8 +20,10 @@ from runtime.gpu.attention.mla_ref import PrefillGroup, TorchMLABackend
 from runtime.gpu.forward_batch import ForwardBatch
 from runtime.gpu.kernels import registry
 from runtime.gpu.kernels.common import choose_num_splits
+from runtime.gpu.kernels.mla_decode.reference import page_table
 
 HEAD_BLOCK = 16  # q heads per program of the Triton kernel: eager steps choose splits per head block
+TABLE_PAGE = 64  # the kernels' KV tile: a pool paged in multiples of it is read through a page table
 
 
 @dataclass
@@ -30,6 +34,8 @@ class _Meta:
     seq_lens: torch.Tensor | None  # [B] their lengths including the new token
     num_splits: int | None = None  # None: the kernel picks it from the table width (host-side, fixed)
     prefills: list[PrefillGroup] = field(default_factory=list)
+    table: torch.Tensor | None = None  # what the decode kernel reads: req_to_token or its page table
+    table_page: int = 1
 
 
 class MLAKernelBackend(TorchMLABackend):
@@ -44,6 +50,11 @@ class MLAKernelBackend(TorchMLABackend):
         if self.decode_fn is None:
             self.decode_fn = registry.get("mla_decode", device)
 
+    def _decode_table(self, meta: _Meta, req_to_token: torch.Tensor) -> None:
+        """Whole 64-token tiles sit in consecutive slots when the pool's pages hold whole tiles."""
+        meta.table_page = TABLE_PAGE if self.page_size % TABLE_PAGE == 0 else 1
+        meta.table = page_table(req_to_token, TABLE_PAGE) if meta.table_page > 1 else req_to_token
+
     def prepare(self, batch: ForwardBatch) -> None:
         device = batch.input_ids.device
         self._bind(device)
@@ -54,6 +65,7 @@ class MLAKernelBackend(TorchMLABackend):
             meta.decode_tokens, meta.rows, meta.seq_lens = host.to(device, non_blocking=True).unbind(0)
             meta.decode_all = len(dec_tok) == batch.num_tokens
             meta.num_splits = self._splits(len(dec_tok), max(dec_lens), device)
+            self._decode_table(meta, batch.req_to_token)
         batch.attn_meta = meta
 
     def prepare_decode_graph(self, batch: ForwardBatch, seq_lens: torch.Tensor, max_seq_len: int) -> None:
@@ -61,6 +73,7 @@ class MLAKernelBackend(TorchMLABackend):
         batch, its own head block and req_to_token's width (max_model_len), so it is fixed per bucket."""
         self._bind(batch.input_ids.device)
         batch.attn_meta = _Meta(None, True, batch.rows, seq_lens, None)
+        self._decode_table(batch.attn_meta, batch.req_to_token)  # captured: replays re-derive it
 
     @staticmethod
     def _has_decode_rows(meta: _Meta) -> bool:
@@ -71,7 +84,7 @@ class MLAKernelBackend(TorchMLABackend):
         meta = batch.attn_meta
         q = torch.cat([torch.einsum("bhd,hdr->bhr", q_nope, w_uk), q_pe], dim=-1)
         o = self.decode_fn(
-            q, pool, batch.req_to_token, meta.rows, meta.seq_lens, self.scale,
-            kv_lora_rank=self.kv_lora_rank, num_splits=meta.num_splits,
+            q, pool, meta.table, meta.rows, meta.seq_lens, self.scale,
+            kv_lora_rank=self.kv_lora_rank, num_splits=meta.num_splits, page_size=meta.table_page,
         )  # fmt: skip
         return torch.einsum("bhr,hvr->bhv", o, w_uv)

@@ -22,13 +22,15 @@ def tiny_path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference_run(tiny_path):
-    runner = ModelRunner(RunnerConfig(tiny_path, num_kv_slots=1024, max_reqs=8, max_model_len=64))
+    runner = ModelRunner(RunnerConfig(tiny_path, num_kv_slots=1024, max_reqs=8, max_model_len=128))
     assert isinstance(runner.attn_backend, TorchMLABackend)
     return decode_scenario(runner)
 
 
-def _runner(path: str, backend: str) -> ModelRunner:
-    cfg = RunnerConfig(path, num_kv_slots=1024, max_reqs=8, max_model_len=64, attention_backend=backend)
+def _runner(path: str, backend: str, page_size: int = 1) -> ModelRunner:
+    cfg = RunnerConfig(
+        path, num_kv_slots=1024, max_reqs=8, max_model_len=128, attention_backend=backend, page_size=page_size
+    )
     return ModelRunner(cfg)
 
 
@@ -42,5 +44,15 @@ def test_triton_name_picks_the_graph_capable_kernel_backend(tiny_path):
 def test_decode_matches_reference_backend(tiny_path, reference_run, backend, graphs):
     runner = _runner(tiny_path, backend)
     if graphs:  # buckets 1, 2, 4: 3 rows pad to 4; the mixed step runs eagerly
+        runner.graphs = DecodeGraphs(runner, max_bs=4, capture=False)
+    assert_same_decode(decode_scenario(runner), reference_run)
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_pages_of_whole_tiles_decode_through_a_page_table(tiny_path, reference_run, graphs):
+    """Page size 64 (shuffled pages): the kernel backend hands `mla_decode` a 64-token page table
+    derived on the device (on CUDA the TileLang kernel then loads whole tiles by TMA); same logits."""
+    runner = _runner(tiny_path, "triton", page_size=64)
+    if graphs:
         runner.graphs = DecodeGraphs(runner, max_bs=4, capture=False)
     assert_same_decode(decode_scenario(runner), reference_run)

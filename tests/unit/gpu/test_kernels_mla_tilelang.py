@@ -68,3 +68,17 @@ def test_unsupported_dtypes_are_not_the_kernels() -> None:
 def test_the_seesaw_schedule_runs_where_tiles_arrive_by_tma(page: int, want: tuple) -> None:
     assert tl.schedule(tl.DEFAULT_OPTS, page) == want
     assert tl.schedule(("early_p", "seesaw", "tma"), page) == tuple(sorted(("early_p", *want)))
+
+
+def test_a_page_table_reads_the_same_slots_as_the_per_token_table() -> None:
+    from runtime.gpu.kernels.mla_decode.reference import mla_decode, page_table
+    from runtime.gpu.kernels.mla_decode.testing import mla_case
+
+    c = mla_case([130, 64, 1, 0], 16, torch.float32, "cpu", page_size=64, seed=3)
+    q, pool, r2t, rows, lens, scale = c.args()[:6]
+    table = page_table(r2t, 64)
+    assert table.shape[1] == -(-r2t.shape[1] // 64)
+    want, want_lse = mla_decode(q, pool, r2t, rows, lens, scale, return_lse=True)
+    got, lse = mla_decode(q, pool, table, rows, lens, scale, return_lse=True, page_size=64)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(lse, want_lse)

@@ -16,7 +16,7 @@ import inspect
 
 import torch
 
-from runtime.gpu.kernels.mla_decode.reference import pool_2d
+from runtime.gpu.kernels.mla_decode.reference import page_table, pool_2d
 
 FLASH_MLA_PAGE = 64
 
@@ -56,13 +56,17 @@ def mla_decode(
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
     return_lse: bool = False,
+    page_size: int = 1,
 ):
     """The op through FlashMLA (page-aligned slots, see the module doc). `num_splits` is FlashMLA's
-    business (its scheduler metadata) and is ignored."""
+    business (its scheduler metadata) and is ignored. `page_size` 64: req_to_token is already the
+    block table; 1: it is derived here."""
+    assert page_size in (1, FLASH_MLA_PAGE), f"FlashMLA reads 64-token pages, not {page_size}"
     pool = pool_2d(latent_pool)
     batch, num_heads, dim = q.shape
     k_cache = pool.view(-1, FLASH_MLA_PAGE, 1, dim)
-    block_table = (req_to_token.index_select(0, rows)[:, ::FLASH_MLA_PAGE] // FLASH_MLA_PAGE).to(torch.int32)
+    table = req_to_token if page_size == FLASH_MLA_PAGE else page_table(req_to_token, FLASH_MLA_PAGE)
+    block_table = table.index_select(0, rows).to(torch.int32)
     cache_seqlens = seq_lens.to(torch.int32)
     meta, splits = scheduler_metadata(cache_seqlens, num_heads, 1)
     o, lse = call(

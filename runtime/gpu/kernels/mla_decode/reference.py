@@ -20,6 +20,18 @@ def pool_2d(latent_pool: torch.Tensor) -> torch.Tensor:
     return latent_pool
 
 
+def per_token_slots(page_table: torch.Tensor, page_size: int) -> torch.Tensor:
+    """A page table [rows, pages] as the per-token table [rows, pages * page_size]."""
+    pos = torch.arange(page_table.shape[1] * page_size, device=page_table.device)
+    return page_table[:, pos // page_size] * page_size + pos % page_size
+
+
+def page_table(req_to_token: torch.Tensor, page_size: int) -> torch.Tensor:
+    """The per-token table of a pool whose slots come in page-aligned runs of `page_size` (a multiple
+    of it works too) as a page table: every page_size-th slot // page_size. On the device, no sync."""
+    return torch.div(req_to_token[:, ::page_size], page_size, rounding_mode="floor")
+
+
 def mla_decode(
     q: torch.Tensor,
     latent_pool: torch.Tensor,
@@ -31,13 +43,18 @@ def mla_decode(
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
     return_lse: bool = False,
+    page_size: int = 1,
 ):
     """q: [B, Hq, kv_lora_rank + rope] (q_nope already multiplied by W_UK); row b attends the slots
     req_to_token[rows[b], :seq_lens[b]] of latent_pool ([slots, D] or [slots, 1, D]).
     Returns out [B, Hq, kv_lora_rank] in q's dtype, and with `return_lse` also the natural-log
     log-sum-exp of the scaled scores [B, Hq] float32 (-inf for an empty row; its output is 0).
+    `page_size` > 1: `req_to_token` is a page table instead, token pos of row r in slot
+    `req_to_token[r, pos // page_size] * page_size + pos % page_size` (kernels read whole pages).
     `num_splits` is ignored."""
     pool = pool_2d(latent_pool)
+    if page_size > 1:
+        req_to_token = per_token_slots(req_to_token, page_size)
     batch, hq, _ = q.shape
     out = q.new_empty(batch, hq, kv_lora_rank) if out is None else out
     lse = torch.empty(batch, hq, dtype=torch.float32, device=q.device)

@@ -913,10 +913,12 @@ def mla_decode(
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
     return_lse: bool = False,
+    page_size: int = 1,
 ):
-    """Same contract as `reference.mla_decode` (req_to_token is the page-1 table). `num_splits` None:
-    chosen on the host from the batch and req_to_token's width (no sync); fix it under CUDA graphs."""
+    """Same contract as `reference.mla_decode`: with a page table of pages of a multiple of 64 tokens,
+    whole tiles arrive by TMA and the seesaw schedule runs (`schedule`). `num_splits` None: chosen on
+    the host from the batch and the table's width (no sync); fix it under CUDA graphs."""
     o, lse = mla_decode_paged(
-        q, pool_2d(latent_pool), req_to_token, rows, seq_lens, scale, kv_lora_rank, 1, num_splits, out
+        q, pool_2d(latent_pool), req_to_token, rows, seq_lens, scale, kv_lora_rank, page_size, num_splits, out
     )
     return (o, lse) if return_lse else o

@@ -210,12 +210,13 @@ def mla_decode(
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
     return_lse: bool = False,
+    page_size: int = 1,
     config: MLAConfig | None = None,
 ):
     """Same contract as `reference.mla_decode`. `num_splits` None: chosen on the host from the batch,
     head blocks and req_to_token's width (no sync); pass a fixed one under CUDA graphs."""
     o, lse = mla_decode_paged(
-        q, pool_2d(latent_pool), req_to_token, rows, seq_lens, scale, kv_lora_rank, 1,
+        q, pool_2d(latent_pool), req_to_token, rows, seq_lens, scale, kv_lora_rank, page_size,
         num_splits, out, None, config,
     )  # fmt: skip
     return (o, lse) if return_lse else o
