@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import structlog
 import torch
 
 from runtime.gpu.attention.mla_ref import PrefillGroup, TorchMLABackend
@@ -21,6 +22,8 @@ from runtime.gpu.forward_batch import ForwardBatch
 from runtime.gpu.kernels import registry
 from runtime.gpu.kernels.common import choose_num_splits
 from runtime.gpu.kernels.mla_decode.reference import page_table
+
+log = structlog.get_logger(__name__)
 
 HEAD_BLOCK = 16  # q heads per program of the Triton kernel: eager steps choose splits per head block
 TABLE_PAGE = 64  # the kernels' KV tile: a pool paged in multiples of it is read through a page table
@@ -48,7 +51,18 @@ class MLAKernelBackend(TorchMLABackend):
 
     def _bind(self, device: torch.device) -> None:
         if self.decode_fn is None:
-            self.decode_fn = registry.get("mla_decode", device)
+            impl = registry.select("mla_decode", device)
+            if impl.name == "flash_mla" and self.page_size % TABLE_PAGE:
+                # FlashMLA reads 64-token pages: a pool paged otherwise takes the next implementation
+                impl = next(
+                    i
+                    for i in registry.implementations("mla_decode")
+                    if i.name != impl.name and i.available(device)
+                )
+                log.info(
+                    "mla_decode: FlashMLA needs --page-size 64", page_size=self.page_size, using=impl.name
+                )
+            self.decode_fn = impl.load()
 
     def _decode_table(self, meta: _Meta, req_to_token: torch.Tensor) -> None:
         """Whole 64-token tiles sit in consecutive slots when the pool's pages hold whole tiles."""

@@ -4,7 +4,10 @@ reference backend computes; "triton" picks the kernel backend (the `mla_decode` 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+import torch
 
 from runtime.gpu.attention.mla_kernel import MLAKernelBackend
 from runtime.gpu.attention.mla_ref import TorchMLABackend
@@ -56,3 +59,24 @@ def test_pages_of_whole_tiles_decode_through_a_page_table(tiny_path, reference_r
     if graphs:
         runner.graphs = DecodeGraphs(runner, max_bs=4, capture=False)
     assert_same_decode(decode_scenario(runner), reference_run)
+
+
+@pytest.mark.parametrize(("page_size", "want"), [(1, "reference"), (64, "flash_mla"), (128, "flash_mla")])
+def test_flash_mla_serves_only_pools_paged_in_whole_tiles(monkeypatch, page_size, want):
+    """FlashMLA reads 64-token pages: with a pool paged otherwise the backend takes the next choice
+    (here the CPU's reference; the stand-in for FlashMLA is a distinguishable function)."""
+    from runtime.gpu.kernels import registry
+    from runtime.gpu.kernels.mla_decode import reference
+
+    impls = registry.implementations("mla_decode")
+    assert impls[0].name == "flash_mla"
+    stand_in = dataclasses.replace(
+        impls[0], available=lambda device: True, target="runtime.gpu.kernels.mla_decode.reference:pool_2d"
+    )
+    monkeypatch.setattr(registry, "select", lambda op, device: stand_in)
+    monkeypatch.setattr(registry, "implementations", lambda op: [stand_in, *impls[1:]])
+    backend = MLAKernelBackend(4, 32, 8, 0.1, qk_nope_dim=16, v_dim=16)
+    backend.page_size = page_size
+    backend._bind(torch.device("cpu"))
+    chosen = {reference.pool_2d: "flash_mla", reference.mla_decode: "reference"}[backend.decode_fn]
+    assert chosen == want
