@@ -580,6 +580,16 @@ def _kernel(
                 if h_i < valid_h:
                     Out[bid, h0 + h_i, col0 + d_i] = O_half[h_i, d_i]
 
+    def consumer_registers():
+        """One seesaw consumer's fragments (allocated at trace time, in `attend_seesaw`'s frame)."""
+        return (
+            T.alloc_fragment([BLOCK_H, d_pe], dtype),
+            T.alloc_fragment([BLOCK_H, BLOCK_N], accum),
+            T.alloc_fragment([BLOCK_H, BLOCK_N], dtype),
+            T.alloc_fragment([BLOCK_H, half], accum),
+            *[T.alloc_fragment([BLOCK_H], accum) for _ in range(7)],
+        )
+
     @T.macro
     def attend_seesaw(Q, KV, Table, Rows, SeqLens, Out, Lse, MidO, MidLse):
         with T.Kernel(head_blocks, batch, num_splits, threads=384) as (hb, bid, sid):
@@ -600,29 +610,9 @@ def _kernel(
             sum0_shared = T.alloc_shared([BLOCK_H], accum)
             sum1_shared = T.alloc_shared([BLOCK_H], accum)
 
-            # WG0's registers
-            q0_tail = T.alloc_fragment([BLOCK_H, d_pe], dtype)
-            s0 = T.alloc_fragment([BLOCK_H, BLOCK_N], accum)
-            p0 = T.alloc_fragment([BLOCK_H, BLOCK_N], dtype)
-            o0 = T.alloc_fragment([BLOCK_H, half], accum)
-            m0 = T.alloc_fragment([BLOCK_H], accum)
-            m0_prev = T.alloc_fragment([BLOCK_H], accum)
-            scale0 = T.alloc_fragment([BLOCK_H], accum)
-            sum0 = T.alloc_fragment([BLOCK_H], accum)
-            sum0_i = T.alloc_fragment([BLOCK_H], accum)
-            inv0 = T.alloc_fragment([BLOCK_H], accum)
-            # WG1's registers
-            q1_tail = T.alloc_fragment([BLOCK_H, d_pe], dtype)
-            s1 = T.alloc_fragment([BLOCK_H, BLOCK_N], accum)
-            p1 = T.alloc_fragment([BLOCK_H, BLOCK_N], dtype)
-            o1 = T.alloc_fragment([BLOCK_H, half], accum)
-            m1 = T.alloc_fragment([BLOCK_H], accum)
-            m1_prev = T.alloc_fragment([BLOCK_H], accum)
-            scale1 = T.alloc_fragment([BLOCK_H], accum)
-            both1 = T.alloc_fragment([BLOCK_H], accum)
-            sum1 = T.alloc_fragment([BLOCK_H], accum)
-            sum1_i = T.alloc_fragment([BLOCK_H], accum)
-            inv1 = T.alloc_fragment([BLOCK_H], accum)
+            # each consumer's registers: Q's rope tail, S, P (bf16), its O half, per-row statistics
+            q0_tail, s0, p0, o0, m0, m0_prev, scale0, sum0, sum0_i, inv0, _ = consumer_registers()
+            q1_tail, s1, p1, o1, m1, m1_prev, scale1, sum1, sum1_i, inv1, both1 = consumer_registers()
 
             rdy0_l = T.alloc_barrier(arrive_count=128)  # producer -> consumers
             rdy0_r = T.alloc_barrier(arrive_count=128)
