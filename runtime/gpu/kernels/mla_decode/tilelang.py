@@ -218,6 +218,22 @@ def _kernel(
         T.cp_async_barrier_noinc(ready[0])
 
     @T.macro
+    def write_out(Out, MidO, bid, h0, sid, acc_o, inv, O_half, col0):
+        """A consumer's half of O (columns col0..col0 + half) divided by the row sums: a float32 partial
+        per split, else through shared memory (O_half, Q's buffer by then) into Out."""
+        if split:
+            for h_i, d_i in T.Parallel(BLOCK_H, half):
+                if h_i < valid_h:
+                    MidO[bid, h0 + h_i, sid, col0 + d_i] = acc_o[h_i, d_i] * inv[h_i]
+        else:
+            for h_i, d_i in T.Parallel(BLOCK_H, half):
+                acc_o[h_i, d_i] *= inv[h_i]
+            T.copy(acc_o, O_half)
+            for h_i, d_i in T.Parallel(BLOCK_H, half):
+                if h_i < valid_h:
+                    Out[bid, h0 + h_i, col0 + d_i] = O_half[h_i, d_i]
+
+    @T.macro
     def produce(KV, Table, row, slots, buf, tile_start, end, last, parity, tx):
         """Producer warpgroup: one tile into one KV buffer, the parts in the order QK^T reads them."""
         kv_l, kv_r, k_tail, ready_t, ready_l, ready_r, free_t, free_l, free_r = buf
@@ -432,17 +448,7 @@ def _kernel(
                             MidLse[bid, h0 + h_i, sid] = lse2
                         else:
                             Lse[bid, h0 + h_i] = lse2 * LN2
-                if split:
-                    for h_i, d_i in T.Parallel(BLOCK_H, half):
-                        if h_i < valid_h:
-                            MidO[bid, h0 + h_i, sid, d_i] = acc_o_l[h_i, d_i] * inv[h_i]
-                else:
-                    for h_i, d_i in T.Parallel(BLOCK_H, half):
-                        acc_o_l[h_i, d_i] *= inv[h_i]
-                    T.copy(acc_o_l, O_l)
-                    for h_i, d_i in T.Parallel(BLOCK_H, half):
-                        if h_i < valid_h:
-                            Out[bid, h0 + h_i, d_i] = O_l[h_i, d_i]
+                write_out(Out, MidO, bid, h0, sid, acc_o_l, inv, O_l, 0)
             elif tx < 256:
                 T.set_max_nreg(168, 1)
                 T.fill(acc_o_r, 0)
@@ -452,17 +458,7 @@ def _kernel(
                         S_shared, alpha_shared, buf1, acc_o_r, sS_ready, sS_free, 1, i_i == num_pairs - 1
                     )
                 T.barrier_wait(done, 0)
-                if split:
-                    for h_i, d_i in T.Parallel(BLOCK_H, half):
-                        if h_i < valid_h:
-                            MidO[bid, h0 + h_i, sid, half + d_i] = acc_o_r[h_i, d_i] * inv_shared[h_i]
-                else:
-                    for h_i, d_i in T.Parallel(BLOCK_H, half):
-                        acc_o_r[h_i, d_i] *= inv_shared[h_i]
-                    T.copy(acc_o_r, O_r)
-                    for h_i, d_i in T.Parallel(BLOCK_H, half):
-                        if h_i < valid_h:
-                            Out[bid, h0 + h_i, half + d_i] = O_r[h_i, d_i]
+                write_out(Out, MidO, bid, h0, sid, acc_o_r, inv_shared, O_r, half)
             else:
                 T.set_max_nreg(72, 0)
                 last = T.max(end - 1, 0)
@@ -565,20 +561,6 @@ def _kernel(
             Q_half[h_i, d_i] = T.if_then_else(h0 + h_i < num_heads, Q[bid, h0 + h_i, col0 + d_i], 0)
         for h_i, d_i in T.Parallel(BLOCK_H, d_pe):
             Q_tail_f[h_i, d_i] = T.if_then_else(h0 + h_i < num_heads, Q[bid, h0 + h_i, d_v + d_i], 0)
-
-    @T.macro
-    def write_out(Out, MidO, bid, h0, sid, acc_o, inv, O_half, col0):
-        if split:
-            for h_i, d_i in T.Parallel(BLOCK_H, half):
-                if h_i < valid_h:
-                    MidO[bid, h0 + h_i, sid, col0 + d_i] = acc_o[h_i, d_i] * inv[h_i]
-        else:
-            for h_i, d_i in T.Parallel(BLOCK_H, half):
-                acc_o[h_i, d_i] *= inv[h_i]
-            T.copy(acc_o, O_half)
-            for h_i, d_i in T.Parallel(BLOCK_H, half):
-                if h_i < valid_h:
-                    Out[bid, h0 + h_i, col0 + d_i] = O_half[h_i, d_i]
 
     def consumer_registers():
         """One seesaw consumer's fragments (allocated at trace time, in `attend_seesaw`'s frame)."""
