@@ -64,13 +64,6 @@ def flash_mla_with_kvcache(
     if causal and s_q > 1:
         lens = (lens - (s_q - 1 - torch.arange(s_q, device=q.device)).repeat(b)).clamp(min=0)
     qf = q.reshape(b * s_q, h_q, dim)
-    if impl in ("triton", "tilelang"):  # both read the block table directly
-        from runtime.gpu.kernels.mla_decode import tilelang, triton
-
-        paged = triton.mla_decode_paged if impl == "triton" else tilelang.mla_decode_paged
-        out, lse = paged(qf, pool, block_table, rows, lens, scale, head_dim_v, page)
-    else:  # the reference takes a per-token table
-        pos = torch.arange(block_table.shape[1] * page, device=q.device)
-        r2t = block_table.to(torch.int64)[:, pos // page] * page + pos % page
-        out, lse = registry.get(OP, q.device)(qf, pool, r2t, rows, lens, scale, head_dim_v, return_lse=True)
+    op = next(i for i in registry.implementations(OP) if i.name == impl).load()  # takes page tables
+    out, lse = op(qf, pool, block_table, rows, lens, scale, head_dim_v, return_lse=True, page_size=page)
     return out.view(b, s_q, h_q, head_dim_v), lse.view(b, s_q, h_q).transpose(1, 2)
