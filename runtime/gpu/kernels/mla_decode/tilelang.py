@@ -337,18 +337,21 @@ def _kernel(
         if not last_tile:
             T.barrier_arrive(sS_free)
 
+    def shared_tiles():
+        """Both schedules' big shared buffers (allocated at trace time, in the kernel's frame): Q's two
+        value halves, then two KV buffers, each a left and a right value half and the rope tail."""
+        return (
+            T.alloc_shared([BLOCK_H, half], dtype),
+            T.alloc_shared([BLOCK_H, half], dtype),
+            *[T.alloc_shared([BLOCK_N, half], dtype) for _ in range(4)],
+            *[T.alloc_shared([BLOCK_N, d_pe], dtype) for _ in range(2)],
+        )
+
     @T.macro
     def attend(Q, KV, Table, Rows, SeqLens, Out, Lse, MidO, MidLse):
         with T.Kernel(head_blocks, batch, num_splits, threads=384) as (hb, bid, sid):
-            Q_l = T.alloc_shared([BLOCK_H, half], dtype)
-            Q_r = T.alloc_shared([BLOCK_H, half], dtype)
+            Q_l, Q_r, kv0_l, kv0_r, kv1_l, kv1_r, k0_tail, k1_tail = shared_tiles()
             Q_tail = T.alloc_shared([BLOCK_H, d_pe], dtype)
-            kv0_l = T.alloc_shared([BLOCK_N, half], dtype)
-            kv0_r = T.alloc_shared([BLOCK_N, half], dtype)
-            kv1_l = T.alloc_shared([BLOCK_N, half], dtype)
-            kv1_r = T.alloc_shared([BLOCK_N, half], dtype)
-            k0_tail = T.alloc_shared([BLOCK_N, d_pe], dtype)
-            k1_tail = T.alloc_shared([BLOCK_N, d_pe], dtype)
             S_shared = T.alloc_shared([BLOCK_H, BLOCK_N], dtype)
             alpha_shared = T.alloc_shared([BLOCK_H], accum)
             inv_shared = T.alloc_shared([BLOCK_H], accum)
@@ -575,14 +578,7 @@ def _kernel(
     @T.macro
     def attend_seesaw(Q, KV, Table, Rows, SeqLens, Out, Lse, MidO, MidLse):
         with T.Kernel(head_blocks, batch, num_splits, threads=384) as (hb, bid, sid):
-            Q_l = T.alloc_shared([BLOCK_H, half], dtype)
-            Q_r = T.alloc_shared([BLOCK_H, half], dtype)
-            kv0_l = T.alloc_shared([BLOCK_N, half], dtype)
-            kv0_r = T.alloc_shared([BLOCK_N, half], dtype)
-            kv1_l = T.alloc_shared([BLOCK_N, half], dtype)
-            kv1_r = T.alloc_shared([BLOCK_N, half], dtype)
-            k0_tail = T.alloc_shared([BLOCK_N, d_pe], dtype)
-            k1_tail = T.alloc_shared([BLOCK_N, d_pe], dtype)
+            Q_l, Q_r, kv0_l, kv0_r, kv1_l, kv1_r, k0_tail, k1_tail = shared_tiles()
             P0_shared = T.alloc_shared([BLOCK_H, BLOCK_N], dtype)  # WG0's P_A, at WG1's max
             P1_shared = T.alloc_shared([BLOCK_H, BLOCK_N], dtype)  # WG1's P_B
             m0_shared = T.alloc_shared([BLOCK_H], accum)  # max after A (WG0 -> WG1)
