@@ -218,6 +218,20 @@ def _kernel(
         T.cp_async_barrier_noinc(ready[0])
 
     @T.macro
+    def write_lse(Lse, MidLse, bid, h0, sid, sums, m_i):
+        """The rows' log-sum-exp from their sums and running max: base 2 per split (the combine merges
+        them), else natural log; -inf for an empty split."""
+        for h_i in T.Parallel(BLOCK_H):
+            if h_i < valid_h:
+                lse2 = T.if_then_else(
+                    sums[h_i] > 0, T.log2(sums[h_i]) + m_i[h_i] * sm_scale, -T.infinity(accum)
+                )
+                if split:
+                    MidLse[bid, h0 + h_i, sid] = lse2
+                else:
+                    Lse[bid, h0 + h_i] = lse2 * LN2
+
+    @T.macro
     def write_out(Out, MidO, bid, h0, sid, acc_o, inv, O_half, col0):
         """A consumer's half of O (columns col0..col0 + half) divided by the row sums: a float32 partial
         per split, else through shared memory (O_half, Q's buffer by then) into Out."""
@@ -442,15 +456,7 @@ def _kernel(
                     inv[h_i] = T.if_then_else(sumexp[h_i] > 0, 1.0 / sumexp[h_i], 0)
                 T.copy(inv, inv_shared)
                 T.barrier_arrive(done)
-                for h_i in T.Parallel(BLOCK_H):
-                    if h_i < valid_h:
-                        lse2 = T.if_then_else(
-                            sumexp[h_i] > 0, T.log2(sumexp[h_i]) + m_i[h_i] * sm_scale, -T.infinity(accum)
-                        )
-                        if split:
-                            MidLse[bid, h0 + h_i, sid] = lse2
-                        else:
-                            Lse[bid, h0 + h_i] = lse2 * LN2
+                write_lse(Lse, MidLse, bid, h0, sid, sumexp, m_i)
                 write_out(Out, MidO, bid, h0, sid, acc_o_l, inv, O_l, 0)
             elif tx < 256:
                 T.set_max_nreg(168, 1)
@@ -676,18 +682,9 @@ def _kernel(
                 T.barrier_wait(sums_ready, 0)
                 # an empty split (row shorter than the split start) has sum 0: output 0, LSE -inf
                 for h_i in T.Parallel(BLOCK_H):
-                    total = sum0[h_i] + sum1_shared[h_i]
-                    inv0[h_i] = T.if_then_else(total > 0, 1.0 / total, 0)
-                for h_i in T.Parallel(BLOCK_H):
-                    if h_i < valid_h:
-                        total = sum0[h_i] + sum1_shared[h_i]
-                        lse2 = T.if_then_else(
-                            total > 0, T.log2(total) + m0[h_i] * sm_scale, -T.infinity(accum)
-                        )
-                        if split:
-                            MidLse[bid, h0 + h_i, sid] = lse2
-                        else:
-                            Lse[bid, h0 + h_i] = lse2 * LN2
+                    sum0[h_i] += sum1_shared[h_i]  # the row sums over both tiles of every pair
+                    inv0[h_i] = T.if_then_else(sum0[h_i] > 0, 1.0 / sum0[h_i], 0)
+                write_lse(Lse, MidLse, bid, h0, sid, sum0, m0)
                 write_out(Out, MidO, bid, h0, sid, o0, inv0, Q_l, 0)
             elif tx < 256:
                 T.set_max_nreg(232, 1)
