@@ -20,7 +20,7 @@ SHAPES = {"v2lite": (64, 6, 2048, 1408), "v3": (256, 8, 7168, 2048), "ragged": (
 
 
 def _impl(name: str):
-    return next(i for i in registry.implementations("fused_moe") if i.name == name).load()
+    return registry.named("fused_moe", name).load()
 
 
 @pytest.fixture(scope="module")

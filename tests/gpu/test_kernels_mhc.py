@@ -32,7 +32,7 @@ def _impls(op: str) -> list:
 def _pair(impl) -> tuple:
     if not impl.available(torch.device(DEVICE)):
         pytest.skip(f"{impl.op}/{impl.name} not available here")
-    ref = next(i for i in registry.implementations(impl.op) if i.name == "reference")
+    ref = registry.named(impl.op, "reference")
     return impl.load(), ref.load()
 
 

@@ -109,6 +109,14 @@ def implementations(op: str) -> list[Impl]:
     return list(_OPS[op])
 
 
+def named(op: str, name: str) -> Impl:
+    """The implementation of `op` called `name`, whether or not it is available here."""
+    for impl in implementations(op):
+        if impl.name == name:
+            return impl
+    raise KeyError(f"{op}: no implementation {name!r}; known: {[i.name for i in implementations(op)]}")
+
+
 def select(op: str, device: torch.device | str) -> Impl:
     """The implementation `op` uses on `device`: the forced one, else the first available."""
     device = device if isinstance(device, torch.device) else torch.device(device)

@@ -128,14 +128,14 @@ def load_impl(op: str, name: str, device: str = "cuda") -> Callable[..., Any]:
     """The named implementation, or the calling test skipped when it cannot run here."""
     import pytest
 
-    impl = next(i for i in registry.implementations(op) if i.name == name)
+    impl = registry.named(op, name)
     if not impl.available(torch.device(device)):
         pytest.skip(f"{op}/{name} not available here")
     return impl.load()
 
 
 def load_reference(op: str) -> Callable[..., Any]:
-    return next(i for i in registry.implementations(op) if i.name == "reference").load()
+    return registry.named(op, "reference").load()
 
 
 def backend_outputs(backends, q, k, v, *, rows, positions, out_loc, prefix_lens, extend_lens, req_to_token,

@@ -19,7 +19,7 @@ def test_tilelang_comes_after_deep_gemm_and_before_triton() -> None:
 
 
 def test_tilelang_needs_hopper_and_an_importable_tilelang(monkeypatch) -> None:
-    impl = next(i for i in registry.implementations("fp8_block_gemm") if i.name == "tilelang")
+    impl = registry.named("fp8_block_gemm", "tilelang")
     assert not impl.available(torch.device("cpu"))
     monkeypatch.setattr(registry, "is_hopper", lambda device: True)
     monkeypatch.setattr(registry, "tilelang_importable", lambda: False)

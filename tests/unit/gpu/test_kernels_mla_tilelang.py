@@ -17,7 +17,7 @@ def test_tilelang_comes_after_flash_mla_and_before_triton() -> None:
 
 
 def test_tilelang_is_not_available_on_the_cpu() -> None:
-    impl = next(i for i in registry.implementations("mla_decode") if i.name == "tilelang")
+    impl = registry.named("mla_decode", "tilelang")
     assert not impl.available(torch.device("cpu"))
     assert registry.select("mla_decode", "cpu").name == "reference"
 

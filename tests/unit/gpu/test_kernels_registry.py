@@ -60,3 +60,10 @@ def test_get_returns_the_callable_of_the_chosen_implementation() -> None:
 def test_an_op_registered_twice_under_one_name_is_an_error() -> None:
     with pytest.raises(ValueError, match="twice"):
         registry.register("rms_norm", "reference", "x:y", registry.always)
+
+
+def test_named_finds_an_implementation_available_or_not() -> None:
+    assert registry.named("mla_decode", "flash_mla").name == "flash_mla"  # not importable here
+    assert registry.named("mla_decode", "reference").load() is registry.get("mla_decode", "cpu")
+    with pytest.raises(KeyError, match="no implementation 'nope'"):
+        registry.named("mla_decode", "nope")

@@ -187,7 +187,7 @@ def run(
         rows = [("scaled_mm (no block scales)", None, {})] if device.type == "cuda" else []
         for name in names:
             try:
-                fn = next(i for i in registry.implementations(OP) if i.name == name).load()
+                fn = registry.named(OP, name).load()
             except Exception as e:  # noqa: BLE001
                 print(f"{name:<32} {shape:<22} import failed: {type(e).__name__}: {e}", flush=True)
                 failures += 1

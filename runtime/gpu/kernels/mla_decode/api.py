@@ -64,6 +64,6 @@ def flash_mla_with_kvcache(
     if causal and s_q > 1:
         lens = (lens - (s_q - 1 - torch.arange(s_q, device=q.device)).repeat(b)).clamp(min=0)
     qf = q.reshape(b * s_q, h_q, dim)
-    op = next(i for i in registry.implementations(OP) if i.name == impl).load()  # takes page tables
+    op = registry.named(OP, impl).load()  # every implementation takes page tables
     out, lse = op(qf, pool, block_table, rows, lens, scale, head_dim_v, return_lse=True, page_size=page)
     return out.view(b, s_q, h_q, head_dim_v), lse.view(b, s_q, h_q).transpose(1, 2)
