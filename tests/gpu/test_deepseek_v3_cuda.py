@@ -5,7 +5,6 @@ DeepSeek-V2-Lite-shaped model (MLA + 64 experts, dummy weights) runs decode at b
 from __future__ import annotations
 
 import json
-import random
 import time
 
 import pytest
@@ -15,10 +14,10 @@ from runtime.gpu.attention.mla_kernel import MLAKernelBackend
 from runtime.gpu.model_runner import ModelRunner, RunnerConfig
 from runtime.gpu.testing import (
     YARN_ROPE,
-    PagedPlanBuilder,
     PlanBuilder,
     assert_same_decode,
     decode_scenario,
+    prefill_then_decode,
     save_tiny_deepseek_v2,
     save_tiny_deepseek_v3,
     seq_start,
@@ -80,9 +79,7 @@ def test_cuda_logits_match_transformers(tmp_path, name, dtype):
     )
     runner = ModelRunner(cfg)
     assert isinstance(runner.attn_backend, MLAKernelBackend) and runner.graphs is not None
-    slots = list(range(1, 4096))
-    random.Random(0).shuffle(slots)
-    ours, expected = _logits_vs_transformers(runner, ref, PlanBuilder(slots), 48, 40)
+    ours, expected = _logits_vs_transformers(runner, ref, 48, 40)
     if dtype == "float32":
         torch.testing.assert_close(ours, expected, atol=2e-4, rtol=0)
     else:  # bf16 may flip a near-tied expert choice; logits stay close overall
@@ -91,21 +88,12 @@ def test_cuda_logits_match_transformers(tmp_path, name, dtype):
         assert (ours.argmax(-1) == expected.argmax(-1)).float().mean() > 0.9
 
 
-def _logits_vs_transformers(runner, ref, pb, length: int, split: int):
-    """Three rows: prefill `split` tokens, then decode one token per step to `length` (CUDA graphs);
-    our logits and transformers' on the same sequences, float32 on the host."""
+def _logits_vs_transformers(runner, ref, length: int, split: int):
+    """Three rows: prefill `split` tokens, then decode one token per step to `length` (CUDA graphs,
+    `prefill_then_decode`); our logits and transformers' on the same sequences, float32 on the host."""
     g = torch.Generator().manual_seed(0)
     seqs = torch.randint(3, 128, (3, length), generator=g).tolist()
-    rows = [1, 2, 3]
-    added = [seq_start(r, s) for r, s in zip(rows, seqs, strict=True)]
-    steps = [
-        runner.forward_logits(
-            pb.plan(rows, [0] * 3, [split] * 3, [t for s in seqs for t in s[:split]], added=added)
-        )
-    ]
-    for pos in range(split, length):
-        steps.append(runner.forward_logits(pb.plan(rows, [pos] * 3, [1] * 3, [s[pos] for s in seqs])))
-    ours = torch.stack(steps, dim=1).float().cpu()
+    ours = prefill_then_decode(runner, seqs, split)
     with torch.no_grad():
         expected = ref(torch.tensor(seqs, device="cuda")).logits.float().cpu()[:, split - 1 :]
     return ours, expected
@@ -124,7 +112,7 @@ def test_pages_of_64_decode_through_a_page_table(tmp_path):
     )  # fmt: skip
     runner = ModelRunner(cfg)
     assert runner.graphs is not None
-    ours, expected = _logits_vs_transformers(runner, ref, PagedPlanBuilder(64, 4096), 160, 100)
+    ours, expected = _logits_vs_transformers(runner, ref, 160, 100)  # shuffled 64-token pages
     cos = torch.nn.functional.cosine_similarity(ours, expected, dim=-1)
     assert cos.mean() > 0.995 and cos.min() > 0.97
     assert (ours.argmax(-1) == expected.argmax(-1)).float().mean() > 0.9

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from runtime.gpu.testing.plans import PagedPlanBuilder, PlanBuilder, seq_start
+from runtime.gpu.testing.plans import plan_builder, seq_start
 
 YARN_ROPE = dict(
     rope_type="yarn",
@@ -198,8 +198,7 @@ def decode_scenario(runner, seed: int = 0) -> tuple[list[torch.Tensor], list[lis
     g = torch.Generator().manual_seed(seed)
     vocab = runner.vocab_size
     prompts = {r: torch.randint(3, vocab, (n,), generator=g).tolist() for r, n in ((1, 5), (2, 9), (3, 13))}
-    page = runner.cfg.page_size  # the scheduler's slot layout for paged pools
-    pb = PagedPlanBuilder(page, runner.cfg.num_kv_slots) if page > 1 else PlanBuilder()
+    pb = plan_builder(runner)
     lens = {r: len(p) for r, p in prompts.items()}
     added = [seq_start(r, p) for r, p in prompts.items()]
     out = runner.execute(

@@ -119,11 +119,20 @@ def random_prompt(n: int, seed: int, vocab: int = 128) -> list[int]:
     return torch.randint(3, vocab, (n,), generator=g).tolist()
 
 
+def plan_builder(runner, slots: list[int] | None = None) -> PlanBuilder:  # noqa: ANN001
+    """Plans in the slot layout the scheduler gives the runner's page size: shuffled pages when it is
+    above 1 (`PagedPlanBuilder`), else `slots` one by one."""
+    page = runner.cfg.page_size
+    return PagedPlanBuilder(page, runner.cfg.num_kv_slots) if page > 1 else PlanBuilder(slots)
+
+
 def prefill_then_decode(runner, seqs: list[list[int]], split: int) -> torch.Tensor:  # noqa: ANN001
     """Every sequence (equal lengths) in its own row: their first `split` tokens prefilled in one step,
-    then one token each per decode step (CUDA graphs where the runner has them), on shuffled slots.
-    Returns the float32 logits on the CPU, [rows, len - split + 1, vocab]: positions split-1 .. end-1."""
-    pb, rows = PlanBuilder(shuffled_slots(0, runner.cfg.num_kv_slots)), list(range(1, len(seqs) + 1))
+    then one token each per decode step (CUDA graphs where the runner has them), on shuffled slots
+    (shuffled pages with a paged pool). Returns the float32 logits on the CPU, [rows, len - split + 1,
+    vocab]: positions split-1 .. end-1."""
+    pb = plan_builder(runner, shuffled_slots(0, runner.cfg.num_kv_slots))
+    rows = list(range(1, len(seqs) + 1))
     added = [seq_start(r, s) for r, s in zip(rows, seqs, strict=True)]
     ids = [t for s in seqs for t in s[:split]]
     steps = [runner.forward_logits(pb.plan(rows, [0] * len(rows), [split] * len(rows), ids, added=added))]
