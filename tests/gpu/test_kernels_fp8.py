@@ -63,7 +63,13 @@ def _tilelang_configs() -> list:
     from runtime.gpu.kernels.fp8_gemm.bench import TILELANG_CONFIGS
     from runtime.gpu.kernels.fp8_gemm.tilelang import TileConfig
 
-    return [*TILELANG_CONFIGS, TileConfig(64, 64, 4, 128, split_k=2), TileConfig(128, 128, 4, 256, split_k=4)]
+    return [
+        *TILELANG_CONFIGS,
+        TileConfig(64, 64, 4, 128, split_k=2),
+        TileConfig(128, 128, 4, 256, split_k=4),
+        TileConfig(schedule="p"),
+        TileConfig(schedule="pd"),
+    ]
 
 
 @pytest.mark.parametrize("cfg", _tilelang_configs(), ids=lambda c: c.label())
@@ -79,6 +85,23 @@ def test_fp8_block_gemm_tilelang_every_config_matches_reference(cfg) -> None:
     ratio = close_ratio(got, want, 2e-3 * want.abs().max().item(), 1e-2)
     print(f"\n  tilelang {cfg.label()}: {ratio:.3f}x tol")
     assert got.data_ptr() == out.data_ptr() and ratio <= 1.0
+
+
+@pytest.mark.parametrize("cfg", ["128x128s4t256k1-p", "128x128s4t256k1-pd", "128x128s3t256k1-pd"])
+def test_fp8_block_gemm_persistent_walks_many_tiles(cfg: str) -> None:
+    """The persistent kernel with more output tiles than CTAs (16 x 9 = 144 on 132 SMs: some CTAs take
+    two) and 6 K groups on 4 or 3 stages, so the stage ring's position and parity carry from one tile into the next
+    without lining up with tile starts; ragged M and N."""
+    from runtime.gpu.kernels.fp8_gemm.tilelang import TileConfig
+
+    fn = load_impl("fp8_block_gemm", "tilelang")
+    m, n, k = 2000, 1100, 768
+    _, _, args = _case(m, n, k)
+    want = reference.fp8_block_gemm(*args)
+    got = fn(*args, config=TileConfig.parse(cfg))
+    ratio = close_ratio(got, want, 2e-3 * want.abs().max().item(), 1e-2)
+    print(f"\n  tilelang {cfg} at {m}x{n}x{k}: {ratio:.3f}x tol")
+    assert ratio <= 1.0
 
 
 @pytest.mark.parametrize("out_dtype", [torch.float16, torch.float32], ids=str)

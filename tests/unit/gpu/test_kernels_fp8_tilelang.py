@@ -31,9 +31,10 @@ def test_tilelang_needs_hopper_and_an_importable_tilelang(monkeypatch) -> None:
 @pytest.mark.parametrize(
     ("m", "n", "k", "want"),
     [
-        (4096, 4096, 7168, "128x128s4t256k1"),  # the fastest of six tiles at every M = 4096 shape
-        (4096, 7168, 2048, "128x128s4t256k1"),
-        (4096, 2112, 7168, "128x128s4t256k1"),
+        (4096, 4096, 7168, "128x128s4t256k1-pd"),  # the fastest tile at every M = 4096 shape
+        (4096, 7168, 2048, "128x128s4t256k1-pd"),
+        (4096, 2112, 7168, "128x128s4t256k1-pd"),
+        (4096, 2112, 1408, "128x128s4t256k1"),  # 11 groups: "pd" takes them in pairs
         (64, 2112, 7168, "64x64s4t128k4"),  # 33 tiles x 4 splits of 14 groups
         (64, 7168, 2048, "64x64s4t128k1"),  # 112 tiles fill >= 80% unsplit
         (128, 7168, 2048, "64x128s4t128k1"),  # 112 wide tiles already fill
@@ -62,7 +63,9 @@ def test_unsupported_inputs_are_left_to_triton() -> None:
     assert not tl.supported(torch.zeros(256, 4, dtype=fp8).T, w, torch.bfloat16)
 
 
-@pytest.mark.parametrize("label", ["128x128s4t256k1", "64x64s4t128k4", "128x128s4t256k1p16"])
+@pytest.mark.parametrize(
+    "label", ["128x128s4t256k1", "64x64s4t128k4", "128x128s4t256k1p16", "128x128s5t256k1-pd", "128x128s4t256k1p8-p"]
+)
 def test_tile_labels_parse_back(label: str) -> None:
     assert tl.TileConfig.parse(label).label() == label
 

@@ -15,7 +15,9 @@ one 128-wide scale group per step (T.Pipelined: TileLang adds a TMA producer war
 
 The consumer threads are one or two warpgroups (`threads` 128 / 256); with BLOCK_M = 128 and two,
 each owns 64 rows x BLOCK_N (wgmma m64nNk32, DeepGEMM's split), so acc and total are 64 registers a
-thread each at BLOCK_N = 128. CTAs are rasterized in panels (T.use_swizzle) so concurrently running
+thread each at BLOCK_N = 128. Large M goes to `program_persistent` instead: the same tile with the
+warp roles written out, one CTA per SM, and a second accumulator so each promotion runs under the
+next group's wgmma (in the pipelined kernel the tensor cores idle through every promotion). CTAs are rasterized in panels (T.use_swizzle) so concurrently running
 tiles share A and B rows in L2. Small M: few output tiles, so the K groups are split over `split_k`
 CTAs that write float32 partials, summed afterwards (as in `triton.py`).
 
@@ -51,35 +53,44 @@ class TileConfig:
     threads: int = 256  # consumer threads (TileLang adds a 128-thread TMA producer warpgroup)
     split_k: int = 1  # CTAs per output tile along K; must divide K / 128
     panel: int = 10  # rasterization panel width in M tiles (T.use_swizzle)
+    # "" = the T.Pipelined kernel (`program`); "p" = persistent and warp-specialized, one CTA per SM
+    # walking output tiles; "pd" = the same with the promotion under the next wgmma
+    # (`program_persistent`).
+    schedule: str = ""
 
     def __post_init__(self) -> None:
         assert self.block_m in (64, 128) and self.block_n in (16, 32, 64, 128), self
         assert self.threads in (128, 256) and self.num_stages >= 1 and self.split_k >= 1, self
+        assert self.schedule in ("", "p", "pd"), self
+        assert not self.schedule or (self.block_m, self.threads, self.split_k) == (128, 256, 1), self
 
     def label(self) -> str:
         panel = f"p{self.panel}" if self.panel != 10 else ""
-        return f"{self.block_m}x{self.block_n}s{self.num_stages}t{self.threads}k{self.split_k}{panel}"
+        sched = f"-{self.schedule}" if self.schedule else ""
+        return f"{self.block_m}x{self.block_n}s{self.num_stages}t{self.threads}k{self.split_k}{panel}{sched}"
 
     @staticmethod
     def parse(label: str) -> "TileConfig":
-        """The inverse of `label`, e.g. "128x128s4t256k1" or "128x128s4t256k1p16"."""
+        """The inverse of `label`, e.g. "128x128s4t256k1", "128x128s4t256k1p16" or "128x128s4t256k1-pd"."""
         import re
 
-        got = re.fullmatch(r"(\d+)x(\d+)s(\d+)t(\d+)k(\d+)(?:p(\d+))?", label)
+        got = re.fullmatch(r"(\d+)x(\d+)s(\d+)t(\d+)k(\d+)(?:p(\d+))?(?:-(pd?))?", label)
         assert got, f"not a tile label: {label!r}"
-        bm, bn, st, th, sk, panel = got.groups()
-        return TileConfig(int(bm), int(bn), int(st), int(th), int(sk), int(panel or 10))
+        bm, bn, st, th, sk, panel, sched = got.groups()
+        return TileConfig(int(bm), int(bn), int(st), int(th), int(sk), int(panel or 10), sched or "")
 
 
 def choose_config(m: int, n: int, k: int, device: torch.device) -> TileConfig:
     """From `python -m runtime.gpu.kernels.fp8_gemm.bench --configs` on the H200 (docs/PERF.md): M > 128
     takes DeepGEMM's 128 x 128 tile on two math warpgroups, 4 stages, at every measured shape (64-wide N
-    tiles fill the last wave better at N = 2112 but ran 20% slower). M <= 128: a 64-row tile on one
+    tiles fill the last wave better at N = 2112 but ran 20% slower), in the persistent kernel that
+    promotes under the next wgmma ("pd": 4-8% faster at M = 4096) when K has an even number of 128-wide
+    groups, else in the pipelined one. M <= 128: a 64-row tile on one
     warpgroup, 128 then 64 columns wide, the first that fills >= 80% of the SMs without splitting K;
     when neither does, 64 x 64 with the fewest K splits that do (split-K costs a float32 pass)."""
     sms = num_sms(device)
     if m > 128:
-        return TileConfig()
+        return TileConfig(schedule="pd") if (k // GROUP) % 2 == 0 else TileConfig()
     for cfg in (TileConfig(64, 128, 4, 128), TileConfig(64, 64, 4, 128)):
         if -(-m // cfg.block_m) * -(-n // cfg.block_n) >= 0.8 * sms:
             return cfg
@@ -182,11 +193,169 @@ def program(n: int, k: int, out_dtype: str, cfg: TileConfig):
     return fp8_block_gemm_split
 
 
+def program_persistent(n: int, k: int, out_dtype: str, cfg: TileConfig, ctas: int):
+    """The persistent, warp-specialized kernel: `ctas` CTAs (one per SM) walk the output tiles in
+    rasterized panels, so a CTA's TMA producer loads the next tile's first K groups while its math
+    warpgroups still promote and store the last one (the pipelined kernel above drains and refills its
+    pipeline at every tile: ~8 tiles per SM at 4096 x 4096).
+
+    Threads 0-127 and 128-255 are the math warpgroups (rows 0-63 and 64-127 of the tile), 256-383 the
+    producer. "p": per K group a math warpgroup waits for the stage, issues its 64 x BLOCK_N wgmma,
+    waits for it, frees the stage and promotes on the CUDA cores, so the tensor cores idle during every
+    promotion (a quarter of the wgmma's time: 128 products per promoted sum, fp8 MMA at 32x the FFMA
+    rate). "pd" keeps two accumulators and promotes group g while group g + 1's wgmma runs (K must hold
+    an even number of groups)."""
+    import tilelang.language as T
+
+    assert k % GROUP == 0 and n > 0 and cfg.schedule, (n, k, cfg)
+    groups = k // GROUP
+    bm, bn, stages, panel = cfg.block_m, cfg.block_n, cfg.num_stages, cfg.panel
+    rows = bm // 2  # per math warpgroup
+    fp8, accum = "float8_e4m3", "float32"
+    double = cfg.schedule == "pd"
+    assert not double or groups % 2 == 0, (k, cfg)
+    tiles_n = -(-n // bn)
+    m = T.dynamic("m")
+
+    @T.macro
+    def locate(at, t, tiles_m):
+        """at = tile t's (first row, first column): panels of `panel` M tiles walked column by column,
+        so the CTAs running at once share A rows and B rows in L2. Kept in registers: recomputing the
+        divisions at every use would cost more than the promotion."""
+        per_panel = panel * tiles_n
+        first = (t // per_panel) * panel
+        height = T.min(tiles_m - first, panel)
+        local = t % per_panel
+        at[0] = (first + local % height) * bm
+        at[1] = (local // height) * bn
+
+    @T.macro
+    def produce(X, W, A, B, full, empty, at, tiles_m, my_tiles, cid):
+        for j in T.serial(my_tiles):
+            locate(at, cid + j * ctas, tiles_m)
+            m0, n0 = at[0], at[1]
+            for g in T.serial(groups):
+                it = j * groups + g
+                s = it % stages
+                T.barrier_wait(empty[s], ((it // stages) & 1) ^ 1)
+                T.tma_copy(X[m0 : m0 + bm, g * GROUP : (g + 1) * GROUP], A[s, :, :], barrier=full[s])
+                T.tma_copy(W[n0 : n0 + bn, g * GROUP : (g + 1) * GROUP], B[s, :, :], barrier=full[s])
+                T.barrier_arrive(full[s])
+
+    @T.macro
+    def load_scales(XS, WS, scale, m0, n0, r0, g):
+        w_s = WS[n0 // GROUP, g]
+        for r in T.Parallel(rows):  # rows past M (zero-filled by TMA) get scale 0
+            scale[r] = T.if_then_else(m0 + r0 + r < m, XS[m0 + r0 + r, g], 0) * w_s
+
+    @T.macro
+    def issue(A, B, full, acc, r0, it):
+        s = it % stages
+        T.barrier_wait(full[s], (it // stages) & 1)
+        T.wgmma_gemm(A[s, r0 : r0 + rows, :], B[s, :, :], acc, transpose_B=True, clear_accum=True)
+
+    @T.macro
+    def promote(total, acc, scale):
+        for r, c in T.Parallel(rows, bn):
+            total[r, c] += acc[r, c] * scale[r]
+
+    @T.macro
+    def multiply(XS, WS, C, A, B, C_s, full, empty, regs, at, tiles_m, my_tiles, cid, r0):
+        """One math warpgroup: rows r0 .. r0 + 63 of every tile of this CTA."""
+        total, acc, scale, acc2, scale2 = regs
+        for j in T.serial(my_tiles):
+            locate(at, cid + j * ctas, tiles_m)
+            m0, n0 = at[0], at[1]
+            base = j * groups
+            T.clear(total)
+            if double:
+                # Each wgmma runs while the other accumulator is promoted; every wait is a wait for
+                # all (at the loop's back edge nothing is in flight): with a wgmma in flight across
+                # the back edge ptxas cannot tell which accumulator a promotion reads and serializes
+                # every wgmma (C7514). acc2 starts at 0 with scale 0, so the first pair's promotion
+                # of it adds nothing, without a branch.
+                T.clear(acc2)
+                T.fill(scale2, 0)
+                for h in T.serial(groups // 2):
+                    g = 2 * h
+                    load_scales(XS, WS, scale, m0, n0, r0, g)
+                    issue(A, B, full, acc, r0, base + g)
+                    promote(total, acc2, scale2)  # group g - 1
+                    T.wait_wgmma(0)
+                    T.barrier_arrive(empty[(base + g) % stages])
+                    load_scales(XS, WS, scale2, m0, n0, r0, g + 1)
+                    issue(A, B, full, acc2, r0, base + g + 1)
+                    promote(total, acc, scale)  # group g
+                    T.wait_wgmma(0)
+                    T.barrier_arrive(empty[(base + g + 1) % stages])
+                promote(total, acc2, scale2)
+            else:
+                for g in T.serial(groups):
+                    load_scales(XS, WS, scale, m0, n0, r0, g)
+                    issue(A, B, full, acc, r0, base + g)
+                    T.wait_wgmma(0)
+                    T.barrier_arrive(empty[(base + g) % stages])
+                    promote(total, acc, scale)
+            T.copy(total, C_s)
+            T.copy(C_s, C[m0 + r0 : m0 + r0 + rows, n0 : n0 + bn])
+
+    def registers():
+        """One math warpgroup's fragments: the running total, the wgmma accumulator(s), row scales."""
+        acc2 = T.alloc_fragment((rows, bn), accum) if double else None
+        scale2 = T.alloc_fragment((rows,), accum) if double else None
+        return (
+            T.alloc_fragment((rows, bn), accum),
+            T.alloc_fragment((rows, bn), accum),
+            T.alloc_fragment((rows,), accum),
+            acc2,
+            scale2,
+        )
+
+    @T.prim_func
+    def fp8_block_gemm_persistent(
+        X: T.Tensor((m, k), fp8),
+        XS: T.Tensor((m, groups), accum),
+        W: T.Tensor((n, k), fp8),
+        WS: T.Tensor((T.ceildiv(n, GROUP), groups), accum),
+        C: T.Tensor((m, n), out_dtype),
+    ):
+        with T.Kernel(ctas, threads=384) as cid:
+            A = T.alloc_shared((stages, bm, GROUP), fp8)
+            B = T.alloc_shared((stages, bn, GROUP), fp8)
+            C_s0 = T.alloc_shared((rows, bn), out_dtype)  # each math warpgroup stores its rows
+            C_s1 = T.alloc_shared((rows, bn), out_dtype)
+            full = T.alloc_barrier([128] * stages)  # the producer's threads, after issuing the stage's TMA
+            empty = T.alloc_barrier([256] * stages)  # both math warpgroups, after their wgmma
+            regs0 = registers()
+            regs1 = registers()
+            tiles_m = T.ceildiv(m, bm)
+            my_tiles = T.ceildiv(T.max(tiles_m * tiles_n - cid, 0), ctas)
+            tx = T.get_thread_binding()
+            if tx < 128:
+                T.set_max_nreg(232, 1)
+                at = T.alloc_local([2], "int32")
+                multiply(XS, WS, C, A, B, C_s0, full, empty, regs0, at, tiles_m, my_tiles, cid, 0)
+            elif tx < 256:
+                T.set_max_nreg(232, 1)
+                at = T.alloc_local([2], "int32")
+                multiply(XS, WS, C, A, B, C_s1, full, empty, regs1, at, tiles_m, my_tiles, cid, rows)
+            else:
+                T.set_max_nreg(40, 0)
+                at = T.alloc_local([2], "int32")
+                produce(X, W, A, B, full, empty, at, tiles_m, my_tiles, cid)
+
+    return fp8_block_gemm_persistent
+
+
 @functools.cache
 def _kernel(n: int, k: int, out_dtype: str, cfg: TileConfig):
     import tilelang
 
-    return tilelang.compile(program(n, k, out_dtype, cfg), target="cuda")
+    if cfg.schedule:
+        func = program_persistent(n, k, out_dtype, cfg, num_sms(torch.device("cuda")))
+    else:
+        func = program(n, k, out_dtype, cfg)
+    return tilelang.compile(func, target="cuda")
 
 
 # ------------------------------------------------------------------ compiling ahead of the first call
