@@ -195,16 +195,16 @@ def program(n: int, k: int, out_dtype: str, cfg: TileConfig):
 
 def program_persistent(n: int, k: int, out_dtype: str, cfg: TileConfig, ctas: int):
     """The persistent, warp-specialized kernel: `ctas` CTAs (one per SM) walk the output tiles in
-    rasterized panels, so a CTA's TMA producer loads the next tile's first K groups while its math
-    warpgroups still promote and store the last one (the pipelined kernel above drains and refills its
-    pipeline at every tile: ~8 tiles per SM at 4096 x 4096).
+    rasterized panels; a CTA's TMA producer loads the next tile's first K groups while its math
+    warpgroups still promote and store the last one.
 
     Threads 0-127 and 128-255 are the math warpgroups (rows 0-63 and 64-127 of the tile), 256-383 the
     producer. "p": per K group a math warpgroup waits for the stage, issues its 64 x BLOCK_N wgmma,
     waits for it, frees the stage and promotes on the CUDA cores, so the tensor cores idle during every
     promotion (a quarter of the wgmma's time: 128 products per promoted sum, fp8 MMA at 32x the FFMA
-    rate). "pd" keeps two accumulators and promotes group g while group g + 1's wgmma runs (K must hold
-    an even number of groups)."""
+    rate); it is no faster than the pipelined kernel, and kept as the comparison. "pd" keeps two
+    accumulators and promotes group g while group g + 1's wgmma runs (K must hold an even number of
+    groups): 5-11% faster than the pipelined kernel at M = 4096 on the H200 (docs/PERF.md)."""
     import tilelang.language as T
 
     assert k % GROUP == 0 and n > 0 and cfg.schedule, (n, k, cfg)
@@ -300,8 +300,8 @@ def program_persistent(n: int, k: int, out_dtype: str, cfg: TileConfig, ctas: in
                     promote(total, acc, scale)
             if tma_store:
                 # The last tile's store must have read C_s before it is overwritten; waiting here
-                # rather than right after issuing the store keeps its ~1 us off the next tile's
-                # first wgmma (3-8% at M = 4096).
+                # rather than right after issuing the store keeps it off the next tile's first
+                # wgmma (about 3% at M = 4096).
                 T.tma_store_wait()
                 T.copy(total, C_s)
                 T.tma_copy(C_s, C[m0 + r0 : m0 + r0 + rows, n0 : n0 + bn])
