@@ -15,7 +15,12 @@ Per row (bounded size, not cached; rebuilt by replay on a prefix hit, see attent
 - CSA / HCA layers: the compressor's tail, the raw (kv, gate) projections of the tokens it still needs
   (`Compressor.tail_len`, by position modulo that length), and the same for the indexer.
 `RowState.start` is the first position the row's state covers: attention and compressors never read a
-ring or tail position below it, so a reused row never sees its previous request's state."""
+ring or tail position below it, so a reused row never sees its previous request's state.
+
+The per-row state is allocated up front for every request row (`rows`: the runner's max_reqs + 1), one
+tensor per layer and kind indexed by row (`rings[layer]` [rows, window, head_dim], tails likewise), so
+its memory is reserved when the server starts and a row's state lives at a fixed address (what CUDA
+graphs over the decode step will need); a `RowState` is a set of views of the row's slices."""
 
 from __future__ import annotations
 
@@ -49,51 +54,67 @@ class RowState:
 
 class V4StateCache:
     def __init__(
-        self, model, num_slots: int, max_positions: int, dtype: torch.dtype, device: torch.device | str
+        self,
+        model,
+        num_slots: int,
+        max_positions: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        rows: int,
     ) -> None:
         self.model, self.max_positions, self.dtype, self.device = model, max_positions, dtype, device
-        self.rows: dict[int, RowState] = {}
+        self.num_rows = rows
+        self.rows: dict[int, RowState] = {}  # the rows holding a request
         self.entries: dict[int, torch.Tensor] = {}  # layer id -> [num_slots // rate, head_dim]
         self.index_keys: dict[int, torch.Tensor] = {}  # CSA layer id -> [num_slots // rate, index_head_dim]
-        rates = [1]
+        self.rings: dict[int, torch.Tensor] = {}  # layer id -> [rows, sliding_window, head_dim]
+        self.tails: dict[int, Tail] = {}  # compressor layer id -> [rows, tail_len, width] kv and gate
+        self.index_tails: dict[int, Tail] = {}  # CSA layer id -> the indexer's, likewise
+        cfg, rates = model.config, [1]
         for attn in model.attention_layers():
+            lid = attn.layer_id
+            self.rings[lid] = self._zeros(rows, cfg.sliding_window, cfg.head_dim)
             comp = attn.compressor
             if comp is None:
                 continue
             rates.append(comp.rate)
-            self.entries[attn.layer_id] = self._pool(num_slots, comp)
+            self.entries[lid] = self._zeros(num_slots // comp.rate, comp.dim)
+            self.tails[lid] = self._tail(rows, comp)
             if comp.indexer is not None:
-                self.index_keys[attn.layer_id] = self._pool(num_slots, comp.indexer)
+                self.index_keys[lid] = self._zeros(num_slots // comp.rate, comp.indexer.dim)
+                self.index_tails[lid] = self._tail(rows, comp.indexer)
         self.page_multiple = math.lcm(*rates)  # page sizes must be multiples of this
 
-    def _pool(self, num_slots: int, comp: Compressor) -> torch.Tensor:
-        return torch.zeros(num_slots // comp.rate, comp.dim, dtype=self.dtype, device=self.device)
+    def _zeros(self, *shape: int) -> torch.Tensor:
+        return torch.zeros(*shape, dtype=self.dtype, device=self.device)
 
-    def _tail(self, comp: Compressor) -> Tail:
-        tail = torch.zeros(comp.tail_len, comp.kv_proj.out_features, dtype=self.dtype, device=self.device)
-        return Tail(tail, tail.clone())
+    def _tail(self, rows: int, comp: Compressor) -> Tail:
+        return Tail(*(self._zeros(rows, comp.tail_len, comp.kv_proj.out_features) for _ in range(2)))
 
     # ------------------------------------------------------------------ rows
 
     def reset(self, row: int, start: int) -> None:
-        """The request in `row` (re)builds its state from position `start` (0, or a replay's first)."""
+        """The request in `row` (re)builds its state from position `start` (0, or a replay's first).
+        Nothing is zeroed: `start` bounds every read of the row's slices."""
         state = self.rows.get(row)
-        if state is not None:  # reuse the row's tensors: `start` bounds every read, so no zeroing
+        if state is not None:
             state.start = start
             return
-        cfg, layers = self.model.config, []
+        if not 0 <= row < self.num_rows:
+            raise IndexError(f"row {row} is outside the {self.num_rows} rows the V4 state was sized for")
+        layers = []
         for attn in self.model.attention_layers():
-            window = torch.zeros(cfg.sliding_window, cfg.head_dim, dtype=self.dtype, device=self.device)
-            layer = LayerRow(window)
-            if attn.compressor is not None:
-                layer.compressor = self._tail(attn.compressor)
-                if attn.compressor.indexer is not None:
-                    layer.indexer = self._tail(attn.compressor.indexer)
+            lid = attn.layer_id
+            layer = LayerRow(self.rings[lid][row])
+            if lid in self.tails:
+                layer.compressor = Tail(self.tails[lid].kv[row], self.tails[lid].gate[row])
+            if lid in self.index_tails:
+                layer.indexer = Tail(self.index_tails[lid].kv[row], self.index_tails[lid].gate[row])
             layers.append(layer)
         self.rows[row] = RowState(start, layers)
 
     def release(self, row: int) -> None:
-        """The request in `row` left: free its state (the next request there starts with `reset`)."""
+        """The request in `row` left (the next request there starts with `reset`)."""
         self.rows.pop(row, None)
 
     def row(self, row: int) -> RowState:

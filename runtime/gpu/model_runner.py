@@ -117,7 +117,8 @@ class ModelRunner:
                 raise ValueError(
                     f"--kv-cache-dtype {cfg.kv_cache_dtype} is supported for Llama-family models only"
                 )
-            self.kv_cache = self.model.make_kv_cache(cfg.num_kv_slots, self.dtype, self.device)
+            rows = cfg.max_reqs + 1  # as req_to_token's (V4 allocates its per-row state for them)
+            self.kv_cache = self.model.make_kv_cache(cfg.num_kv_slots, self.dtype, self.device, rows)
             self.attn_backend = self.model.make_attention_backend(backend)
         else:
             n_layers, hd = self.config.num_hidden_layers, head_dim_of(self.config)

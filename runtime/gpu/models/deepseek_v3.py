@@ -269,7 +269,9 @@ class DeepseekV3ForCausalLM(nn.Module):
 
     # ------------------------------------------------------------------ serving hooks (ModelRunner)
 
-    def make_kv_cache(self, num_slots: int, dtype: torch.dtype, device: torch.device | str) -> LatentKVCache:
+    def make_kv_cache(
+        self, num_slots: int, dtype: torch.dtype, device: torch.device | str, rows: int
+    ) -> LatentKVCache:  # (no per-row state: `rows` unused)
         latent = self.config.kv_lora_rank + self.config.qk_rope_head_dim
         return LatentKVCache(len(self.model.layers), num_slots, latent, dtype, device)
 

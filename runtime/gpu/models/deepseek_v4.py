@@ -257,8 +257,11 @@ class DeepseekV4ForCausalLM(nn.Module):
 
     # ------------------------------------------------------------------ serving hooks (ModelRunner)
 
-    def make_kv_cache(self, num_slots: int, dtype: torch.dtype, device: torch.device | str) -> V4StateCache:
-        return V4StateCache(self, num_slots, self.max_positions, dtype, device)
+    def make_kv_cache(
+        self, num_slots: int, dtype: torch.dtype, device: torch.device | str, rows: int
+    ) -> V4StateCache:
+        """`rows`: request rows (the runner's max_reqs + 1); their per-row state is allocated here."""
+        return V4StateCache(self, num_slots, self.max_positions, dtype, device, rows)
 
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
         return V4StateCache.bytes_per_token(self.config, dtype)
