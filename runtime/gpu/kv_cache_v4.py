@@ -84,6 +84,7 @@ class V4StateCache:
                 self.index_keys[lid] = self._zeros(num_slots // comp.rate, comp.indexer.dim)
                 self.index_tails[lid] = self._tail(rows, comp.indexer)
         self.page_multiple = math.lcm(*rates)  # page sizes must be multiples of this
+        self.rates = sorted(set(rates) - {1})  # the compressors' rates
 
     def _zeros(self, *shape: int) -> torch.Tensor:
         return torch.zeros(*shape, dtype=self.dtype, device=self.device)

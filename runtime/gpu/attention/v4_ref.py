@@ -6,8 +6,10 @@ Per request and layer, each query t attends one shared K=V head over
   this step closes), gathered from the pool through req_to_token, and for CSA only the Lightning
   Indexer's top-k of those;
 plus a per-head sink logit that takes probability mass but has no value. Requests are attended one by
-one; prefill, chunked prefill and decode are the same code path. On CUDA the attention itself runs the
-`sparse_attention` kernel op on each request's keys and mask (`attend_selected`); the rest is PyTorch.
+one here; prefill and chunked prefill take this path, and so does decode with `batched_decode` off
+(decode steps otherwise go to attention/v4_decode.py, every row at once, the same math). On CUDA the
+attention itself runs the `sparse_attention` kernel op on each request's keys and mask
+(`attend_selected`); the rest is PyTorch.
 
 Replay (prefix-cache hits): a row may start at position H - R with `replay` = R leading tokens whose
 windows are already in the pools (a cached prefix ending at H). Those tokens run through every layer to
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from runtime.gpu.attention import v4_decode
 from runtime.gpu.attention.base import AttentionBackend
 from runtime.gpu.forward_batch import ForwardBatch
 from runtime.gpu.kernels import registry
@@ -100,12 +103,20 @@ def compress_step(
     return pool[r.table[: w1 * m : m] // m]
 
 
+@dataclass
+class _Meta:
+    rows: list[_Row]  # the rows with new tokens
+    decode: v4_decode.DecodeMeta | None  # a decode step, for the batched path
+
+
 class TorchV4Backend(AttentionBackend):
     supports_cuda_graph = False
 
     def __init__(self, num_heads: int, head_dim: int, sliding_window: int) -> None:
         super().__init__(num_heads, 1, head_dim, head_dim**-0.5)
         self.window = sliding_window
+        # decode steps through attention/v4_decode.py (every row at once); False: request by request
+        self.batched_decode = True
 
     def prepare(self, batch: ForwardBatch) -> None:
         rows, start, cache = [], 0, batch.kv_cache
@@ -120,7 +131,10 @@ class TorchV4Backend(AttentionBackend):
                 table = batch.req_to_token[row]
                 rows.append(_Row(row, start, length, prefix, prefix + rp, positions, table, cache.row(row)))
             start += length
-        batch.attn_meta = rows
+        decode = None
+        if self.batched_decode and v4_decode.is_decode(batch):
+            decode = v4_decode.prepare(batch, cache, self.window)
+        batch.attn_meta = _Meta(rows, decode)
 
     def narrow(self, batch: ForwardBatch, keep: list[int]) -> tuple[ForwardBatch, torch.Tensor]:
         """The step cut to each row's last `keep[i]` tokens, for sliding-only layers that run on those
@@ -128,7 +142,7 @@ class TorchV4Backend(AttentionBackend):
         below its first kept token: its state view starts there, over the same ring, so the kept tokens'
         keys land where later steps read them. Returns the cut batch and the kept tokens' step indices.
         Not for layers with a compressor (a cut would skip the windows it must pool)."""
-        meta, rows, idx, start, out = iter(batch.attn_meta), [], [], 0, 0
+        meta, rows, idx, start, out = iter(batch.attn_meta.rows), [], [], 0, 0
         for length, k in zip(batch.extend_lens, keep, strict=True):
             if length:
                 r, cut = next(meta), length - k
@@ -155,7 +169,7 @@ class TorchV4Backend(AttentionBackend):
             prefix_lens=[p + c for p, c in zip(batch.prefix_lens, cuts, strict=True)],
             extend_lens=list(keep),
             replay_lens=replay,
-            attn_meta=rows,
+            attn_meta=_Meta(rows, None),
         )
         return cut_batch, idx_t
 
@@ -173,9 +187,11 @@ class TorchV4Backend(AttentionBackend):
     ) -> torch.Tensor:
         """q [T, H, d], kv [T, d] (roped) of the step's tokens; x [T, D] the layer input and qr [T, q_lora]
         the normed q latent (for the compressors and the indexer). Returns [T, H, d]."""
+        if batch.attn_meta.decode is not None:
+            return v4_decode.forward(attn, q, kv, x, qr, batch, batch.attn_meta.decode, self.scale)
         out = torch.empty_like(q)
         w, lid, cache = self.window, attn.layer_id, batch.kv_cache
-        for r in batch.attn_meta:
+        for r in batch.attn_meta.rows:
             s, e, p, pos = r.start, r.start + r.length, r.prefix, r.positions
             layer = r.state.layers[lid]
             lo = max(r.state.start, p - w + 1)
