@@ -31,3 +31,9 @@ def forced_kernel(op: str) -> str | None:
 def fold_norms() -> bool:
     """$CONDUIT_FOLD_NORMS=0 keeps Llama's RMSNorm launches (the unfolded form), for before/after runs."""
     return os.environ.get("CONDUIT_FOLD_NORMS", "1") != "0"
+
+
+def v4_cuda_graph() -> bool:
+    """$CONDUIT_V4_CUDA_GRAPH=1 captures DeepSeek-V4's decode steps in CUDA graphs. Off by default until
+    the capture has been checked on a GPU (the padded path it captures is CPU-tested)."""
+    return os.environ.get("CONDUIT_V4_CUDA_GRAPH", "0") == "1"

@@ -65,6 +65,9 @@ class V4StateCache:
         self.model, self.max_positions, self.dtype, self.device = model, max_positions, dtype, device
         self.num_rows = rows
         self.rows: dict[int, RowState] = {}  # the rows holding a request
+        # RowState.start of every row on the device, for decode steps that read it without the host
+        # (attention/v4_decode.py); row 0, the padding row of CUDA-graph batches, stays at 0
+        self.starts = torch.zeros(rows, dtype=torch.int64, device=device)
         self.entries: dict[int, torch.Tensor] = {}  # layer id -> [num_slots // rate, head_dim]
         self.index_keys: dict[int, torch.Tensor] = {}  # CSA layer id -> [num_slots // rate, index_head_dim]
         self.rings: dict[int, torch.Tensor] = {}  # layer id -> [rows, sliding_window, head_dim]
@@ -97,12 +100,13 @@ class V4StateCache:
     def reset(self, row: int, start: int) -> None:
         """The request in `row` (re)builds its state from position `start` (0, or a replay's first).
         Nothing is zeroed: `start` bounds every read of the row's slices."""
+        if not 0 <= row < self.num_rows:
+            raise IndexError(f"row {row} is outside the {self.num_rows} rows the V4 state was sized for")
+        self.starts[row] = start
         state = self.rows.get(row)
         if state is not None:
             state.start = start
             return
-        if not 0 <= row < self.num_rows:
-            raise IndexError(f"row {row} is outside the {self.num_rows} rows the V4 state was sized for")
         layers = []
         for attn in self.model.attention_layers():
             lid = attn.layer_id

@@ -1,7 +1,8 @@
 """DeepSeek-V4 on CUDA (TorchV4Backend through the paged pools, its attention on the `sparse_attention`
 op): float32 logits match transformers' use_cache=False forwards (prefill, chunked prefill, decode),
-bfloat16 stays within bf16 tolerance of them, and an exact-replay prefix hit equals a cold run on the
-device."""
+bfloat16 stays within bf16 tolerance of them, an exact-replay prefix hit equals a cold run on the
+device, and decode steps captured in CUDA graphs (the batched path, attention/v4_decode.py) compute what
+eager request-by-request decode computes."""
 
 from __future__ import annotations
 
@@ -9,7 +10,13 @@ import pytest
 import torch
 
 from runtime.gpu.model_runner import ModelRunner, RunnerConfig
-from runtime.gpu.testing import PagedPlanBuilder, save_tiny_deepseek_v4, seq_start, v4_hit_vs_cold
+from runtime.gpu.testing import (
+    PagedPlanBuilder,
+    save_tiny_deepseek_v4,
+    seq_start,
+    v4_decode_scenario,
+    v4_hit_vs_cold,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -65,3 +72,27 @@ def test_cuda_exact_replay_hit_equals_a_cold_run(model):
     assert r.cache_untouched
     assert (r.hit - r.cold).abs().max().item() < 1e-4
     assert r.hit_tokens == r.cold_tokens
+
+
+def test_cuda_graph_decode_matches_eager_request_by_request(model, monkeypatch):
+    """CONDUIT_V4_CUDA_GRAPH=1 (off by default until this passes on a GPU): the runner captures its
+    decode buckets (1, 2, 4) over the batched path; every step of the shared V4 decode scenario (rows at
+    every window phase, a reused row, a prefix hit) matches a runner without graphs that attends request
+    by request, float32."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    monkeypatch.setenv("CONDUIT_V4_CUDA_GRAPH", "1")
+    path, _ = model
+
+    def runner(graphs: bool) -> ModelRunner:
+        cfg = RunnerConfig(str(path), device="cuda", dtype="float32", num_kv_slots=1024, max_reqs=4,
+                           max_model_len=128, cuda_graph=graphs)  # fmt: skip
+        r = ModelRunner(cfg)
+        r.attn_backend.batched_decode = graphs
+        return r
+
+    eager, captured = runner(False), runner(True)
+    assert eager.graphs is None and captured.graphs is not None and captured.graphs.capture_graphs
+    want, got = v4_decode_scenario(eager), v4_decode_scenario(captured)
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        err = (g.float() - w.float()).abs().max().item()
+        assert err < TOL, f"step {i}: max abs logit diff {err:.3g}"

@@ -13,7 +13,8 @@ padded width (which a CUDA graph would fix per bucket):
   row, written only where (p + 1) % rate == 0 (rows whose window stays open write their entry's old
   value back, so no host branch);
 - the compressed entries are read in place from the paged pool through req_to_token (entry w of a row
-  at `req_to_token[row, w * rate] // rate`), CSA's narrowed to the Lightning Indexer's top-k;
+  at `req_to_token[row, w * rate] // rate`), CSA's narrowed to the Lightning Indexer's top-k (a list of
+  top-k indices, so the attention's width is top-k however many entries a row has);
 - one `sparse_attention` call takes the rings as its first source and the entry pool as its second.
 
 The math is v4_ref's; only the order of the keys in the softmax sums differs (tests/unit/gpu/
@@ -52,18 +53,24 @@ def is_decode(batch: ForwardBatch) -> bool:
     return bool(batch.extend_lens) and all(n == 1 for n in batch.extend_lens) and not any(batch.replay_lens)
 
 
-def prepare(batch: ForwardBatch, cache: V4StateCache, window: int) -> DecodeMeta:
+def prepare(
+    batch: ForwardBatch, cache: V4StateCache, window: int, max_seq_len: int | None = None
+) -> DecodeMeta:
     """Once per step: the ring slots each row sees and, per compression rate, its entries' pool indices.
-    Entry widths are the step's largest (host lists, no sync)."""
+    Entry widths: the step's largest (from the host's prefix lengths), or with `max_seq_len` the most
+    any row can have, for a CUDA graph (device tensors only, fixed shapes)."""
     device = batch.positions.device
     rows, pos = batch.rows.long(), batch.positions.long()
-    starts = torch.tensor([cache.row(r).start for r in batch.rows_list], dtype=torch.int64, device=device)
+    starts = cache.starts[rows]
     slot = torch.arange(window, device=device)
     key_pos = pos[:, None] - torch.remainder(pos[:, None] - slot, window)
     ring_index = torch.where(key_pos >= starts[:, None], rows[:, None] * window + slot, -1).int()
     entries = {}
     for rate in cache.rates:
-        width = max((p + 1) // rate for p in batch.prefix_lens)
+        if max_seq_len is None:
+            width = max((p + 1) // rate for p in batch.prefix_lens)
+        else:
+            width = max_seq_len // rate
         w = torch.arange(width, device=device)
         index = batch.req_to_token[rows[:, None], w * rate] // rate
         entries[rate] = torch.where(w[None, :] < ((pos + 1) // rate)[:, None], index, -1).int()
@@ -96,8 +103,7 @@ def forward(
             push_and_pool(
                 comp.indexer, cache.index_keys[lid], cache.index_tails[lid], x, meta, table, attn.rope
             )
-            chosen = select(comp.indexer, x, qr, meta.positions, cache.index_keys[lid], index, attn.rope)
-            index = torch.where(chosen, index, -1)
+            index = select(comp.indexer, x, qr, meta.positions, cache.index_keys[lid], index, attn.rope)
         if index.shape[1]:
             extra = {"extra_kv": cache.entries[lid], "extra_indices": index}
     attend = registry.get("sparse_attention", q.device)
@@ -157,7 +163,8 @@ def select(
     rope: InterleavedRope,
 ) -> torch.Tensor:
     """`Indexer.select` for one query per row over its entries `index` [B, W] (-1: none) of the key pool
-    `keys` -> [B, W] bool: the top-k each row attends."""
+    `keys` -> the top-k each row attends, as entry indices [B, min(top-k, W)] (-1: none; the attention
+    then walks top-k columns, not W)."""
     q = rope(indexer.q_b_proj(qr).view(-1, indexer.n_heads, indexer.dim), positions)
     k = keys[index.clamp(min=0).long()]  # [B, W, c]
     scores = F.relu(torch.einsum("bhc,bwc->bhw", q.float(), k.float())) * indexer.dim**-0.5
@@ -166,4 +173,4 @@ def select(
     valid = index >= 0
     scores = scores.masked_fill(~valid, float("-inf"))
     picked = scores.topk(min(indexer.topk, index.shape[1]), dim=-1).indices
-    return torch.zeros_like(valid).scatter_(1, picked, True) & valid
+    return torch.where(valid.gather(1, picked), index.gather(1, picked), -1)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from runtime import envs
 from runtime.gpu.attention import v4_decode
 from runtime.gpu.attention.base import AttentionBackend
 from runtime.gpu.forward_batch import ForwardBatch
@@ -110,13 +111,16 @@ class _Meta:
 
 
 class TorchV4Backend(AttentionBackend):
-    supports_cuda_graph = False
-
     def __init__(self, num_heads: int, head_dim: int, sliding_window: int) -> None:
         super().__init__(num_heads, 1, head_dim, head_dim**-0.5)
         self.window = sliding_window
         # decode steps through attention/v4_decode.py (every row at once); False: request by request
         self.batched_decode = True
+        self.supports_cuda_graph = envs.v4_cuda_graph()
+
+    def prepare_decode_graph(self, batch: ForwardBatch, seq_lens: torch.Tensor, max_seq_len: int) -> None:
+        """The batched decode path from device tensors alone (attention/v4_decode.py)."""
+        batch.attn_meta = _Meta([], v4_decode.prepare(batch, batch.kv_cache, self.window, max_seq_len))
 
     def prepare(self, batch: ForwardBatch) -> None:
         rows, start, cache = [], 0, batch.kv_cache

@@ -1,0 +1,67 @@
+"""DeepSeek-V4 decode steps in every situation the batched decode path (attention/v4_decode.py) must
+handle, for comparing it with the request-by-request path (CPU) and CUDA graphs with eager (GPU)."""
+
+from __future__ import annotations
+
+import torch
+
+from runtime.gpu.testing.plans import PagedPlanBuilder, random_prompt, seq_start
+
+PAGE = 8
+
+
+def v4_decode_scenario(runner) -> list[torch.Tensor]:  # noqa: ANN001 - a ModelRunner
+    """Logits of every step (a runner with max_reqs >= 4, pages of 8): rows 1-3 prefilled (2, 14 and 31
+    tokens: row 1 closes its first CSA and HCA windows while decoding), 12 decode steps; then row 2
+    takes a new request (prefilled beside the others' decodes: a mixed step) and row 4 a prefix hit on
+    row 3's first 16 tokens, replaying 8 (its state starts at position 8); then 14 decode steps of all
+    four rows. 26 decode steps in all."""
+    vocab, pb, out = runner.vocab_size, PagedPlanBuilder(PAGE, runner.cfg.num_kv_slots, seed=3), []
+    prompts = {row: random_prompt(n, 10 + row, vocab) for row, n in ((1, 2), (2, 14), (3, 31))}
+    seqs = {row: list(p) for row, p in prompts.items()}
+
+    def step(plan) -> None:
+        logits = runner.forward_logits(plan)
+        out.append(logits)
+        sampled = [r for r, s in zip(plan.rows, plan.sample, strict=True) if s]
+        for row, token in zip(sampled, logits.argmax(-1).tolist(), strict=True):
+            seqs[row].append(token)
+
+    def decode(rows: list[int]) -> None:
+        step(pb.plan(rows, [len(seqs[r]) - 1 for r in rows], [1] * len(rows), [seqs[r][-1] for r in rows]))
+
+    rows = sorted(prompts)
+    ids = [t for r in rows for t in prompts[r]]
+    step(
+        pb.plan(
+            rows,
+            [0] * 3,
+            [len(prompts[r]) for r in rows],
+            ids,
+            added=[seq_start(r, prompts[r]) for r in rows],
+        )
+    )
+    for _ in range(12):
+        decode(rows)
+    # row 2: a new request, prefilled in a step that also decodes rows 1 and 3 (the per-row path)
+    new = random_prompt(9, 20, vocab)
+    seqs[2] = list(new)
+    step(
+        pb.plan(
+            [1, 2, 3], [len(seqs[1]) - 1, 0, len(seqs[3]) - 1], [1, len(new), 1],
+            [seqs[1][-1], *new, seqs[3][-1]], added=[seq_start(2, new)],
+        )
+    )  # fmt: skip
+    # row 4: a hit on row 3's first 16 tokens, replaying 8 (its state starts at position 8)
+    hit, replay = 16, 8
+    seqs[4] = prompts[3][:hit] + random_prompt(5, 21, vocab)
+    slots = pb.share(4, 3, hit)
+    step(
+        pb.plan(
+            [4], [hit - replay], [len(seqs[4]) - hit + replay], seqs[4][hit - replay :],
+            added=[seq_start(4, seqs[4], prefix_slots=slots)], replay=[replay],
+        )
+    )  # fmt: skip
+    for _ in range(14):
+        decode([1, 2, 3, 4])
+    return out
