@@ -9,6 +9,11 @@ the device's copy bandwidth and matmul peak and reports
   MFU = (2 * non-embedding params * tokens + attention flops) / step time / matmul peak
   attention flops = 4 * layers * q_heads * head_dim * (keys each new token attends to)
 
+MoE models (`RoutedExperts` layers): a step reads only the experts its T tokens route to, and each token
+multiplies by top_k of them, so the weight bytes count E * (1 - (1 - top_k / E)^T) experts per layer
+(the expected number a uniform router touches: what random dummy weights do; a trained router's load
+is less even, so this overstates what it reads) and the params top_k experts per token.
+
 Decode steps are timed as the GPU worker runs them with overlap on (`--overlap on`, the default): step
 i+1 is launched before step i's tokens are read back (two in flight, `ModelRunner.launch`), so the step
 time is the device's period per step and the host work of building the next step hides behind the
@@ -72,6 +77,48 @@ def add_args(p) -> None:
 class Ceilings:
     copy_bytes_per_s: float
     matmul_flops_per_s: float
+
+
+@dataclass
+class WeightCount:
+    """A model's weights as a step uses them: dense ones read whole by every step and multiplied by every
+    token; routed experts (per MoE layer: E experts of `expert_bytes` / `expert_params` each, top_k per
+    token) read as far as the step's tokens reach them."""
+
+    total_bytes: int
+    dense_bytes: int
+    dense_params: int  # matmul params outside the routed experts (the embedding only when tied)
+    moe_layers: list[tuple[int, int, int, int]]  # (E, top_k, expert_bytes, expert_params)
+
+    @staticmethod
+    def of(model, config) -> WeightCount:  # noqa: ANN001 - a torch module and its HF config
+        from runtime.gpu.layers.moe import RoutedExperts
+
+        params = {id(p): p for p in model.parameters()}
+        total = sum(p.numel() * p.element_size() for p in params.values())
+        top_k = getattr(config, "num_experts_per_tok", 0)
+        moe, expert_ids = [], set()
+        for m in model.modules():
+            if isinstance(m, RoutedExperts):
+                own = {id(p): p for p in m.parameters()}
+                expert_ids |= own.keys()
+                size = sum(p.numel() * p.element_size() for p in own.values())  # with FP8 scales
+                numel = m.gate_up_proj.numel() + m.down_proj.numel()
+                moe.append((m.num_experts, top_k, size // m.num_experts, numel // m.num_experts))
+        dense = [p for i, p in params.items() if i not in expert_ids]
+        embed = config.vocab_size * config.hidden_size
+        # the embedding is a lookup, not a matmul, unless tied to the LM head (then counted once, as the head)
+        dense_params = sum(p.numel() for p in dense) - (0 if config.tie_word_embeddings else embed)
+        return WeightCount(total, sum(p.numel() * p.element_size() for p in dense), dense_params, moe)
+
+    @property
+    def params_per_token(self) -> int:
+        return self.dense_params + sum(k * params for _, k, _, params in self.moe_layers)
+
+    def bytes_read(self, tokens: int) -> float:
+        """Expected weight bytes a step of `tokens` tokens reads (uniform routing)."""
+        experts = sum(e * (1 - (1 - k / e) ** tokens) * size for e, k, size, _ in self.moe_layers)
+        return self.dense_bytes + experts
 
 
 @dataclass
@@ -144,11 +191,7 @@ class _Bench:
         self.runner = ModelRunner(cfg)
         c = self.runner.config
         self.layers, self.q_heads, self.head_dim = c.num_hidden_layers, c.num_attention_heads, head_dim_of(c)
-        params = {id(p): p for p in self.runner.model.parameters()}.values()
-        self.weight_bytes = sum(p.numel() * p.element_size() for p in params)
-        embed = c.vocab_size * c.hidden_size
-        # the embedding is a lookup, not a matmul, unless tied to the LM head (then counted once, as the head)
-        self.matmul_params = sum(p.numel() for p in params) - (0 if c.tie_word_embeddings else embed)
+        self.weights = WeightCount.of(self.runner.model, c)
         self.kv_per_token = self.runner.kv_bytes_per_token()
         self.ceil = measure_ceilings(torch, self.runner.device, self.runner.dtype)
         self.step_no = 0
@@ -221,11 +264,11 @@ class _Bench:
         t = self._time_pipelined(plans) if overlap else self._time(plans)
         ctx = c + (self.args.warmup_steps + self.args.steps / 2) * n  # mean context over the timed steps
         kv_read = b * ctx * self.kv_per_token
-        flops = 2 * self.matmul_params * b * n + self._attn_flops(ctx, n) * b
+        flops = 2 * self.weights.params_per_token * b * n + self._attn_flops(ctx, n) * b
         tok = b * (1 if k == 0 else self.args.accept_len) / t
         phase = "decode" if graph or self.runner.graphs is None else "decode-e"
         phase += "" if overlap else "-s"
-        return self._row(phase, b, b * n, c, k, t, self.weight_bytes + kv_read, flops, tok)
+        return self._row(phase, b, b * n, c, k, t, self.weights.bytes_read(b * n) + kv_read, flops, tok)
 
     def prefill(self, n: int) -> Row:
         c = self.args.prefill_context
@@ -237,8 +280,8 @@ class _Bench:
                                     sample=[True]))  # fmt: skip
         t = self._time(plans)
         kv_read = (c + n) * self.kv_per_token
-        flops = 2 * self.matmul_params * n + self._attn_flops(c, n)
-        return self._row("prefill", 1, n, c, 0, t, self.weight_bytes + kv_read, flops, n / t)
+        flops = 2 * self.weights.params_per_token * n + self._attn_flops(c, n)
+        return self._row("prefill", 1, n, c, 0, t, self.weights.bytes_read(n) + kv_read, flops, n / t)
 
     def _attn_flops(self, ctx: float, n: int) -> float:
         """n new tokens after ctx cached ones, causal: token i attends to ctx + i + 1 keys."""
@@ -255,7 +298,7 @@ def table(rows: list[Row], bench: _Bench) -> str:
     r = bench.runner
     head = [
         f"model {bench.args.model_path} ({bench.args.load_format}), {r.device}, {r.dtype}, "
-        f"weights {bench.weight_bytes / 1e9:.3f} GB, KV {bench.kv_per_token} B/token ({r.kv_dtype})",
+        f"weights {bench.weights.total_bytes / 1e9:.3f} GB, KV {bench.kv_per_token} B/token ({r.kv_dtype})",
         f"measured: copy {bench.ceil.copy_bytes_per_s / 1e9:.1f} GB/s, matmul {bench.ceil.matmul_flops_per_s / 1e12:.2f} "
         f"TFLOP/s; {bench.args.steps} timed steps per point (decode overlapped: mean period; else median)",
         f"{'phase':<11}{'B':>5}{'tok/step':>9}{'ctx':>8}{'k':>3}{'step ms':>10}{'tok/s':>12}{'MBU':>8}{'MFU':>8}",

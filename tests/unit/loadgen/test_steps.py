@@ -37,3 +37,29 @@ def test_steps_times_decode_overlapped_and_waited_side_by_side(capsys):
 def test_steps_with_a_missing_model_dir_is_a_one_line_error(tmp_path, capsys):
     assert main(["steps", "--model-path", str(tmp_path / "nope"), "--device", "cpu"]) == 2
     assert capsys.readouterr().err.startswith("error: model directory not found")
+
+
+def test_moe_weights_count_the_experts_a_step_reaches(tmp_path):
+    """A tiny DeepSeek-V3 (routed experts in every MoE layer): one token reads and multiplies exactly
+    top_k experts per layer; many tokens read nearly every expert; a dense Llama reads everything."""
+    from loadgen.steps import WeightCount
+    from runtime.gpu.model_runner import ModelRunner, RunnerConfig
+    from runtime.gpu.testing import save_tiny_deepseek_v3, save_tiny_llama
+
+    save_tiny_deepseek_v3(tmp_path / "v3", seed=1)
+    runner = ModelRunner(RunnerConfig(str(tmp_path / "v3"), num_kv_slots=64, max_reqs=2, max_model_len=32))
+    w = WeightCount.of(runner.model, runner.config)
+    c = runner.config
+    assert w.moe_layers and all(e == c.n_routed_experts and k == c.num_experts_per_tok for e, k, _, _ in w.moe_layers)
+    experts = sum(e * size for e, _, size, _ in w.moe_layers)
+    assert w.total_bytes == w.dense_bytes + experts
+    one = w.dense_bytes + sum(k * size for _, k, size, _ in w.moe_layers)
+    assert w.bytes_read(1) == pytest.approx(one)
+    assert w.bytes_read(1) < w.bytes_read(8) < w.bytes_read(10_000) == pytest.approx(w.total_bytes)
+    all_params = sum(p.numel() for p in runner.model.parameters()) - c.vocab_size * c.hidden_size
+    assert w.params_per_token < all_params
+
+    save_tiny_llama(tmp_path / "llama", seed=1)
+    runner = ModelRunner(RunnerConfig(str(tmp_path / "llama"), num_kv_slots=64, max_reqs=2, max_model_len=32))
+    w = WeightCount.of(runner.model, runner.config)
+    assert not w.moe_layers and w.bytes_read(1) == w.bytes_read(100) == w.total_bytes
