@@ -120,7 +120,9 @@ def push_and_pool(
     rope: InterleavedRope,
 ) -> None:
     """Every row's token into its tail; the window it closes pooled into `pool` (v4_ref.compress_step
-    for one token per row). Rows whose window stays open rewrite an entry of theirs with its own value."""
+    for one token per row). Rows whose window stays open rewrite an entry of theirs with its own value:
+    no other row writes that entry this step (an entry is written only by the step that closes its
+    window; padding rows, row 0, use page 0, which is never handed out)."""
     m, span = comp.rate, comp.tail_len
     rows, pos = meta.rows, meta.positions
     kv, gate = comp.project(x)
