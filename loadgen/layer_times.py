@@ -7,7 +7,8 @@ kernels are still to come (DeepSeek-V4): the starting point the kernels are meas
 
 Prefill: one request whose first `--prefill-context` tokens are prefilled in chunks of
 `--prefill-tokens`, then one more chunk of `--prefill-tokens` new tokens: that step is timed. Decode:
-`--decode-batch` requests with `--decode-context` tokens each, then decode steps; the last is timed.
+`--decode-batch` requests with `--decode-context` tokens each, then decode steps; the last is timed,
+for V4 once per `--decode-path` (request by request, then batched, by default).
 CUDA events around every decoder layer (forward pre/post hooks) give each layer's time; the rest of the
 step (embedding, head, sampling, host work) is reported as one line. Weights are random (dummy)."""
 
@@ -101,10 +102,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--decode-context", type=int, default=1024)
     p.add_argument("--decode-steps", type=int, default=3)
     p.add_argument("--device", default="cuda")
+    p.add_argument("--decode-path", choices=("batched", "per-row", "both"), default="both",
+                   help="DeepSeek-V4 decode attention: every row at once (attention/v4_decode.py), request "
+                   "by request (attention/v4_ref.py), or each in turn on consecutive steps")  # fmt: skip
     args = p.parse_args(argv)
 
     prefill_total = args.prefill_context + args.prefill_tokens
-    decode_total = args.decode_context + args.decode_steps
+    decode_total = args.decode_context + args.decode_steps * (2 if args.decode_path == "both" else 1)
     # Whole pages per request of up to MAX_PAGE tokens (V4 pages hold whole 128-token windows).
     max_page = 128
     pages = 2 + (-(-prefill_total // max_page)) + args.decode_batch * (-(-decode_total // max_page))
@@ -145,15 +149,22 @@ def main(argv: list[str] | None = None) -> None:
                        released=released)  # fmt: skip
         released = []
         runner.execute(plan)
-    ctx = args.decode_context
-    for step in range(args.decode_steps):
-        plan = pb.plan(rows, [ctx] * len(rows), [1] * len(rows), [], use_last=[True] * len(rows))
-        if step == args.decode_steps - 1:
-            wall, per = _timed(runner, clock, plan)
-            _report(f"decode batch {len(rows)} at context {ctx}", wall, per, kinds)
-        else:
-            runner.execute(plan)
-        ctx += 1
+    ctx, backend = args.decode_context, runner.attn_backend
+    paths = {"batched": [True], "per-row": [False], "both": [False, True]}[args.decode_path]
+    if not hasattr(backend, "batched_decode"):  # models without the two V4 paths: one report
+        paths = [None]
+    for batched in paths:
+        if batched is not None:
+            backend.batched_decode = batched
+        for step in range(args.decode_steps):
+            plan = pb.plan(rows, [ctx] * len(rows), [1] * len(rows), [], use_last=[True] * len(rows))
+            if step == args.decode_steps - 1:
+                wall, per = _timed(runner, clock, plan)
+                how = {None: "", True: ", batched", False: ", request by request"}[batched]
+                _report(f"decode batch {len(rows)} at context {ctx}{how}", wall, per, kinds)
+            else:
+                runner.execute(plan)
+            ctx += 1
 
 
 if __name__ == "__main__":
