@@ -3,7 +3,8 @@
 `v4_ref.py` attends request by request (any step: prefill, chunked prefill, replay). A decode step, one
 new token per row, has the same shape for every row, so here each layer runs a fixed number of batched
 ops whatever the batch size, and no op's shape depends on a row's length except through the entries'
-padded width (which a CUDA graph would fix per bucket):
+padded width (the step's largest; under a CUDA graph, max_model_len / rate). Padding rows of a graph
+batch (row 0, position 0) write only row 0's slices and page 0, and their outputs are dropped:
 
 - the sliding window is read in place from the pooled rings (`V4StateCache.rings`, [rows, window, d]):
   the token is written at its ring slot first, then each row attends every slot of its ring whose
