@@ -20,12 +20,15 @@ TOL = 1e-5
 @pytest.fixture(scope="module")
 def v4_calls(tmp_path_factory) -> list[tuple]:
     """Every attend_with_sink call of a chunked prefill then 4 decode steps on a tiny V4 (sliding, CSA
-    with indexer top-2, HCA, CSA; window 8): (q, keys, mask, sinks, scale, out)."""
+    with indexer top-2, HCA, CSA; window 8), decode request by request (the batched decode path calls
+    the op on pools directly: tests/unit/gpu/test_deepseek_v4_decode.py): (q, keys, mask, sinks,
+    scale, out)."""
     path = tmp_path_factory.mktemp("v4")
     save_tiny_deepseek_v4(path, seed=5)
     runner = ModelRunner(
         RunnerConfig(str(path), num_kv_slots=1024, max_reqs=4, max_model_len=128, cpu_threads=1)
     )
+    runner.attn_backend.batched_decode = False
     calls, attend = [], v4_ref.attend_with_sink
 
     def record(q, kv, mask, sinks, scale):
