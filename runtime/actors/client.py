@@ -16,6 +16,7 @@ from runtime.actors.base import Actor
 from runtime.errors import ConduitError, EngineFailed, Overloaded, error_from_status
 from runtime.mailbox.messages import (
     AbortRequest,
+    CacheFlushed,
     EngineStats,
     FlushCache,
     GenerateRequest,
@@ -42,6 +43,7 @@ class EngineClient(Actor):
         self.stats: EngineStats | None = None
         self.error: str | None = None
         self._streams: dict[str, asyncio.Queue[TextDelta | ConduitError]] = {}
+        self._flushes: dict[int, asyncio.Future[bool]] = {}
 
     @property
     def healthy(self) -> bool:
@@ -88,8 +90,20 @@ class EngineClient(Actor):
     async def abort(self, rid: str) -> None:
         await self.send("tokenizer", AbortRequest(rid))
 
-    async def flush_cache(self) -> None:
-        await self.send("scheduler", FlushCache())
+    async def flush_cache(self, timeout: float = 30.0) -> bool:
+        """Drop the scheduler's cached prefixes. False when it refused (requests running or waiting) or
+        did not answer within `timeout` seconds. Once this returns, EngineStats (and /metrics) show the
+        cache after the flush."""
+        flush_id = next(_ids)
+        answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._flushes[flush_id] = answer
+        try:
+            await self.send("scheduler", FlushCache(flush_id))
+            return await asyncio.wait_for(answer, timeout)
+        except TimeoutError:
+            return False
+        finally:
+            self._flushes.pop(flush_id, None)
 
     # ------------------------------------------------------------------ inbound
 
@@ -106,6 +120,10 @@ class EngineClient(Actor):
                                                code=msg.code))
         elif isinstance(msg, EngineStats):
             self.stats = msg
+        elif isinstance(msg, CacheFlushed):
+            answer = self._flushes.get(msg.id)
+            if answer is not None and not answer.done():
+                answer.set_result(msg.ok)
         elif isinstance(msg, NodeFailed):
             self.fail_all(f"{msg.node}: {msg.error}")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import structlog
 from aiohttp import web
 
+from runtime.errors import InvalidRequest
 from runtime.http.engine import Engine
 from runtime.http.metrics import CONTENT_TYPE, Metrics
 from runtime.http.middleware import METRICS_KEY, errors_middleware
@@ -46,7 +47,12 @@ def build_app(client: Engine, *, served_model: str, max_body_bytes: int = MAX_BO
         return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     async def flush_cache(request: web.Request) -> web.Response:
-        await client.flush_cache()
+        # SGLang's contract: refused (400) while requests run or wait; answered once the flush is done
+        if not await client.flush_cache():
+            raise InvalidRequest(
+                "The prefix cache was not flushed: requests are running or waiting. Retry when idle.",
+                code="cache_busy",
+            )
         log.info("prefix cache flushed")
         return web.json_response({"status": "ok"})
 

@@ -231,7 +231,16 @@ class EngineStats(Struct, frozen=True, tag=True, array_like=True, kw_only=True):
 
 
 class FlushCache(Struct, frozen=True, tag=True, array_like=True):
-    pass
+    """Client -> scheduler: drop every cached prefix (refused while requests run or wait)."""
+
+    id: int = 0  # echoed in the CacheFlushed answer
+
+
+class CacheFlushed(Struct, frozen=True, tag=True, array_like=True):
+    """Scheduler -> client: the answer to FlushCache `id`, sent after fresh EngineStats."""
+
+    id: int
+    ok: bool
 
 
 class NodeReady(Struct, frozen=True, tag=True, array_like=True):
@@ -263,6 +272,7 @@ Message = (
     | RequestFailed
     | EngineStats
     | FlushCache
+    | CacheFlushed
     | NodeReady
     | NodeFailed
     | Shutdown

@@ -25,6 +25,7 @@ from runtime.actors.scheduler.request import Req
 from runtime.config import ServerConfig
 from runtime.mailbox.messages import (
     AbortRequest,
+    CacheFlushed,
     EngineStats,
     FlushCache,
     Message,
@@ -91,8 +92,10 @@ class SchedulerActor(Actor):
         elif isinstance(msg, WorkerFailed):
             await self._on_worker_failed(msg)
         elif isinstance(msg, FlushCache):
-            ok = not self.planner.running and self.cache.flush()
+            ok = not self.planner.running and not self.planner.waiting and self.cache.flush()
             log.info("flush_cache", ok=ok)
+            await self._send_stats(force=True)  # before the answer: /metrics right after it is current
+            await self.send("client", CacheFlushed(msg.id, ok))
         await self._pump()
         self._idle_from = time.perf_counter() if self.inflight else None
 

@@ -37,6 +37,7 @@ class FakeEngine:
         self.started = asyncio.Event()
         self.abort_seen = asyncio.Event()
         self.flushed = 0
+        self.busy = False  # flush_cache refuses (requests running)
 
     @property
     def healthy(self) -> bool:
@@ -87,8 +88,9 @@ class FakeEngine:
     async def abort(self, rid: str) -> None:
         self.aborted.append(rid)
 
-    async def flush_cache(self) -> None:
+    async def flush_cache(self) -> bool:
         self.flushed += 1
+        return not self.busy
 
 
 @asynccontextmanager

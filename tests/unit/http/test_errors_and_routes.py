@@ -179,6 +179,21 @@ def test_flush_cache_calls_the_engine(engine: FakeEngine):
     assert engine.flushed == 1
 
 
+def test_flush_cache_refused_while_busy_is_a_400_with_an_openai_error(engine: FakeEngine):
+    engine.busy = True
+
+    async def go():
+        async with serve(engine) as c:
+            r = await c.post("/flush_cache")
+            assert r.status == 400
+            err = (await r.json())["error"]
+            assert err["type"] == "invalid_request_error" and err["code"] == "cache_busy"
+            assert "running or waiting" in err["message"]
+            assert (await c.get("/health")).status == 200  # still serving
+
+    run(go())
+
+
 def test_body_over_the_size_limit_is_413(engine: FakeEngine):
     async def go():
         app = build_app(engine, served_model=MODEL, max_body_bytes=1024)
