@@ -19,7 +19,10 @@ i+1 is launched before step i's tokens are read back (two in flight, `ModelRunne
 time is the device's period per step and the host work of building the next step hides behind the
 current one. `--overlap off` (rows `decode-s`) waits for every step before launching the next.
 
-Weights and KV are random (`--load-format dummy`), so only the timings mean anything."""
+Weights and KV are random (`--load-format dummy`), so only the timings mean anything. Cached contexts
+are never computed: rows start on slots of random KV in a step of no tokens, and per-row model state
+(DeepSeek-V4's window rings and compressor tails, which need `--page-size` a multiple of the largest
+compression rate) starts at position 0 with meaningless values."""
 
 from __future__ import annotations
 
@@ -189,6 +192,9 @@ class _Bench:
                            cuda_graph=args.cuda_graph != "off", page_size=page,
                            attention_backend=args.attention_backend)  # fmt: skip
         self.runner = ModelRunner(cfg)
+        multiple = getattr(self.runner, "page_multiple", 1)
+        if page % multiple:  # DeepSeek-V4: a page holds whole compression windows
+            raise LoadgenError(f"this model needs --page-size a multiple of {multiple}, got {page}")
         c = self.runner.config
         self.layers, self.q_heads, self.head_dim = c.num_hidden_layers, c.num_attention_heads, head_dim_of(c)
         self.weights = WeightCount.of(self.runner.model, c)
@@ -202,7 +208,7 @@ class _Bench:
         from runtime.mailbox.messages import StepPlan
 
         self.step_no += 1
-        return StepPlan(step=self.step_no, **kw)
+        return StepPlan(step=self.step_no, **{"added": [], "released": [], **kw})
 
     def _ids(self, n: int) -> list[int]:
         return self.torch.randint(3, self.runner.vocab_size, (n,), generator=self.rng).tolist()
@@ -238,26 +244,33 @@ class _Bench:
         _sync(self.torch, self.runner.device)
         return (time.perf_counter() - t) / (len(plans) - warm)
 
-    def _start(self, rows: list[int], prefix: dict[int, list[int]]):
+    def _register(self, rows: list[int], prefix: dict[int, list[int]]) -> None:
+        """Start `rows` on the cached `prefix` slots (never computed: random KV), releasing the last ones,
+        in a step of no tokens. Per-row model state that such a context never built (DeepSeek-V4's
+        window rings and compressor tails) starts at position 0 with whatever the row's slices hold:
+        the timed steps read it like a real context's, only the values are meaningless."""
         from runtime.mailbox.messages import SamplingParams, SeqStart
 
         greedy = SamplingParams(temperature=0.0)
         added = [SeqStart(r, greedy, [], prefix[r], []) for r in rows]
         released, self.live = self.live, list(rows)
-        return added, released
+        self.runner.execute(self._plan(added=added, released=released, rows=[], prefix_lens=[], extend_lens=[],
+                                       use_last=[], input_ids=[], out_loc=[], sample=[]))  # fmt: skip
+        reset = getattr(self.runner.kv_cache, "reset", None)
+        for r in rows if reset is not None else ():
+            reset(r, 0)
 
     def decode(self, b: int, k: int, graph: bool = True, overlap: bool = True) -> Row:
         if self.runner.graphs is not None:
             self.runner.graphs.enabled = graph
         c, n = self.args.context_len, k + 1
         base = {r: self.first_slot + (r - 1) * self.per_row for r in range(1, b + 1)}
-        added, released = self._start(list(base), {r: list(range(s, s + c)) for r, s in base.items()})
+        self._register(list(base), {r: list(range(s, s + c)) for r, s in base.items()})
         plans = []
         for i in range(self.args.warmup_steps + self.args.steps):
             ctx = c + i * n
             plans.append(self._plan(
-                added=added if i == 0 else [], released=released if i == 0 else [], rows=list(base),
-                prefix_lens=[ctx] * b, extend_lens=[n] * b, use_last=[k == 0] * b,
+                rows=list(base), prefix_lens=[ctx] * b, extend_lens=[n] * b, use_last=[k == 0] * b,
                 input_ids=[] if k == 0 else self._ids(b * n),
                 out_loc=[s + ctx + j for s in base.values() for j in range(n)], sample=[True] * b,
             ))  # fmt: skip
@@ -271,12 +284,12 @@ class _Bench:
         return self._row(phase, b, b * n, c, k, t, self.weights.bytes_read(b * n) + kv_read, flops, tok)
 
     def prefill(self, n: int) -> Row:
-        c = self.args.prefill_context
+        c, base = self.args.prefill_context, self.first_slot  # position p at slot base + p
+        self._register([1], {1: list(range(base, base + c))})
         plans = []
-        for _ in range(self.args.warmup_steps + self.args.steps):
-            added, released = self._start([1], {1: list(range(1, c + 1))})
-            plans.append(self._plan(added=added, released=released, rows=[1], prefix_lens=[c], extend_lens=[n],
-                                    use_last=[False], input_ids=self._ids(n), out_loc=list(range(c + 1, c + n + 1)),
+        for _ in range(self.args.warmup_steps + self.args.steps):  # the same chunk, rewritten each time
+            plans.append(self._plan(rows=[1], prefix_lens=[c], extend_lens=[n], use_last=[False],
+                                    input_ids=self._ids(n), out_loc=list(range(base + c, base + c + n)),
                                     sample=[True]))  # fmt: skip
         t = self._time(plans)
         kv_read = (c + n) * self.kv_per_token

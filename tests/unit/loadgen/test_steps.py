@@ -63,3 +63,18 @@ def test_moe_weights_count_the_experts_a_step_reaches(tmp_path):
     runner = ModelRunner(RunnerConfig(str(tmp_path / "llama"), num_kv_slots=64, max_reqs=2, max_model_len=32))
     w = WeightCount.of(runner.model, runner.config)
     assert not w.moe_layers and w.bytes_read(1) == w.bytes_read(100) == w.total_bytes
+
+
+def test_steps_times_deepseek_v4_decode_and_prefill_on_whole_window_pages(tmp_path, capsys):
+    """V4 keeps per-row state a fake cached context never built (it starts at position 0, values
+    meaningless) and needs pages of whole compression windows: a smaller --page-size is a one-line error."""
+    from runtime.gpu.testing import save_tiny_deepseek_v4
+
+    save_tiny_deepseek_v4(tmp_path, seed=1)
+    args = ["steps", "--model-path", str(tmp_path), "--device", "cpu", "--context-len", "40", "--steps", "2",
+            "--warmup-steps", "1", "--prefill-tokens", "24", "--prefill-context", "16"]  # fmt: skip
+    assert main([*args, "--batch-sizes", "1,3", "--page-size", "8"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith(("decode", "prefill"))]
+    assert [r[0] for r in rows] == ["decode", "decode", "prefill"] and all(float(r[5]) > 0 for r in rows)
+    assert main([*args, "--batch-sizes", "1"]) == 2
+    assert "needs --page-size a multiple of 8" in capsys.readouterr().err
