@@ -37,3 +37,9 @@ def v4_cuda_graph() -> bool:
     """$CONDUIT_V4_CUDA_GRAPH=1 captures DeepSeek-V4's decode steps in CUDA graphs. Off by default until
     the capture has been checked on a GPU (the padded path it captures is CPU-tested)."""
     return os.environ.get("CONDUIT_V4_CUDA_GRAPH", "0") == "1"
+
+
+def v4_batched_decode() -> bool:
+    """$CONDUIT_V4_BATCHED_DECODE=0 sends DeepSeek-V4 decode steps request by request (attention/v4_ref.py)
+    instead of every row at once (attention/v4_decode.py), for comparisons."""
+    return os.environ.get("CONDUIT_V4_BATCHED_DECODE", "1") != "0"

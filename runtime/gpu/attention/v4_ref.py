@@ -115,7 +115,7 @@ class TorchV4Backend(AttentionBackend):
         super().__init__(num_heads, 1, head_dim, head_dim**-0.5)
         self.window = sliding_window
         # decode steps through attention/v4_decode.py (every row at once); False: request by request
-        self.batched_decode = True
+        self.batched_decode = envs.v4_batched_decode()
         self.supports_cuda_graph = envs.v4_cuda_graph()
 
     def prepare_decode_graph(self, batch: ForwardBatch, seq_lens: torch.Tensor, max_seq_len: int) -> None:

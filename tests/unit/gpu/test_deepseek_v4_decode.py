@@ -53,3 +53,11 @@ def test_batched_decode_matches_the_per_row_path(checkpoint, monkeypatch, graphs
     assert len(got) == len(want)
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         torch.testing.assert_close(g, w, atol=2e-5, rtol=0, msg=lambda m, i=i: f"step {i}: {m}")
+
+
+def test_the_environment_switch_picks_the_decode_path(monkeypatch):
+    from runtime.gpu.attention.v4_ref import TorchV4Backend
+
+    assert TorchV4Backend(4, 16, 8).batched_decode
+    monkeypatch.setenv("CONDUIT_V4_BATCHED_DECODE", "0")
+    assert not TorchV4Backend(4, 16, 8).batched_decode
