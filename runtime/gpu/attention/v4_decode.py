@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 
 from runtime.gpu.kernels import registry
 
@@ -141,19 +140,13 @@ def pool_window(
     comp: Compressor, kv: torch.Tensor, gate: torch.Tensor, window: torch.Tensor, rope: InterleavedRope
 ) -> torch.Tensor:
     """Raw kv / gate [B, tail_len, width] of each row's last tail_len tokens -> the entry [B, dim] of the
-    window they end (`Compressor.pool` for one window per row). With overlap that is Ca of the window
-    before and Cb of this one; window 0 has no Ca half."""
-    m, d, rows = comp.rate, comp.dim, kv.shape[0]
-    kv = kv.view(rows, -1, m, kv.shape[-1])
-    gate = gate.view(rows, -1, m, gate.shape[-1]) + comp.position_bias
+    window they end, by `Compressor.pool`. With overlap the tail is the window before and this one (the
+    first entry, that window's, is dropped); window 0 has no window before it, so its gate is -inf."""
     if comp.overlap:
-        first = (window < 1)[:, None, None]
-        kv = torch.cat([kv[:, 0, :, :d], kv[:, 1, :, d:]], dim=1)
-        gate = torch.cat([gate[:, 0, :, :d].masked_fill(first, float("-inf")), gate[:, 1, :, d:]], dim=1)
-    else:
-        kv, gate = kv[:, 0], gate[:, 0]
-    pooled = (kv * gate.softmax(dim=1, dtype=torch.float32).to(kv.dtype)).sum(1)
-    return rope(comp.kv_norm(pooled), window.clamp(min=0) * m)
+        gate = gate.clone()
+        gate[:, : comp.rate].masked_fill_((window < 1)[:, None, None], float("-inf"))
+    windows = kv.shape[1] // comp.rate
+    return comp.pool(kv, gate, window - (windows - 1), rope)[:, -1]
 
 
 def select(
@@ -168,11 +161,8 @@ def select(
     """`Indexer.select` for one query per row over its entries `index` [B, W] (-1: none) of the key pool
     `keys` -> the top-k each row attends, as entry indices [B, min(top-k, W)] (-1: none; the attention
     then walks top-k columns, not W)."""
-    q = rope(indexer.q_b_proj(qr).view(-1, indexer.n_heads, indexer.dim), positions)
-    k = keys[index.clamp(min=0).long()]  # [B, W, c]
-    scores = F.relu(torch.einsum("bhc,bwc->bhw", q.float(), k.float())) * indexer.dim**-0.5
-    weights = indexer.scorer.weights_proj(x).float() * indexer.n_heads**-0.5
-    scores = (scores * weights.unsqueeze(-1)).sum(1)
+    k = keys[index.clamp(min=0).long()].float()  # [B, W, c]
+    scores = indexer.scores(x, qr, positions, rope, lambda q: torch.einsum("bhc,bwc->bhw", q, k))
     valid = index >= 0
     scores = scores.masked_fill(~valid, float("-inf"))
     picked = scores.topk(min(indexer.topk, index.shape[1]), dim=-1).indices

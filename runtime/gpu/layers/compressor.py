@@ -39,24 +39,30 @@ class Compressor(nn.Module):
         return self.kv_proj(x), self.gate_proj(x)
 
     def pool(
-        self, kv: torch.Tensor, gate: torch.Tensor, first_window: int, rope: InterleavedRope
+        self,
+        kv: torch.Tensor,
+        gate: torch.Tensor,
+        first_window: int | torch.Tensor,
+        rope: InterleavedRope,
     ) -> torch.Tensor:
-        """Raw kv/gate of whole windows first_window.. [n * rate, width] -> entries [n, dim]. With
-        overlap, the first window pools its Cb half alone (callers that have its predecessor pass it
-        first and drop that entry)."""
-        m, d = self.rate, self.dim
-        n = kv.shape[0] // m
-        kv = kv.view(n, m, -1)
-        gate = gate.view(n, m, -1) + self.position_bias
+        """Raw kv/gate of whole windows first_window.. [..., n * rate, width] -> entries [..., n, dim]
+        (leading dims: independent sequences, e.g. one per decode row, with `first_window` a tensor of
+        their shape). With overlap, the first window pools its Cb half alone (callers that have its
+        predecessor pass it first and drop that entry)."""
+        m, d, lead = self.rate, self.dim, kv.shape[:-2]
+        n = kv.shape[-2] // m
+        kv = kv.view(*lead, n, m, -1)
+        gate = gate.view(*lead, n, m, -1) + self.position_bias
         if self.overlap:
-            slots_kv = kv.new_zeros(n, 2 * m, d)
-            slots_gate = gate.new_full((n, 2 * m, d), float("-inf"))
-            slots_kv[:, m:], slots_gate[:, m:] = kv[..., d:], gate[..., d:]
-            slots_kv[1:, :m], slots_gate[1:, :m] = kv[:-1, :, :d], gate[:-1, :, :d]
+            slots_kv = kv.new_zeros(*lead, n, 2 * m, d)
+            slots_gate = gate.new_full((*lead, n, 2 * m, d), float("-inf"))
+            slots_kv[..., m:, :], slots_gate[..., m:, :] = kv[..., d:], gate[..., d:]
+            slots_kv[..., 1:, :m, :], slots_gate[..., 1:, :m, :] = kv[..., :-1, :, :d], gate[..., :-1, :, :d]
             kv, gate = slots_kv, slots_gate
-        pooled = (kv * gate.softmax(dim=1, dtype=torch.float32).to(kv.dtype)).sum(1)
-        positions = (first_window + torch.arange(n, device=kv.device)) * m
-        return rope(self.kv_norm(pooled), positions)
+        pooled = (kv * gate.softmax(dim=-2, dtype=torch.float32).to(kv.dtype)).sum(-2)
+        first = torch.as_tensor(first_window, device=kv.device).unsqueeze(-1)
+        positions = (first + torch.arange(n, device=kv.device)) * m
+        return rope(self.kv_norm(pooled).reshape(-1, d), positions.reshape(-1)).view(*lead, n, d)
 
 
 class IndexerScorer(nn.Module):
@@ -75,6 +81,15 @@ class Indexer(Compressor):
         self.q_b_proj = nn.Linear(config.q_lora_rank, self.n_heads * self.dim, bias=False)
         self.scorer = IndexerScorer(config.hidden_size, self.n_heads)
 
+    def scores(self, x: torch.Tensor, qr: torch.Tensor, positions: torch.Tensor, rope, dot) -> torch.Tensor:
+        """score[t, w] for queries x [L, D] / qr [L, q_lora_rank] at `positions`: `dot` maps the roped
+        float32 queries [L, heads, c] to their dot products with the keys, [L, heads, N] (one request's
+        keys, or each decode row's own), -> [L, N] float32."""
+        q = rope(self.q_b_proj(qr).view(-1, self.n_heads, self.dim), positions)
+        scores = F.relu(dot(q.float())) * self.dim**-0.5
+        weights = self.scorer.weights_proj(x).float() * self.n_heads**-0.5
+        return (scores * weights.unsqueeze(-1)).sum(1)
+
     def select(
         self,
         x: torch.Tensor,
@@ -85,10 +100,7 @@ class Indexer(Compressor):
     ) -> torch.Tensor:
         """x [L, D], qr [L, q_lora_rank] of one request's queries at `positions`; keys [N, c] its indexer
         entries so far. -> [L, N] bool: the top-k entries each query may attend (causal ones only)."""
-        q = rope(self.q_b_proj(qr).view(-1, self.n_heads, self.dim), positions)
-        scores = F.relu(torch.einsum("lhc,nc->lhn", q.float(), keys.float())) * self.dim**-0.5
-        weights = self.scorer.weights_proj(x).float() * self.n_heads**-0.5
-        scores = (scores * weights.unsqueeze(-1)).sum(1)  # [L, N]
+        scores = self.scores(x, qr, positions, rope, lambda q: torch.einsum("lhc,nc->lhn", q, keys.float()))
         causal = (
             torch.arange(keys.shape[0], device=x.device)[None, :] < ((positions + 1) // self.rate)[:, None]
         )
