@@ -106,7 +106,7 @@ def compress_step(
 
 @dataclass
 class _Meta:
-    rows: list[_Row]  # the rows with new tokens
+    rows: list[_Row]  # the rows with new tokens (none for a batched decode step)
     decode: v4_decode.DecodeMeta | None  # a decode step, for the batched path
 
 
@@ -124,6 +124,7 @@ class TorchV4Backend(AttentionBackend):
 
     def prepare(self, batch: ForwardBatch) -> None:
         rows, start, cache = [], 0, batch.kv_cache
+        batched = self.batched_decode and v4_decode.is_decode(batch)
         replay = batch.replay_lens or [0] * len(batch.rows_list)
         for row, prefix, length, rp in zip(
             batch.rows_list, batch.prefix_lens, batch.extend_lens, replay, strict=True
@@ -131,13 +132,13 @@ class TorchV4Backend(AttentionBackend):
             if length:
                 if prefix == 0 or rp:  # a request starts here, or rebuilds its state before a cached prefix
                     cache.reset(row, prefix)
-                positions = batch.positions[start : start + length]
-                table = batch.req_to_token[row]
-                rows.append(_Row(row, start, length, prefix, prefix + rp, positions, table, cache.row(row)))
+                state = cache.row(row)  # raises for a row whose state is not here
+                if not batched:  # (the batched path reads the pooled state through its DecodeMeta)
+                    positions = batch.positions[start : start + length]
+                    table = batch.req_to_token[row]
+                    rows.append(_Row(row, start, length, prefix, prefix + rp, positions, table, state))
             start += length
-        decode = None
-        if self.batched_decode and v4_decode.is_decode(batch):
-            decode = v4_decode.prepare(batch, cache, self.window)
+        decode = v4_decode.prepare(batch, cache, self.window) if batched else None
         batch.attn_meta = _Meta(rows, decode)
 
     def narrow(self, batch: ForwardBatch, keep: list[int]) -> tuple[ForwardBatch, torch.Tensor]:
