@@ -31,10 +31,19 @@ class InterleavedRope:
     def __init__(self, config, rope_kind: str) -> None:
         self.inv_freq, self.scaling = inv_frequencies(config, rope_kind)
         self.rope_dim = 2 * self.inv_freq.numel()
+        # one copy per device, made on first use: a copy made on every call is a host-to-device
+        # transfer, which CUDA graph capture refuses (the eager warm-up step makes it first)
+        self._inv_freq_on: dict[torch.device, torch.Tensor] = {}
+
+    def _inv_freq(self, device: torch.device) -> torch.Tensor:
+        inv = self._inv_freq_on.get(device)
+        if inv is None:
+            inv = self._inv_freq_on[device] = self.inv_freq.to(device)
+        return inv
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, inverse: bool = False) -> torch.Tensor:
         """x [T, ..., d], positions [T]; `inverse` rotates by -position (V4's attention output)."""
-        freqs = positions.float()[:, None] * self.inv_freq.to(positions.device)
+        freqs = positions.float()[:, None] * self._inv_freq(positions.device)
         cos = (freqs.cos() * self.scaling).repeat_interleave(2, -1)
         sin = (freqs.sin() * self.scaling).repeat_interleave(2, -1)
         if inverse:
