@@ -1,7 +1,8 @@
 """CUDA graphs for decode steps: one graph per batch-size bucket, replayed on padded batches.
 
 A decode step (every row one new token, every row sampled) of B rows runs the graph of the smallest
-bucket >= B. Its inputs live in one static device buffer, filled per step from a pinned host buffer with
+bucket >= B (and, for a backend whose graphs' work grows with the context they are sized for, of the
+smallest context bucket that holds its longest row: `AttentionBackend.graph_contexts`). Its inputs live in one static device buffer, filled per step from a pinned host buffer with
 one copy; the graph itself gathers fed-back tokens from `last_token`, writes the new slots into
 `req_to_token`, runs the model and writes float32 logits into a static buffer. Padding rows use row 0,
 position 0, KV slot 0 and length 1: they write and read only the reserved padding slot, and their
@@ -42,6 +43,7 @@ class DecodeGraphs:
     def __init__(self, runner: ModelRunner, max_bs: int, capture: bool = True) -> None:
         self.runner = runner
         self.buckets = graph_buckets(max_bs)
+        self.contexts = runner.attn_backend.graph_contexts(runner.cfg.max_model_len)
         self.max_bs = max_bs
         self.capture_graphs = capture and runner.device.type == "cuda"
         self.enabled = True  # switched off at run time for side-by-side comparisons
@@ -53,7 +55,7 @@ class DecodeGraphs:
         self.turn = 0
         self.inputs = torch.zeros(len(_PAD), max_bs, dtype=torch.int64, device=dev)
         self.logits = torch.zeros(max_bs, runner.vocab_size, dtype=torch.float32, device=dev)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (batch, context) buckets
         if self.capture_graphs:
             self._capture()
 
@@ -69,15 +71,19 @@ class DecodeGraphs:
     def bucket(self, n: int) -> int:
         return next(b for b in self.buckets if b >= n)
 
+    def context(self, plan: StepPlan) -> int:
+        longest = max(plan.prefix_lens) + 1
+        return next((c for c in self.contexts if c >= longest), self.contexts[-1])
+
     def run(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits [B, V] (a view of the static buffer: consume before the next step) and rows [B]."""
         n = len(plan.rows)
-        bs = self.bucket(n)
+        bs, ctx = self.bucket(n), self.context(plan)
         self._fill(plan, bs)
         if self.capture_graphs:
-            self.graphs[bs].replay()
+            self.graphs[bs, ctx].replay()
         else:
-            self._forward(bs)
+            self._forward(bs, ctx)
         return self.logits[:n], self.inputs[ROWS, :n]
 
     def _fill(self, plan: StepPlan, bs: int) -> None:
@@ -104,7 +110,7 @@ class DecodeGraphs:
             self.copied[self.turn] = torch.cuda.Event()
             self.copied[self.turn].record()
 
-    def _forward(self, bs: int) -> None:
+    def _forward(self, bs: int, ctx: int) -> None:
         r = self.runner
         ids, pos, loc, rows, seq_lens, use_last = (self.inputs[f, :bs] for f in range(len(_PAD)))
         ids = torch.where(use_last != 0, r.last_token[rows], ids)
@@ -121,7 +127,7 @@ class DecodeGraphs:
             kv_cache=r.kv_cache,
             attn_backend=r.attn_backend,
         )
-        r.attn_backend.prepare_decode_graph(batch, seq_lens, r.cfg.max_model_len)
+        r.attn_backend.prepare_decode_graph(batch, seq_lens, ctx)
         hidden = r.model(ids, pos, batch)
         self.logits[:bs].copy_(r.model.compute_logits(hidden))
 
@@ -131,14 +137,16 @@ class DecodeGraphs:
         self.inputs.copy_(self.hosts[0])
         pool = None
         with torch.inference_mode():
-            for bs in reversed(self.buckets):  # largest first: smaller graphs reuse its pool memory
-                self._forward(bs)  # warm-up: compiles Triton kernels, creates cuBLAS handles
-                torch.cuda.synchronize(self.runner.device)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    self._forward(bs)
-                pool = graph.pool()
-                self.graphs[bs] = graph
+            # largest first: smaller graphs reuse its pool memory
+            for ctx in reversed(self.contexts):
+                for bs in reversed(self.buckets):
+                    self._forward(bs, ctx)  # warm-up: compiles Triton kernels, creates cuBLAS handles
+                    torch.cuda.synchronize(self.runner.device)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool):
+                        self._forward(bs, ctx)
+                    pool = graph.pool()
+                    self.graphs[bs, ctx] = graph
         torch.cuda.synchronize(self.runner.device)
-        log.info("cuda_graphs_captured", buckets=len(self.buckets), max_bs=self.max_bs,
+        log.info("cuda_graphs_captured", buckets=len(self.buckets), max_bs=self.max_bs, contexts=self.contexts,
                  seconds=round(time.perf_counter() - t0, 2))  # fmt: skip

@@ -75,7 +75,7 @@ def test_cuda_exact_replay_hit_equals_a_cold_run(model):
 
 
 def test_cuda_graph_decode_matches_eager_request_by_request(model, monkeypatch):
-    """CONDUIT_V4_CUDA_GRAPH=1 (off by default until this passes on a GPU): the runner captures its
+    """CUDA graphs (the default; CONDUIT_V4_CUDA_GRAPH=0 turns them off): the runner captures its
     decode buckets (1, 2, 4) over the batched path; every step of the shared V4 decode scenario (rows at
     every window phase, a reused row, a prefix hit) matches a runner without graphs that attends request
     by request, float32."""

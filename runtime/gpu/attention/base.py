@@ -63,6 +63,12 @@ class AttentionBackend(ABC):
         replays; padding rows use row 0 with length 1 (slot 0, never attended by real rows)."""
         raise NotImplementedError(f"{type(self).__name__} cannot run under CUDA graphs")
 
+    def graph_contexts(self, max_model_len: int) -> list[int]:
+        """The `max_seq_len` values decode graphs are captured for, ascending; a step replays the graph of
+        the smallest one that holds its longest row. One (max_model_len) where a graph's work does not
+        grow with `max_seq_len` (the kernels read each row's own length on the device)."""
+        return [max_model_len]
+
     @abstractmethod
     def forward(
         self,

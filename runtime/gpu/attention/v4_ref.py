@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from runtime.gpu.layers.interleaved_rope import InterleavedRope
     from runtime.gpu.models.deepseek_v4 import DeepseekV4Attention
 
+GRAPH_CONTEXT_START = 16384  # the smallest context bucket of V4's decode graphs (`graph_contexts`)
+
 
 def attend_with_sink(
     q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor, scale: float
@@ -121,6 +123,16 @@ class TorchV4Backend(AttentionBackend):
     def prepare_decode_graph(self, batch: ForwardBatch, seq_lens: torch.Tensor, max_seq_len: int) -> None:
         """The batched decode path from device tensors alone (attention/v4_decode.py)."""
         batch.attn_meta = _Meta([], v4_decode.prepare(batch, batch.kv_cache, self.window, max_seq_len))
+
+    def graph_contexts(self, max_model_len: int) -> list[int]:
+        """Compressed-entry widths are fixed per graph (max_seq_len / rate, every entry scored or
+        attended, masked past a row's length), so a graph's work grows with its context: 16K, 64K, 256K
+        ... below max_model_len, then max_model_len (just that at the default 8K)."""
+        out, c = [], GRAPH_CONTEXT_START
+        while c < max_model_len:
+            out.append(c)
+            c *= 4
+        return [*out, max_model_len]
 
     def prepare(self, batch: ForwardBatch) -> None:
         rows, start, cache = [], 0, batch.kv_cache

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.gpu.attention import v4_decode
+from runtime.gpu.attention import v4_decode, v4_ref
 from runtime.gpu.cuda_graph import DecodeGraphs
 from runtime.gpu.model_runner import ModelRunner, RunnerConfig
 from runtime.gpu.testing import V4_TINY_CONFIGS, save_tiny_deepseek_v4, v4_decode_scenario
@@ -34,7 +34,8 @@ def _runner(path, batched: bool) -> ModelRunner:
 @pytest.mark.parametrize("graphs", [False, True])
 def test_batched_decode_matches_the_per_row_path(checkpoint, monkeypatch, graphs):
     """graphs: decode steps on the padded static-buffer path DecodeGraphs captures (run eagerly here;
-    3 rows pad to 4 with row 0, whose state the real rows never read)."""
+    3 rows pad to 4 with row 0, whose state the real rows never read), with context buckets of 32 and
+    128 (max_model_len) tokens, both replayed."""
     calls = []
     forward = v4_decode.forward
     monkeypatch.setattr(v4_decode, "forward", lambda *a, **k: calls.append(1) or forward(*a, **k))
@@ -43,11 +44,15 @@ def test_batched_decode_matches_the_per_row_path(checkpoint, monkeypatch, graphs
     runner = _runner(checkpoint, batched=True)
     runs = []
     if graphs:
+        monkeypatch.setattr(v4_ref, "GRAPH_CONTEXT_START", 32)
         runner.graphs = DecodeGraphs(runner, max_bs=4, capture=False)
+        assert runner.graphs.contexts == [32, 128]
         run = runner.graphs.run
-        runner.graphs.run = lambda plan: runs.append(1) or run(plan)
+        runner.graphs.run = lambda plan: runs.append(runner.graphs.context(plan)) or run(plan)
     got = v4_decode_scenario(runner)
     assert len(runs) == (26 if graphs else 0)
+    if graphs:
+        assert set(runs) == {32, 128}, runs
     layers = len(runner.model.attention_layers())
     assert len(calls) == 26 * layers  # every decode step, every layer; the prefills went request by request
     assert len(got) == len(want)
@@ -55,9 +60,25 @@ def test_batched_decode_matches_the_per_row_path(checkpoint, monkeypatch, graphs
         torch.testing.assert_close(g, w, atol=2e-5, rtol=0, msg=lambda m, i=i: f"step {i}: {m}")
 
 
-def test_the_environment_switch_picks_the_decode_path(monkeypatch):
+def test_the_environment_switches_pick_the_decode_path(monkeypatch):
     from runtime.gpu.attention.v4_ref import TorchV4Backend
 
-    assert TorchV4Backend(4, 16, 8).batched_decode
+    default = TorchV4Backend(4, 16, 8)
+    assert default.batched_decode and default.supports_cuda_graph
     monkeypatch.setenv("CONDUIT_V4_BATCHED_DECODE", "0")
-    assert not TorchV4Backend(4, 16, 8).batched_decode
+    monkeypatch.setenv("CONDUIT_V4_CUDA_GRAPH", "0")
+    off = TorchV4Backend(4, 16, 8)
+    assert not off.batched_decode and not off.supports_cuda_graph
+
+
+def test_graph_context_buckets():
+    """A V4 graph's entry widths are its context / rate: buckets x4 from 16K up to max_model_len."""
+    from runtime.gpu.attention.base import AttentionBackend
+    from runtime.gpu.attention.v4_ref import TorchV4Backend
+
+    v4 = TorchV4Backend(4, 16, 8)
+    assert v4.graph_contexts(8192) == [8192]
+    assert v4.graph_contexts(16384) == [16384]
+    assert v4.graph_contexts(100_000) == [16384, 65536, 100_000]
+    assert v4.graph_contexts(1 << 20) == [16384, 65536, 262144, 1 << 20]
+    assert AttentionBackend.graph_contexts(v4, 100_000) == [100_000]  # others: one, max_model_len
