@@ -43,3 +43,9 @@ def v4_batched_decode() -> bool:
     """$CONDUIT_V4_BATCHED_DECODE=0 sends DeepSeek-V4 decode steps request by request (attention/v4_ref.py)
     instead of every row at once (attention/v4_decode.py), for comparisons."""
     return os.environ.get("CONDUIT_V4_BATCHED_DECODE", "1") != "0"
+
+
+def mixed_decode_kernel() -> bool:
+    """$CONDUIT_MIXED_DECODE_KERNEL=0 sends a mixed step's decode rows through the extend kernel with its
+    prefill rows (attention/triton_backend.py) instead of the decode kernel, for before/after runs."""
+    return os.environ.get("CONDUIT_MIXED_DECODE_KERNEL", "1") != "0"

@@ -2,8 +2,12 @@
 
 `prepare` packs the step's per-row columns into one host tensor and moves it with one copy; lengths
 needed for grid sizes (longest new part, longest row) come from the host lists, so no step syncs.
-An all-decode step (every row one new token) runs the split-KV decode kernel; any other step, mixed
-ones included, runs the extend kernel over every row (a decode row is an extend row of one token).
+An all-decode step (every row one new token) runs the split-KV decode kernel. In a mixed step the
+leading rows of one new token (the scheduler puts decodes first) run the decode kernel too, and the
+rest the extend kernel, each writing its own tokens of one output: the extend kernel would give each
+decode row one program per q head over a 64-query block (the kv head's KV read once per q head, 63 of
+64 query rows idle). `CONDUIT_MIXED_DECODE_KERNEL=0` sends a mixed step's decode rows through the
+extend kernel as before, for comparisons.
 The kernels come from the op registry, so `CONDUIT_KERNEL_DECODE_ATTENTION=reference` (or
 `..._EXTEND_ATTENTION`) swaps one for its reference for comparisons."""
 
@@ -15,6 +19,7 @@ from typing import Any
 
 import torch
 
+from runtime import envs
 from runtime.gpu.attention.base import AttentionBackend, Rope
 from runtime.gpu.forward_batch import ForwardBatch
 from runtime.gpu.kernels import registry
@@ -31,6 +36,7 @@ class _Meta:
     seq_lens: torch.Tensor  # [B] prefix + extend
     max_extend: int
     num_splits: int
+    num_decode: int = 0  # mixed steps: the leading rows of one token, which run the decode kernel
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -53,11 +59,22 @@ class TritonAttentionBackend(AttentionBackend):
         host = torch.tensor([batch.rows_list, prefix, ext, starts, seq_lens], dtype=torch.int64)
         rows, prefix_t, ext_t, starts_t, seq_t = host.to(device, non_blocking=True).unbind(0)
         decode = bool(ext) and all(e == 1 for e in ext)
-        max_len = max(seq_lens, default=1)
-        splits = choose_num_splits(len(ext), self.num_kv_heads, max_len, device) if decode else 1
-        batch.attn_meta = _Meta(decode, rows, prefix_t, ext_t, starts_t, seq_t, max(ext, default=0), splits)
+        # decode rows: all of them, or in a mixed step its leading single-token rows
+        if decode or not self.mixed_decode:
+            n_dec = len(ext) if decode else 0
+        else:
+            n_dec = next((i for i, e in enumerate(ext) if e != 1), len(ext))
+        max_len = max(seq_lens[:n_dec], default=1)
+        splits = choose_num_splits(n_dec, self.num_kv_heads, max_len, device) if n_dec else 1
+        batch.attn_meta = _Meta(
+            decode, rows, prefix_t, ext_t, starts_t, seq_t, max(ext, default=0), splits, n_dec
+        )  # fmt: skip
 
     supports_cuda_graph = True
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+        super().__init__(num_heads, num_kv_heads, head_dim, scale)
+        self.mixed_decode = envs.mixed_decode_kernel()  # mixed steps' leading decode rows: decode kernel
 
     def prepare_decode_graph(self, batch: ForwardBatch, seq_lens: torch.Tensor, max_seq_len: int) -> None:
         """Split count fixed by the batch size and `max_seq_len`: the kernel reads lengths on the device."""
@@ -85,6 +102,18 @@ class TritonAttentionBackend(AttentionBackend):
         args: tuple[Any, ...] = (q, k_pool, v_pool, batch.req_to_token, meta.rows)
         if meta.decode:
             return self.decode_fn(*args, meta.seq_lens, self.scale, num_splits=meta.num_splits)
+        n = meta.num_decode
+        if n == 0:
+            return self.extend_fn(
+                *args, meta.prefix_lens, meta.extend_lens, meta.q_starts, self.scale, max_extend=meta.max_extend
+            )  # fmt: skip
+        # the decode rows' tokens are q's first n; the extend rows index q through their q_starts
+        out = torch.empty_like(q)
+        self.decode_fn(
+            q[:n], k_pool, v_pool, batch.req_to_token, meta.rows[:n], meta.seq_lens[:n], self.scale,
+            num_splits=meta.num_splits, out=out[:n],
+        )  # fmt: skip
         return self.extend_fn(
-            *args, meta.prefix_lens, meta.extend_lens, meta.q_starts, self.scale, max_extend=meta.max_extend
-        )
+            q, k_pool, v_pool, batch.req_to_token, meta.rows[n:], meta.prefix_lens[n:], meta.extend_lens[n:],
+            meta.q_starts[n:], self.scale, max_extend=meta.max_extend, out=out,
+        )  # fmt: skip

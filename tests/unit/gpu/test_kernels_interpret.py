@@ -199,8 +199,8 @@ def rope_store_folded_norm_into_pools_bf16():
 @case
 def triton_backend_matches_torch_backend_mixed_then_decode():
     """The backend on runner-shaped steps: mixed steps (fresh prompt, prefixed extend, decode rows between
-    and around them) and then an all-decode step, against the PyTorch reference backend on the same
-    cache."""
+    and around them; the leading decode rows of a mixed step go to the decode kernel) and then an
+    all-decode step, against the PyTorch reference backend on the same cache."""
     from runtime.gpu.attention.torch_ref import TorchAttentionBackend
     from runtime.gpu.attention.triton_backend import TritonAttentionBackend
     from runtime.gpu.kernels.decode_attention.triton import decode_attention
@@ -221,8 +221,13 @@ def triton_backend_matches_torch_backend_mixed_then_decode():
         cache.k[0][slots] = torch.randn(n, hkv, d, generator=g)
         cache.v[0][slots] = torch.randn(n, hkv, d, generator=g)
         lens[row] = n
-    ratios = []
-    for ext in ({1: 12, 3: 1, 2: 5}, {2: 1, 1: 7, 3: 1}, {1: 1, 2: 1, 3: 1}):
+    ratios, decoded = [], []  # rows per decode-kernel call
+
+    def decode_kernel(q, *args, **kw):
+        decoded.append(q.shape[0])
+        return decode_attention(q, *args, **kw)
+
+    for ext in ({1: 12, 3: 1, 2: 5}, {2: 1, 1: 7, 3: 1}, {3: 1, 2: 1, 1: 4}, {1: 1, 2: 1, 3: 1}):
         rows = list(ext)
         out_loc, positions = [], []
         for row in rows:
@@ -235,7 +240,7 @@ def triton_backend_matches_torch_backend_mixed_then_decode():
         q = torch.randn(t, hq, d, generator=g)
         k, v = torch.randn(t, hkv, d, generator=g), torch.randn(t, hkv, d, generator=g)
         triton_backend = TritonAttentionBackend(hq, hkv, d, d**-0.5)
-        triton_backend.decode_fn, triton_backend.extend_fn = decode_attention, extend_attention
+        triton_backend.decode_fn, triton_backend.extend_fn = decode_kernel, extend_attention
         outs = backend_outputs(
             (TorchAttentionBackend(hq, hkv, d, d**-0.5), triton_backend), q, k, v, rows=rows,
             positions=positions, out_loc=out_loc, prefix_lens=[lens[r] for r in rows],
@@ -244,6 +249,7 @@ def triton_backend_matches_torch_backend_mixed_then_decode():
         ratios.append(close_ratio(outs[1], outs[0], *_tol(dtype)))
         for row in rows:
             lens[row] += ext[row]
+    assert decoded == [1, 2, 3], decoded  # step 1 leads with a prefill: no decode-kernel call
     return max(ratios)
 
 

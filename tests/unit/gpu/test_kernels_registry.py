@@ -67,3 +67,30 @@ def test_named_finds_an_implementation_available_or_not() -> None:
     assert registry.named("mla_decode", "reference").load() is registry.get("mla_decode", "cpu")
     with pytest.raises(KeyError, match="no implementation 'nope'"):
         registry.named("mla_decode", "nope")
+
+
+def test_a_mixed_steps_leading_decode_rows_take_the_decode_kernel(monkeypatch) -> None:
+    """TritonAttentionBackend.prepare: the leading single-token rows of a mixed step are its decode rows
+    (the rest run the extend kernel); CONDUIT_MIXED_DECODE_KERNEL=0 sends them all to the extend kernel."""
+    import torch
+
+    from runtime.gpu.attention.triton_backend import TritonAttentionBackend
+    from runtime.gpu.forward_batch import ForwardBatch
+
+    def num_decode(backend: TritonAttentionBackend, ext: list[int]) -> tuple[bool, int]:
+        n, t = len(ext), sum(ext)
+        batch = ForwardBatch(
+            input_ids=torch.zeros(t, dtype=torch.int64), positions=torch.zeros(t, dtype=torch.int64),
+            out_loc=torch.zeros(t, dtype=torch.int64), rows=torch.arange(n), rows_list=list(range(n)),
+            prefix_lens=[5] * n, extend_lens=ext, req_to_token=torch.zeros(n, 64, dtype=torch.int64),
+            kv_cache=None, attn_backend=backend,
+        )  # fmt: skip
+        backend.prepare(batch)
+        return batch.attn_meta.decode, batch.attn_meta.num_decode
+
+    backend = TritonAttentionBackend(4, 2, 16, 0.25)
+    assert num_decode(backend, [1, 1, 7, 1]) == (False, 2)
+    assert num_decode(backend, [9, 1]) == (False, 0)
+    assert num_decode(backend, [1, 1, 1]) == (True, 3)
+    monkeypatch.setenv("CONDUIT_MIXED_DECODE_KERNEL", "0")
+    assert num_decode(TritonAttentionBackend(4, 2, 16, 0.25), [1, 1, 7, 1]) == (False, 0)
