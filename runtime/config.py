@@ -28,7 +28,7 @@ class ServerConfig(msgspec.Struct, kw_only=True):
     max_running_requests: int = 128
     max_total_tokens: int | None = None  # KV pool size in token slots; default depends on device
     page_size: int = 1
-    chunked_prefill_size: int = 2048
+    chunked_prefill_size: int | None = None  # default: by device memory (`resolved_chunked_prefill_size`)
     max_queued_requests: int = 4096
     # scheduling
     schedule_policy: str = "fcfs"
@@ -49,6 +49,18 @@ class ServerConfig(msgspec.Struct, kw_only=True):
 
     def resolved_dtype(self) -> str:
         return self.dtype or ("bfloat16" if self.device.startswith("cuda") else "float32")
+
+    def resolved_chunked_prefill_size(self) -> int:
+        """The step's token budget: as given, else SGLang's tiers by the GPU's memory (2048 under 35 GB,
+        8192 under 160 GB, as on an H100 / H200, else 16384), and 2048 on the CPU."""
+        if self.chunked_prefill_size is not None:
+            return self.chunked_prefill_size
+        if not self.device.startswith("cuda"):
+            return 2048
+        import torch
+
+        gib = torch.cuda.get_device_properties(torch.device(self.device)).total_memory / 2**30
+        return 2048 if gib < 35 else 8192 if gib < 160 else 16384
 
     def resolved_kv_slots(self) -> int:
         if self.max_total_tokens is not None:

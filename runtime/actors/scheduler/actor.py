@@ -54,7 +54,7 @@ class SchedulerActor(Actor):
             self.allocator,
             self.cache,
             max_reqs=cfg.max_running_requests,
-            token_budget=cfg.chunked_prefill_size,
+            token_budget=cfg.resolved_chunked_prefill_size(),
             max_model_len=max_model_len,
             policy=cfg.schedule_policy,
             prefix_replay=prefix_replay,
