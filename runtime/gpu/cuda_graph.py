@@ -2,9 +2,10 @@
 
 A decode step (every row one new token, every row sampled) of B rows runs the graph of the smallest
 bucket >= B (and, for a backend whose graphs' work grows with the context they are sized for, of the
-smallest context bucket that holds its longest row: `AttentionBackend.graph_contexts`). Its inputs live in one static device buffer, filled per step from a pinned host buffer with
-one copy; the graph itself gathers fed-back tokens from `last_token`, writes the new slots into
-`req_to_token`, runs the model and writes float32 logits into a static buffer. Padding rows use row 0,
+smallest context bucket that holds its longest row: `AttentionBackend.graph_contexts`). Its inputs
+live in one static device buffer, filled per step from a pinned host buffer with one copy; the graph
+itself gathers fed-back tokens from `last_token`, writes the new slots into `req_to_token`, runs the
+model and writes float32 logits into a static buffer. Padding rows use row 0,
 position 0, KV slot 0 and length 1: they write and read only the reserved padding slot, and their
 logits are sliced away. Mixed and prefill steps run eagerly.
 
