@@ -118,10 +118,46 @@ class WeightCount:
     def params_per_token(self) -> int:
         return self.dense_params + sum(k * params for _, k, _, params in self.moe_layers)
 
-    def bytes_read(self, tokens: int) -> float:
-        """Expected weight bytes a step of `tokens` tokens reads (uniform routing)."""
+    def bytes_read(self, tokens: int, reached: list[int] | None = None) -> float:
+        """Weight bytes a step of `tokens` tokens reads: with `reached` (the distinct experts the step's
+        routing chose, per MoE layer in module order, `expert_reach`), those experts; else the expected
+        number under uniform routing."""
+        if reached is not None:
+            return self.dense_bytes + sum(
+                n * size for n, (_, _, size, _) in zip(reached, self.moe_layers, strict=True)
+            )
         experts = sum(e * (1 - (1 - k / e) ** tokens) * size for e, k, size, _ in self.moe_layers)
         return self.dense_bytes + experts
+
+
+def expert_reach(runner, plan) -> list[int] | None:  # noqa: ANN001 - a ModelRunner and a StepPlan
+    """The distinct routed experts per MoE layer (module order) that `plan`'s tokens are sent to, from one
+    more step run eagerly with hooks on the experts' inputs (CUDA graph replays run no Python hooks).
+    None for a dense model. Dummy weights route unlike uniform routing, usually to fewer experts, so
+    MBU counts these rather than the uniform expectation."""
+    from runtime.gpu.layers.moe import RoutedExperts
+
+    layers = [m for m in runner.model.modules() if isinstance(m, RoutedExperts)]
+    if not layers:
+        return None
+    reached: dict[int, int] = {}
+
+    def record(module, args) -> None:  # noqa: ANN001 - forward(x, weights, ids)
+        reached[id(module)] = int(args[2].unique().numel())
+
+    hooks = [m.register_forward_pre_hook(record) for m in layers]
+    graphs = runner.graphs
+    enabled = graphs.enabled if graphs is not None else None
+    try:
+        if graphs is not None:
+            graphs.enabled = False
+        runner.execute(plan)
+    finally:
+        for h in hooks:
+            h.remove()
+        if graphs is not None:
+            graphs.enabled = enabled
+    return [reached.get(id(m), 0) for m in layers]
 
 
 @dataclass
@@ -275,13 +311,15 @@ class _Bench:
                 out_loc=[s + ctx + j for s in base.values() for j in range(n)], sample=[True] * b,
             ))  # fmt: skip
         t = self._time_pipelined(plans) if overlap else self._time(plans)
+        reached = expert_reach(self.runner, plans[-1])  # (the last step once more, untimed)
         ctx = c + (self.args.warmup_steps + self.args.steps / 2) * n  # mean context over the timed steps
         kv_read = b * ctx * self.kv_per_token
         flops = 2 * self.weights.params_per_token * b * n + self._attn_flops(ctx, n) * b
         tok = b * (1 if k == 0 else self.args.accept_len) / t
         phase = "decode" if graph or self.runner.graphs is None else "decode-e"
         phase += "" if overlap else "-s"
-        return self._row(phase, b, b * n, c, k, t, self.weights.bytes_read(b * n) + kv_read, flops, tok)
+        weights = self.weights.bytes_read(b * n, reached)
+        return self._row(phase, b, b * n, c, k, t, weights + kv_read, flops, tok)
 
     def prefill(self, n: int) -> Row:
         c, base = self.args.prefill_context, self.first_slot  # position p at slot base + p
@@ -292,9 +330,10 @@ class _Bench:
                                     input_ids=self._ids(n), out_loc=list(range(base + c, base + c + n)),
                                     sample=[True]))  # fmt: skip
         t = self._time(plans)
+        weights = self.weights.bytes_read(n, expert_reach(self.runner, plans[-1]))
         kv_read = (c + n) * self.kv_per_token
         flops = 2 * self.weights.params_per_token * n + self._attn_flops(c, n)
-        return self._row("prefill", 1, n, c, 0, t, self.weights.bytes_read(n) + kv_read, flops, n / t)
+        return self._row("prefill", 1, n, c, 0, t, weights + kv_read, flops, n / t)
 
     def _attn_flops(self, ctx: float, n: int) -> float:
         """n new tokens after ctx cached ones, causal: token i attends to ctx + i + 1 keys."""
@@ -326,6 +365,10 @@ def table(rows: list[Row], bench: _Bench) -> str:
         lines.append("-s: each step waited for before the next is launched (no overlap)")
     if any(x.k for x in rows):
         lines.append(f"k > 0: tok/s = B x accept length {bench.args.accept_len} / step time")
+    if bench.weights.moe_layers:
+        lines.append(
+            "MBU counts the routed experts each point's tokens reached (one more step, eager, hooked)"
+        )
     return "\n".join(lines)
 
 

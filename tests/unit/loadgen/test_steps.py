@@ -59,10 +59,46 @@ def test_moe_weights_count_the_experts_a_step_reaches(tmp_path):
     all_params = sum(p.numel() for p in runner.model.parameters()) - c.vocab_size * c.hidden_size
     assert w.params_per_token < all_params
 
+    # routed as the step is: the distinct experts its tokens reach, per MoE layer
+    reached = [k for _, k, _, _ in w.moe_layers]
+    assert w.bytes_read(10_000, reached) == pytest.approx(one)
+
     save_tiny_llama(tmp_path / "llama", seed=1)
     runner = ModelRunner(RunnerConfig(str(tmp_path / "llama"), num_kv_slots=64, max_reqs=2, max_model_len=32))
     w = WeightCount.of(runner.model, runner.config)
     assert not w.moe_layers and w.bytes_read(1) == w.bytes_read(100) == w.total_bytes
+
+
+def test_expert_reach_hooks_one_eager_step_and_counts_distinct_experts(tmp_path):
+    """`expert_reach` runs a plan once more with hooks on every RoutedExperts: per MoE layer, the distinct
+    expert ids the step's tokens were routed to (top_k for one token, at most E), then removes the hooks."""
+    from loadgen.steps import expert_reach
+    from runtime.gpu.layers.moe import RoutedExperts
+    from runtime.gpu.model_runner import ModelRunner, RunnerConfig
+    from runtime.gpu.testing import save_tiny_deepseek_v3, save_tiny_llama
+    from runtime.mailbox.messages import SamplingParams, SeqStart, StepPlan
+
+    save_tiny_deepseek_v3(tmp_path / "v3", seed=1)
+    runner = ModelRunner(RunnerConfig(str(tmp_path / "v3"), num_kv_slots=64, max_reqs=2, max_model_len=32))
+    c = runner.config
+
+    def prefill(step: int, n: int) -> StepPlan:
+        start = [SeqStart(1, SamplingParams(temperature=0.0), list(range(3, 3 + n)), [], [])] if step == 1 else []
+        return StepPlan(step=step, added=start, released=[], rows=[1], prefix_lens=[0], extend_lens=[n],
+                        use_last=[False], input_ids=list(range(3, 3 + n)), out_loc=list(range(1, n + 1)),
+                        sample=[True])  # fmt: skip
+
+    layers = [m for m in runner.model.modules() if isinstance(m, RoutedExperts)]
+    one = expert_reach(runner, prefill(1, 1))
+    assert one is not None and len(one) == len(layers)
+    assert all(n == c.num_experts_per_tok for n in one)
+    many = expert_reach(runner, prefill(2, 16))
+    assert all(c.num_experts_per_tok <= n <= c.n_routed_experts for n in many)
+    assert all(not m._forward_pre_hooks for m in layers)
+
+    save_tiny_llama(tmp_path / "llama", seed=1)
+    dense = ModelRunner(RunnerConfig(str(tmp_path / "llama"), num_kv_slots=64, max_reqs=2, max_model_len=32))
+    assert expert_reach(dense, prefill(1, 4)) is None
 
 
 def test_steps_times_deepseek_v4_decode_and_prefill_on_whole_window_pages(tmp_path, capsys):
