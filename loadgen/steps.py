@@ -9,10 +9,10 @@ the device's copy bandwidth and matmul peak and reports
   MFU = (2 * non-embedding params * tokens + attention flops) / step time / matmul peak
   attention flops = 4 * layers * q_heads * head_dim * (keys each new token attends to)
 
-MoE models (`RoutedExperts` layers): a step reads only the experts its T tokens route to, and each token
-multiplies by top_k of them, so the weight bytes count E * (1 - (1 - top_k / E)^T) experts per layer
-(the expected number a uniform router touches: what random dummy weights do; a trained router's load
-is less even, so this overstates what it reads) and the params top_k experts per token.
+MoE models (`RoutedExperts` layers): a step reads only the experts its tokens route to, and each token
+multiplies by top_k of them, so the weight bytes count the distinct experts per layer that the point's
+tokens reached (`expert_reach`: its last step once more, eagerly, with hooks; dummy weights route far
+from uniformly) and the params top_k experts per token.
 
 Decode steps are timed as the GPU worker runs them with overlap on (`--overlap on`, the default): step
 i+1 is launched before step i's tokens are read back (two in flight, `ModelRunner.launch`), so the step

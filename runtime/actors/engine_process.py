@@ -47,9 +47,6 @@ async def spawn_engine_actors(system: ActorSystem, cfg: ServerConfig, model_path
             model=type(worker.runner.model).__name__,
         )
         cfg = msgspec.structs.replace(cfg, disable_radix_cache=True)
-    if cfg.chunked_prefill_size is None:  # by the device's memory, known now that the worker holds it
-        cfg = msgspec.structs.replace(cfg, chunked_prefill_size=cfg.resolved_chunked_prefill_size())
-        log.info("chunked_prefill_size", tokens=cfg.chunked_prefill_size, device=cfg.device)
     replay = getattr(worker.runner, "prefix_replay", 0)
     await system.spawn(SchedulerActor(cfg, slots, max_model_len, prefix_replay=replay))
 

@@ -50,11 +50,13 @@ class SchedulerActor(Actor):
         self.cfg = cfg
         self.allocator = PageAllocator(num_kv_slots, cfg.page_size)
         self.cache = make_prefix_cache(cfg, self.allocator)
+        budget = cfg.resolved_chunked_prefill_size()  # by the GPU's memory when not given
+        log.info("chunked_prefill_size", tokens=budget, given=cfg.chunked_prefill_size is not None)
         self.planner = BatchPlanner(
             self.allocator,
             self.cache,
             max_reqs=cfg.max_running_requests,
-            token_budget=cfg.resolved_chunked_prefill_size(),
+            token_budget=budget,
             max_model_len=max_model_len,
             policy=cfg.schedule_policy,
             prefix_replay=prefix_replay,
