@@ -62,8 +62,9 @@ def test_decode_attention_any_split_count_gives_the_same_answer(num_splits: int)
     assert close_ratio(got, want, *TOLERANCE[torch.bfloat16]) <= 1.0
 
 
-@pytest.mark.parametrize("op", ["decode_attention", "extend_attention"])
-@pytest.mark.parametrize("name", impl_names("decode_attention"))
+@pytest.mark.parametrize(
+    ("op", "name"), [(op, name) for op in ("decode_attention", "extend_attention") for name in impl_names(op)]
+)
 def test_attention_reads_an_fp8_kv_pool_under_bf16_queries(op: str, name: str) -> None:
     """--kv-cache-dtype fp8_e4m3: the kernels upcast the pool as they load it; the reference does the same."""
     prefix, ext = ([0, 63, 1000, 4000], [1] * 4) if op == "decode_attention" else ([0, 500, 17], [300, 64, 1])
@@ -75,6 +76,41 @@ def test_attention_reads_an_fp8_kv_pool_under_bf16_queries(op: str, name: str) -
     assert (
         close_ratio(load_impl(op, name)(*args), load_reference(op)(*args), *TOLERANCE[torch.bfloat16]) <= 1.0
     )
+
+
+FP8_DECODE_SHAPES = [  # batch, max context, q heads, kv heads, head_dim, page size, q strided
+    (1, 1, 32, 8, 128, 1, True),
+    (1, 4096, 32, 8, 128, 1, False),
+    (5, 65, 32, 8, 128, 16, True),
+    (8, 1023, 32, 4, 64, 1, True),
+    (16, 777, 8, 1, 128, 64, False),
+    (32, 129, 9, 3, 64, 1, True),
+    (4, 300, 8, 2, 256, 1, True),
+    (64, 2049, 32, 8, 128, 16, True),
+    (256, 1024, 32, 8, 128, 1, False),
+]
+
+
+@pytest.mark.parametrize(
+    "shape", FP8_DECODE_SHAPES, ids=lambda s: "b{}-ctx{}-h{}/{}-d{}-page{}-strided{}".format(*s)
+)
+def test_tilelang_fp8_decode_matches_reference(shape: tuple) -> None:
+    """The TileLang stage 1 (fp8 pools): ragged lengths, GQA groups 3-8, head dims 64-256, strided q."""
+    from runtime.gpu.kernels.decode_attention import tilelang
+
+    batch, ctx, hq, hkv, d, page, strided = shape
+    lens = _lens(batch, ctx, seed=batch + ctx)
+    c = paged_case(
+        [n - 1 for n in lens], [1] * batch, hq, hkv, d, torch.bfloat16, "cuda", page_size=page,
+        q_strided=strided, kv_dtype=torch.float8_e4m3fn,
+    )  # fmt: skip
+    if not tilelang.available(c.q.device):
+        pytest.skip("TileLang on Hopper only")
+    assert tilelang.supported(c.q, c.k_pool)
+    want = load_reference("decode_attention")(*c.decode_args())
+    for splits in (None, 1, 3, 16):
+        got = tilelang.decode_attention(*c.decode_args(), num_splits=splits)
+        assert close_ratio(got, want, *TOLERANCE[torch.bfloat16]) <= 1.0, splits
 
 
 EXTEND_SHAPES = [  # prefix lens, extend lens, q heads, kv heads, head_dim, page size

@@ -13,10 +13,29 @@ LLAMA_OPS = ["decode_attention", "extend_attention", "rms_norm", "rope", "silu_a
 
 
 def test_every_llama_op_has_a_triton_impl_first_and_the_reference_last() -> None:
+    """...except decode attention, whose TileLang entry (fp8 pools on Hopper) comes before Triton."""
     assert set(LLAMA_OPS) <= set(kernels.ops())
     for op in LLAMA_OPS:
         names = [i.name for i in kernels.implementations(op)]
-        assert names[0] == "triton" and names[-1] == "reference", (op, names)
+        first = ["tilelang", "triton"] if op == "decode_attention" else ["triton"]
+        assert names[: len(first)] == first and names[-1] == "reference", (op, names)
+
+
+def test_the_tilelang_decode_entry_hands_what_it_does_not_cover_to_triton(monkeypatch) -> None:
+    """A 16-bit pool (or float32 queries) is not the TileLang kernel's: the Triton kernel runs whole."""
+    from runtime.gpu.kernels.decode_attention import tilelang, triton
+
+    calls = []
+    monkeypatch.setattr(triton, "decode_attention", lambda *a, **k: calls.append(a[1].dtype) or "triton")
+    q = torch.zeros(2, 32, 128, dtype=torch.bfloat16)
+    for pool_dtype in (torch.bfloat16, torch.float16):
+        pool = torch.zeros(4, 8, 128, dtype=pool_dtype)
+        assert not tilelang.supported(q, pool)
+        assert tilelang.decode_attention(q, pool, pool, None, None, None, 0.1) == "triton"
+    fp8 = torch.zeros(4, 8, 128, dtype=torch.float8_e4m3fn)
+    assert tilelang.supported(q, fp8) and not tilelang.supported(q.float(), fp8)
+    assert not tilelang.supported(torch.zeros(2, 64, 128, dtype=torch.bfloat16), fp8[:, :2])  # group 32
+    assert calls == [torch.bfloat16, torch.float16]
 
 
 def test_cpu_uses_the_references() -> None:

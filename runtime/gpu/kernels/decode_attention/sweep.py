@@ -8,11 +8,13 @@ captured in one graph, the cost the step actually pays."""
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 
 import torch
 import triton
 
+from runtime.gpu.kernels.common import choose_num_splits
 from runtime.gpu.kernels.decode_attention import triton as kernel
 from runtime.gpu.kernels.decode_attention.reference import decode_attention as reference
 from runtime.gpu.kernels.testing import TOLERANCE, close_ratio, paged_case
@@ -59,6 +61,49 @@ def print_compiled(fp8: bool) -> None:
             print("  " + line.strip()[:160])
 
 
+TILELANG_SHAPES = [(256, 1024), (64, 4096), (128, 2048), (32, 8192), (8, 1024)]
+
+
+def sweep_tilelang(variants: list[str], page_size: int) -> None:
+    """fp8 pools: each TileLang stage-1 variant at its best split count, and the Triton kernel's default
+    launch on the same case (its best split count), per layer of the Llama-3.1-8B shape."""
+    from runtime.gpu.kernels.decode_attention import tilelang
+
+    for batch, ctx in TILELANG_SHAPES:
+        case = paged_case(
+            [ctx - 1] * batch, [1] * batch, 32, 8, 128, torch.bfloat16, "cuda", q_strided=True,
+            kv_dtype=torch.float8_e4m3fn, page_size=page_size,
+        )  # fmt: skip
+        args = case.decode_args()
+        want = reference(*args).float()
+        kv_gb = 2 * batch * ctx * 8 * 128 / 1e9
+        splits = sorted({1, 2, 4, 8, choose_num_splits(batch, 8, ctx, args[0].device)})
+        rows = []
+        for sp in splits:
+            fns = [("triton", "-", functools.partial(kernel.decode_attention, *args, num_splits=sp))]
+            fns += [
+                ("tilelang", v, functools.partial(_tilelang_call, tilelang, args, sp, v)) for v in variants
+            ]
+            for impl, st, fn in fns:
+                err = close_ratio(fn().float(), want, *TOLERANCE[torch.bfloat16])
+                rows.append((triton.testing.do_bench(fn, rep=40), impl, st, sp, err))
+        best = {}
+        for r in rows:
+            key = (r[1], r[2])
+            best[key] = min(best.get(key, r), r)
+        for ms, impl, v, sp, err in sorted(best.values()):
+            print(
+                f"B={batch} ctx={ctx} {impl} {v} splits={sp}: {ms * 1e3:.1f} us, "
+                f"{kv_gb / ms:.2f} TB/s of fp8 KV, error / bf16 tolerance {err:.2f}"
+            )
+
+
+def _tilelang_call(tilelang, args, num_splits: int, variant: str) -> torch.Tensor:
+    stages, ahead, blocks, *opts = variant.split(":")
+    mid_o, mid_lse = tilelang.stage1(*args, num_splits, int(stages), int(ahead), tuple(opts), int(blocks))
+    return kernel.merge_splits(mid_o, mid_lse, args[5], torch.empty_like(args[0]), tilelang.BLOCK_N)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--graph", action="store_true", help="time inside a CUDA graph (small batches)")
@@ -72,9 +117,17 @@ def main() -> None:
     parser.add_argument(
         "--compiled", action="store_true", help="print what stage 1 compiles to (default launch), then exit"
     )
+    parser.add_argument(
+        "--tilelang",
+        default=None,
+        help="fp8: time the TileLang stage 1 variants STAGES:AHEAD:BLOCKS[:OPT] (ring depth, slot lookahead, "
+        "CTAs per SM, a diagnostic such as no_load), e.g. 4:2:2,3:2:3,4:2:2:no_load, against Triton's default",
+    )
     args_cli = parser.parse_args()
     if args_cli.compiled:
         return print_compiled(args_cli.kv_dtype == "fp8")
+    if args_cli.tilelang:
+        return sweep_tilelang(args_cli.tilelang.split(","), args_cli.page_size)
     shapes = SHAPES
     if args_cli.batch_sizes:
         wanted = {int(b) for b in args_cli.batch_sizes.split(",")}

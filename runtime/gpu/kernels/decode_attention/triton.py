@@ -222,9 +222,17 @@ def decode_attention(
     if num_splits is None:
         num_splits = choose_num_splits(batch, num_kv_heads, req_to_token.shape[1], q.device)
     mid_o, mid_lse, _ = stage1(q, k_pool, v_pool, req_to_token, rows, seq_lens, scale, num_splits)
+    return merge_splits(mid_o, mid_lse, seq_lens, out, LAUNCH[k_pool.element_size()][0])
+
+
+def merge_splits(
+    mid_o: torch.Tensor, mid_lse: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor, block_n: int
+) -> torch.Tensor:
+    """Stage 2: `out` [B, Hq, D] from stage 1's partials, whose splits are multiples of `block_n`."""
+    batch, num_q_heads, num_splits, head_dim = mid_o.shape
     _stage2[(batch, num_q_heads)](
         mid_o, mid_lse, out, seq_lens, num_splits, out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, BLOCK_D=next_pow2(head_dim), BLOCK_S=max(2, next_pow2(num_splits)),
-        BLOCK_N=LAUNCH[k_pool.element_size()][0], num_warps=4,
+        BLOCK_N=block_n, num_warps=4,
     )  # fmt: skip
     return out

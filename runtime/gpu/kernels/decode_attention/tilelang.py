@@ -1,0 +1,283 @@
+"""Stage 1 of paged GQA decode over an fp8 (e4m3) KV pool, in TileLang: a producer warpgroup that owns
+the K/V pipeline, consumer warps that keep their math in registers.
+
+Why next to `triton.py`: with an fp8 pool the Triton kernel streams 2.5-2.9 TB/s where a copy reaches
+4.2 (docs/PERF.md). Its pipeliner gathers a step's K/V rows behind that step's slot loads, and its dot
+needs the e4m3 tile converted to float16 in shared memory first. Here:
+
+- The producer (threads 128-255) looks each tile's slots up `ahead` tiles early and gathers the tokens'
+  K and V rows (128 B each at head dim 128) with cp.async, 16 bytes a thread, into a ring of `stages`
+  64-token buffers. Tokens past the split's end re-read its last token (their scores are -inf), so a
+  ragged tail never reads a slot the row does not own.
+- Four consumer warps (threads 0-127) each own 16 tokens of every tile (`gqa_fp8_warp.cuh`): they load
+  their bytes of K and V into registers (the ring slot is free again right after), convert e4m3 pairs
+  straight into mma operands and run S = q K^T and O += P V on mma.sync (the GQA group's q heads as the
+  rows, at most 8) with an online softmax in float32 base 2. They never synchronise inside the loop;
+  they merge their states once, at the end.
+
+One CTA per (kv head, row, split); two fit an SM (setmaxnreg gives the consumers 160 registers). The
+output is stage 1's contract in `triton.py` (a normalised float32 partial and its base-2 log-sum-exp
+per split), merged by its stage 2.
+"""
+
+# No `from __future__ import annotations`: TileLang reads the prim_func parameter annotations (T.Tensor
+# shapes built from local variables) at decoration time.
+import functools
+from pathlib import Path
+
+import torch
+
+from runtime.gpu.kernels.common import LOG2E, choose_num_splits
+from runtime.gpu.kernels.registry import is_hopper as _hopper
+from runtime.gpu.kernels.registry import tilelang_importable as _importable
+
+BLOCK_N = 64  # tokens per tile (and the split granularity stage 2 is told)
+MAX_GROUP = 8  # q heads per kv head: the mma tile's rows 0-7 (rows 8-15 stay zero)
+STAGES = 4  # ring buffers of fp8 K and V (16 KB a stage at d 128)
+AHEAD = 2  # the producer looks slots up this many tiles before it copies them
+BLOCKS_PER_SM = 2  # CTAs an SM should hold (caps registers at 65536 / (256 x this))
+
+_TL_DTYPE = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.int32: "int32", torch.int64: "int64"}
+
+
+def available(device: torch.device) -> bool:
+    return device.type == "cuda" and _hopper(device) and _importable()
+
+
+def supported(q: torch.Tensor, k_pool: torch.Tensor) -> bool:
+    """What the kernel is built for: an e4m3 pool, 16-bit queries, head dim 64, 128 or 256 and a GQA group
+    of at most 8 q heads per kv head."""
+    group = q.shape[1] // k_pool.shape[1]
+    dim = q.shape[2]
+    return (
+        k_pool.dtype == torch.float8_e4m3fn
+        and q.dtype in (torch.bfloat16, torch.float16)
+        and dim in (64, 128, 256)
+        and group <= MAX_GROUP
+    )
+
+
+@functools.cache
+def _kernel(
+    num_kv_heads: int,
+    group: int,
+    head_dim: int,
+    q_dtype: str,
+    table_dtype: str,
+    rows_dtype: str,
+    lens_dtype: str,
+    sm_scale: float,
+    stages: int = STAGES,
+    ahead: int = AHEAD,
+    opts: tuple[str, ...] = (),
+    blocks_per_sm: int = BLOCKS_PER_SM,
+):
+    """Compile one variant; `sm_scale` is the softmax scale times log2(e). Batch, pool size, table shape
+    and split count are dynamic. Diagnostics (`opts`; wrong results, for timing): "no_load" skips the
+    K/V copies, "no_compute" the consumer's math."""
+    import tilelang
+    import tilelang.language as T
+
+    assert set(opts) <= {"no_load", "no_compute"}, opts
+    load = "no_load" not in opts
+
+    compute = "no_compute" not in opts
+    num_q_heads = num_kv_heads * group
+    kv_dtype = "float8_e4m3fn"
+    accum = "float32"
+    chunks = head_dim // 16  # 16-byte chunks per token row: producer threads per row, and the swizzle
+    rows_per_pass = 128 // chunks
+    row_passes = BLOCK_N // rows_per_pass
+    assert 128 % chunks == 0 and BLOCK_N % rows_per_pass == 0, head_dim
+    d = head_dim
+    # the consumers' registers; the producer keeps the rest of the CTA's share (setmaxnreg)
+    share = 65536 // (256 * blocks_per_sm) // 8 * 8  # a thread's registers at that occupancy
+    consumer_regs = min(240, share + 32)
+    bf16 = "true" if q_dtype == "bfloat16" else "false"
+
+    batch = T.dynamic("batch")
+    num_slots = T.dynamic("num_slots")
+    table_rows = T.dynamic("table_rows")
+    table_width = T.dynamic("table_width")
+    num_splits = T.dynamic("num_splits")
+    q_stride = T.dynamic("q_stride")  # q is often the q slice of the fused qkv projection's output
+
+    @T.macro
+    def lookup(Table, row, slots, j, tile_start, last, lane_row):
+        """This thread's slots of one tile into slots[j] (past the split's end: its last token again)."""
+        for r in T.unroll(row_passes):
+            pos = T.min(tile_start + r * rows_per_pass + lane_row, last)
+            slots[j, r] = T.cast(Table[row, pos], "int64")
+
+    @T.prim_func
+    def gqa_decode_fp8(
+        Q: T.StridedTensor([batch, num_q_heads, head_dim], [q_stride, head_dim, 1], q_dtype),
+        K: T.Tensor([num_slots, num_kv_heads, head_dim], kv_dtype),
+        V: T.Tensor([num_slots, num_kv_heads, head_dim], kv_dtype),
+        Table: T.Tensor([table_rows, table_width], table_dtype),
+        Rows: T.Tensor([batch], rows_dtype),
+        SeqLens: T.Tensor([batch], lens_dtype),
+        MidO: T.Tensor([batch, num_q_heads, num_splits, head_dim], accum),
+        MidLse: T.Tensor([batch, num_q_heads, num_splits], accum),
+    ):
+        # a row's kv heads are neighbours in the launch order, so the CTAs reading one token's 1 KB of
+        # K (and of V) run together: 1-3% over rows-first on the H200 (docs/PERF.md)
+        with T.Kernel(num_kv_heads, batch, num_splits, threads=256) as (kvh, bid, sid):
+            T.import_source(_WARP_SOURCE)
+            T.annotate_min_blocks_per_sm(blocks_per_sm)  # registers capped so that two CTAs share an SM
+            k_ring = T.alloc_shared([stages, BLOCK_N, head_dim], kv_dtype)
+            v_ring = T.alloc_shared([stages, BLOCK_N, head_dim], kv_dtype)
+            o_merge = T.alloc_shared([4 * 8 * head_dim], accum)  # the warps' partial O, m, sums
+            m_merge = T.alloc_shared([32], accum)
+            l_merge = T.alloc_shared([32], accum)
+            ready = T.alloc_barrier(arrive_count=[128] * stages)  # producer -> consumers, per stage
+            free = T.alloc_barrier(arrive_count=[128] * stages)  # consumers -> producer
+
+            row = T.cast(Rows[bid], "int64")
+            seq_len = T.cast(SeqLens[bid], "int32")
+            # split boundaries on tile multiples (stage 2 recomputes them); a split past the end is empty
+            per_split = T.ceildiv(T.ceildiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+            start = sid * per_split
+            end = T.min(start + per_split, seq_len)
+            num_tiles = T.ceildiv(T.max(end - start, 0), BLOCK_N)
+            tx = T.get_thread_binding()
+
+            if tx < 128:  # consumers: gqa_fp8_warp.cuh, a warp per 16 tokens of each tile
+                T.set_max_nreg(consumer_regs, 1)
+                warp = tx // 32
+                lane = tx % 32
+                qa = T.alloc_local([d // 8], "uint32")
+                kr = T.alloc_local([d // 8], "uint32")
+                vr = T.alloc_local([d // 8], "uint32")
+                acc = T.alloc_local([d // 4], accum)
+                ml = T.alloc_local([2], accum)
+                for i in T.unroll(d // 4):
+                    acc[i] = 0
+                ml[0] = -(2**30)  # finite: exp2(m_prev - m_new) must not be inf - inf
+                ml[1] = 0
+                T.call_extern(
+                    "handle", f"gqa_fp8::load_q<{d}, {bf16}>", T.address_of(Q[bid, kvh * group, 0]), group,
+                    T.address_of(qa[0]), lane,
+                )  # fmt: skip
+                for t in T.serial(num_tiles):
+                    s = t % stages
+                    T.barrier_wait(ready[s], (t // stages) & 1)
+                    if compute:
+                        T.call_extern(
+                            "handle", f"gqa_fp8::load_kv<{d}>", T.address_of(k_ring[s, 0, 0]),
+                            T.address_of(v_ring[s, 0, 0]), T.address_of(kr[0]), T.address_of(vr[0]), warp, lane,
+                        )  # fmt: skip
+                    T.barrier_arrive(free[s])
+                    if compute:
+                        T.call_extern(
+                            "handle", f"gqa_fp8::attend<{d}>", T.address_of(kr[0]), T.address_of(vr[0]),
+                            T.address_of(qa[0]), T.address_of(acc[0]), T.address_of(ml[0]), warp, lane,
+                            start + t * BLOCK_N, end, sm_scale,
+                        )  # fmt: skip
+                T.call_extern(
+                    "handle", f"gqa_fp8::finish<{d}>", T.address_of(acc[0]), T.address_of(ml[0]),
+                    T.address_of(o_merge[0]), T.address_of(m_merge[0]), T.address_of(l_merge[0]), tx, group,
+                    sm_scale, T.address_of(MidO[bid, kvh * group, sid, 0]), T.cast(num_splits * d, "int64"),
+                    T.address_of(MidLse[bid, kvh * group, sid]), T.cast(num_splits, "int64"),
+                )  # fmt: skip
+            else:  # producer: 16 bytes a thread and cp.async, `chunks` threads per token row
+                T.set_max_nreg(2 * share - consumer_regs, 0)
+                p = tx - 128
+                lane_row = p // chunks
+                lane_chunk = p % chunks
+                last = T.max(end - 1, 0)
+                # The slots of tile t are read `ahead` tiles before its copies are issued (unrolled, so
+                # slots[j] stays in registers): the table read's round trip, about as long as a tile's
+                # copies under load, otherwise bounds the tiles a CTA has in flight.
+                slots = T.alloc_local([ahead, row_passes], "int64")
+                for j in T.unroll(ahead):
+                    lookup(Table, row, slots, j, start + j * BLOCK_N, last, lane_row)
+                for g in T.serial(T.ceildiv(num_tiles, ahead)):
+                    for j in T.unroll(ahead):
+                        t = g * ahead + j
+                        if t < num_tiles:
+                            s = t % stages
+                            T.barrier_wait(free[s], ((t // stages) & 1) ^ 1)
+                            for r in T.unroll(row_passes):
+                                tok = r * rows_per_pass + lane_row
+                                col = (lane_chunk ^ (tok % chunks)) * 16  # the swizzle the warps read
+                                if load:
+                                    T.ptx_cp_async(
+                                        T.access_ptr(k_ring[s, tok, col], "w", 16),
+                                        T.access_ptr(K[slots[j, r], kvh, lane_chunk * 16], "r", 16),
+                                        16,
+                                    )
+                                    T.ptx_cp_async(
+                                        T.access_ptr(v_ring[s, tok, col], "w", 16),
+                                        T.access_ptr(V[slots[j, r], kvh, lane_chunk * 16], "r", 16),
+                                        16,
+                                    )
+                            T.cp_async_barrier_noinc(ready[s])
+                            lookup(Table, row, slots, j, start + (t + ahead) * BLOCK_N, last, lane_row)
+
+    return tilelang.compile(gqa_decode_fp8, target="cuda", pass_configs={"tl.enable_fast_math": True})
+
+
+_WARP_SOURCE = (Path(__file__).parent / "gqa_fp8_warp.cuh").read_text()
+
+
+def stage1(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    req_to_token: torch.Tensor,
+    rows: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    num_splits: int,
+    stages: int = STAGES,
+    ahead: int = AHEAD,
+    opts: tuple[str, ...] = (),
+    blocks_per_sm: int = BLOCKS_PER_SM,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`triton.stage1`'s contract (partial outputs [B, Hq, splits, D] and their base-2 LSE, float32) for
+    what `supported` covers; split boundaries are multiples of BLOCK_N (tell stage 2)."""
+    batch, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_pool.shape[1]
+    assert k_pool.is_contiguous() and v_pool.is_contiguous(), "K/V pools are [slots, kv heads, dim], dense"
+    assert q.stride(1) == head_dim and q.stride(2) == 1 and req_to_token.stride(1) == 1
+    req_to_token = req_to_token.contiguous()  # a no-op for the engine's table
+    kernel = _kernel(
+        num_kv_heads, num_q_heads // num_kv_heads, head_dim, _TL_DTYPE[q.dtype], _TL_DTYPE[req_to_token.dtype],
+        _TL_DTYPE[rows.dtype], _TL_DTYPE[seq_lens.dtype], float(scale * LOG2E), stages, ahead, opts, blocks_per_sm,
+    )  # fmt: skip
+    mid_o = torch.empty(batch, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+    mid_lse = torch.empty(batch, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
+    if batch:
+        kernel(q, k_pool, v_pool, req_to_token, rows, seq_lens, mid_o, mid_lse)
+    return mid_o, mid_lse
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    req_to_token: torch.Tensor,
+    rows: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    num_splits: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`reference.decode_attention`'s contract. An fp8 pool that `supported` covers runs this stage 1
+    and Triton's stage 2; anything else (16-bit pools, float32 tests) runs the Triton kernel whole.
+    `num_splits` None: chosen from the batch and req_to_token's width (no sync); fix it under graphs."""
+    from runtime.gpu.kernels.decode_attention import triton
+
+    if not supported(q, k_pool) or q.stride(1) != q.shape[2] or q.stride(2) != 1:
+        return triton.decode_attention(
+            q, k_pool, v_pool, req_to_token, rows, seq_lens, scale, num_splits, out
+        )  # fmt: skip
+    batch, num_q_heads, head_dim = q.shape
+    out = torch.empty_like(q) if out is None else out
+    if batch == 0:
+        return out
+    if num_splits is None:
+        num_splits = choose_num_splits(batch, k_pool.shape[1], req_to_token.shape[1], q.device)
+    mid_o, mid_lse = stage1(q, k_pool, v_pool, req_to_token, rows, seq_lens, scale, num_splits)
+    return triton.merge_splits(mid_o, mid_lse, seq_lens, out, BLOCK_N)
