@@ -145,6 +145,8 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         if cfg.cuda_graph and self.device.type == "cuda" and self.attn_backend.supports_cuda_graph:
             self.graphs = DecodeGraphs(self, min(cfg.cuda_graph_max_bs or cfg.max_reqs, cfg.max_reqs))
+        if self.device.type == "cuda" and not hasattr(self.model, "make_kv_cache"):
+            self.warm_up_mixed_steps()
 
     def _load_model(self, path: Path) -> torch.nn.Module:
         # Build on the meta device so no time goes into random init that loading overwrites.
@@ -194,6 +196,28 @@ class ModelRunner:
         return KVCache.bytes_per_token(
             self.config.num_hidden_layers, self.model.num_kv_heads, head_dim_of(self.config), self.kv_dtype
         )
+
+    def warm_up_mixed_steps(self) -> None:
+        """Run two throwaway mixed steps (one and two decode rows ahead of a 16-token prefill row) so the
+        kernels a mixed step alone launches compile now, not under the first burst of requests: the
+        decode kernel eagerly, and the extend kernel over the rows after the decode rows, whose column
+        slices start 8 or 16 bytes into their tensors (Triton compiles a variant per pointer
+        alignment). On the H200 the first server of a machine otherwise stalled about 2 s at its first
+        mixed step (docs/PERF.md). Rows 1-3 and the first KV slots are scratch until requests take them:
+        a request writes its KV before it reads it."""
+        if self.cfg.max_reqs < 3 or self.cfg.num_kv_slots < 40:
+            return
+        for n_dec in (1, 2):
+            rows = list(range(1, n_dec + 2))
+            ext = [1] * n_dec + [16]
+            plan = StepPlan(
+                step=-1, added=[], released=[], rows=rows, prefix_lens=[1] * n_dec + [0], extend_lens=ext,
+                use_last=[False] * len(rows), input_ids=[0] * sum(ext), out_loc=list(range(1, sum(ext) + 1)),
+                sample=[True] * len(rows),
+            )  # fmt: skip
+            self.forward_logits(plan)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     # ------------------------------------------------------------------ step
 

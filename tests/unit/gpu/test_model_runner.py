@@ -44,6 +44,27 @@ def test_overlapped_decode_with_use_last_matches_greedy_generate(tiny):
         assert got[r] == greedy_reference(ref, p, 6)
 
 
+def test_the_mixed_step_warm_up_leaves_serving_unchanged(tmp_path):
+    """warm_up_mixed_steps (run at start on CUDA) scribbles on scratch rows and slots only: requests that
+    then take those rows and slots generate what transformers does."""
+    ref = save_tiny_llama(tmp_path, num_key_value_heads=2)
+    runner = ModelRunner(RunnerConfig(str(tmp_path), num_kv_slots=256, max_reqs=4, max_model_len=64))
+    runner.warm_up_mixed_steps()
+    assert runner.req_to_token[1:4].any()  # it ran (a CPU runner does not warm up by itself)
+    prompts = {1: [3, 14, 15, 92, 65], 2: [35, 89, 79, 32, 38, 46, 26, 43]}
+    pb = PlanBuilder()  # hands out slots from 1, the ones the warm-up wrote
+    added = [seq_start(r, p) for r, p in prompts.items()]
+    out = runner.execute(pb.plan([1, 2], [0, 0], [5, 8], prompts[1] + prompts[2], added=added))
+    got = {r: [t] for r, t in zip(out.rows, out.tokens, strict=True)}
+    lens = {r: len(p) for r, p in prompts.items()}
+    for _ in range(3):
+        out = runner.execute(pb.plan([1, 2], [lens[1], lens[2]], [1, 1], [], use_last=[True, True]))
+        for r, t in zip(out.rows, out.tokens, strict=True):
+            got[r].append(t)
+            lens[r] += 1
+    assert got == {r: greedy_reference(ref, p, 4) for r, p in prompts.items()}
+
+
 def test_unsampled_prefill_chunk_returns_no_tokens_and_logprobs_only_when_asked(tiny):
     _, runner = tiny
     pb = PlanBuilder(list(range(500, 2000)))
