@@ -202,8 +202,8 @@ class ModelRunner:
         kernels a mixed step alone launches compile now, not under the first burst of requests: the
         decode kernel eagerly, and the extend kernel over the rows after the decode rows, whose column
         slices start 8 or 16 bytes into their tensors (Triton compiles a variant per pointer
-        alignment). On the H200 the first server of a machine otherwise stalled about 2 s at its first
-        mixed step (docs/PERF.md). Rows 1-3 and the first KV slots are scratch until requests take them:
+        alignment). On the H200 a machine's first server lost about 2 s at its first mixed step; this
+        recovers part of it, not all (docs/PERF.md, eighth session). Rows 1-3 and the first KV slots are scratch until requests take them:
         a request writes its KV before it reads it."""
         if self.cfg.max_reqs < 3 or self.cfg.num_kv_slots < 40:
             return
