@@ -203,8 +203,8 @@ class ModelRunner:
         decode kernel eagerly, and the extend kernel over the rows after the decode rows, whose column
         slices start 8 or 16 bytes into their tensors (Triton compiles a variant per pointer
         alignment). On the H200 a machine's first server lost about 2 s at its first mixed step; this
-        recovers part of it, not all (docs/PERF.md, eighth session). Rows 1-3 and the first KV slots are scratch until requests take them:
-        a request writes its KV before it reads it."""
+        recovers part of it, not all (docs/PERF.md, eighth session). Rows 1-3 and the first KV slots
+        are scratch until requests take them: a request writes its KV before it reads it."""
         if self.cfg.max_reqs < 3 or self.cfg.num_kv_slots < 40:
             return
         for n_dec in (1, 2):
