@@ -198,22 +198,24 @@ class ModelRunner:
         )
 
     def warm_up_mixed_steps(self) -> None:
-        """Run two throwaway mixed steps (one and two decode rows ahead of a 16-token prefill row) so the
-        kernels a mixed step alone launches compile now, not under the first burst of requests: the
-        decode kernel eagerly, and the extend kernel over the rows after the decode rows, whose column
-        slices start 8 or 16 bytes into their tensors (Triton compiles a variant per pointer
-        alignment). On the H200 a machine's first server lost about 2 s at its first mixed step; this
-        recovers part of it, not all (docs/PERF.md, eighth session). Rows 1-3 and the first KV slots
+        """Run throwaway prefill and mixed steps so the kernels they launch compile now, not under the
+        first burst of requests. Triton compiles a variant per 16-byte alignment of each pointer
+        argument, and the extend kernel reads its per-row columns from element n_decode of rows 0-3 of
+        one [5, batch] int64 tensor, so their alignments follow the parities of n_decode and of batch +
+        n_decode. The warm-up covers all four: 16-token prefill rows behind 0-2 decode rows, 1-4 rows in
+        all. On the H200 a machine's first server lost about 2 s to compiles at its first steps; two of
+        these steps (1 and 2 decode rows ahead of one prefill row) recovered part of it (docs/PERF.md,
+        eighth session; the other four are not measured on the GPU yet). Rows 1-4 and the first KV slots
         are scratch until requests take them: a request writes its KV before it reads it."""
-        if self.cfg.max_reqs < 3 or self.cfg.num_kv_slots < 40:
+        if self.cfg.max_reqs < 4 or self.cfg.num_kv_slots < 40:
             return
-        for n_dec in (1, 2):
-            rows = list(range(1, n_dec + 2))
-            ext = [1] * n_dec + [16]
+        for n_dec, n_ext in ((0, 1), (0, 2), (1, 1), (1, 2), (2, 1), (2, 2)):
+            rows = list(range(1, n_dec + n_ext + 1))
+            ext = [1] * n_dec + [16] * n_ext
             plan = StepPlan(
-                step=-1, added=[], released=[], rows=rows, prefix_lens=[1] * n_dec + [0], extend_lens=ext,
-                use_last=[False] * len(rows), input_ids=[0] * sum(ext), out_loc=list(range(1, sum(ext) + 1)),
-                sample=[True] * len(rows),
+                step=-1, added=[], released=[], rows=rows, prefix_lens=[1] * n_dec + [0] * n_ext,
+                extend_lens=ext, use_last=[False] * len(rows), input_ids=[0] * sum(ext),
+                out_loc=list(range(1, sum(ext) + 1)), sample=[True] * len(rows),
             )  # fmt: skip
             self.forward_logits(plan)
         if self.device.type == "cuda":
