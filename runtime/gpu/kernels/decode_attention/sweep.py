@@ -3,7 +3,8 @@ configuration checked against the reference: `python -m runtime.gpu.kernels.deco
 
 Small batches are launch-bound under do_bench (about 10 us to issue a launch on the device host), but a
 decode step replays a CUDA graph: `--graph` times 32 back-to-back calls (one per Llama-8B layer)
-captured in one graph, the cost the step actually pays."""
+captured in one graph, the cost the step actually pays. `--kv-dtype fp8 --tilelang ...` times the TileLang
+stage 1 (`tilelang.py`) in its variants and diagnostics next to this kernel's default launch."""
 
 from __future__ import annotations
 
