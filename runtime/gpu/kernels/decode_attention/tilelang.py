@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from runtime.gpu.kernels.common import LOG2E, choose_num_splits
+from runtime.gpu.kernels.common import LOG2E
 from runtime.gpu.kernels.registry import is_hopper as _hopper
 from runtime.gpu.kernels.registry import tilelang_importable as _importable
 
@@ -45,8 +45,9 @@ def available(device: torch.device) -> bool:
 
 
 def supported(q: torch.Tensor, k_pool: torch.Tensor) -> bool:
-    """What the kernel is built for: an e4m3 pool, 16-bit queries, head dim 64, 128 or 256 and a GQA group
-    of at most 8 q heads per kv head."""
+    """What the kernel is built for: an e4m3 pool, 16-bit queries whose heads are dense rows (the q slice
+    of a fused qkv output qualifies), head dim 64, 128 or 256 and a GQA group of at most 8 q heads per
+    kv head."""
     group = q.shape[1] // k_pool.shape[1]
     dim = q.shape[2]
     return (
@@ -54,6 +55,8 @@ def supported(q: torch.Tensor, k_pool: torch.Tensor) -> bool:
         and q.dtype in (torch.bfloat16, torch.float16)
         and dim in (64, 128, 256)
         and group <= MAX_GROUP
+        and q.stride(1) == dim
+        and q.stride(2) == 1
     )
 
 
@@ -80,7 +83,6 @@ def _kernel(
 
     assert set(opts) <= {"no_load", "no_compute"}, opts
     load = "no_load" not in opts
-
     compute = "no_compute" not in opts
     num_q_heads = num_kv_heads * group
     kv_dtype = "float8_e4m3fn"
@@ -127,7 +129,8 @@ def _kernel(
             T.annotate_min_blocks_per_sm(blocks_per_sm)  # registers capped so that two CTAs share an SM
             k_ring = T.alloc_shared([stages, BLOCK_N, head_dim], kv_dtype)
             v_ring = T.alloc_shared([stages, BLOCK_N, head_dim], kv_dtype)
-            o_merge = T.alloc_shared([4 * 8 * head_dim], accum)  # the warps' partial O, m, sums
+            o_merge = T.alloc_shared([4 * 8 * head_dim], accum)  # the warps' partial O; m and l: their
+            # running maxima and row sums (gqa_fp8_warp.cuh `finish` merges them)
             m_merge = T.alloc_shared([32], accum)
             l_merge = T.alloc_shared([32], accum)
             ready = T.alloc_barrier(arrive_count=[128] * stages)  # producer -> consumers, per stage
@@ -269,15 +272,7 @@ def decode_attention(
     `num_splits` None: chosen from the batch and req_to_token's width (no sync); fix it under graphs."""
     from runtime.gpu.kernels.decode_attention import triton
 
-    if not supported(q, k_pool) or q.stride(1) != q.shape[2] or q.stride(2) != 1:
-        return triton.decode_attention(
-            q, k_pool, v_pool, req_to_token, rows, seq_lens, scale, num_splits, out
-        )  # fmt: skip
-    batch, num_q_heads, head_dim = q.shape
-    out = torch.empty_like(q) if out is None else out
-    if batch == 0:
-        return out
-    if num_splits is None:
-        num_splits = choose_num_splits(batch, k_pool.shape[1], req_to_token.shape[1], q.device)
-    mid_o, mid_lse = stage1(q, k_pool, v_pool, req_to_token, rows, seq_lens, scale, num_splits)
-    return triton.merge_splits(mid_o, mid_lse, seq_lens, out, BLOCK_N)
+    args = (q, k_pool, v_pool, req_to_token, rows, seq_lens, scale)
+    if not supported(q, k_pool):
+        return triton.decode_attention(*args, num_splits, out)
+    return triton.split_kv(stage1, BLOCK_N, *args, num_splits, out)

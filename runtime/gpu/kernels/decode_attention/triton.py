@@ -7,6 +7,8 @@ Stage 2: one program per (row, q head) merges the splits. All accumulation is in
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import triton
 import triton.language as tl
@@ -211,18 +213,36 @@ def decode_attention(
 ) -> torch.Tensor:
     """Same contract as `reference.decode_attention`. `num_splits` None: chosen from the batch and
     req_to_token's width (an upper bound on lengths, so no sync); pass a fixed one under CUDA graphs."""
-    batch, num_q_heads, head_dim = q.shape
-    num_kv_heads = k_pool.shape[1]
-    assert num_q_heads % num_kv_heads == 0 and q.stride(2) == 1 and k_pool.stride(2) == 1
+    assert q.shape[1] % k_pool.shape[1] == 0 and q.stride(2) == 1 and k_pool.stride(2) == 1
     assert v_pool.stride(2) == 1 and req_to_token.stride(1) == 1
+    args = (q, k_pool, v_pool, req_to_token, rows, seq_lens, scale)
+    return split_kv(stage1, LAUNCH[k_pool.element_size()][0], *args, num_splits, out)
+
+
+def split_kv(
+    stage1_fn: Callable[..., tuple],
+    block_n: int,
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    req_to_token: torch.Tensor,
+    rows: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    num_splits: int | None,
+    out: torch.Tensor | None,
+) -> torch.Tensor:
+    """Flash-decoding around a stage 1 (this module's or `tilelang.stage1`, whose splits are multiples
+    of `block_n`): the output buffer, the split count when not given (from the batch and req_to_token's
+    width, an upper bound on lengths, so no sync), then stage 2."""
     out = torch.empty_like(q) if out is None else out
     assert out.stride(2) == 1
-    if batch == 0:
+    if q.shape[0] == 0:
         return out
     if num_splits is None:
-        num_splits = choose_num_splits(batch, num_kv_heads, req_to_token.shape[1], q.device)
-    mid_o, mid_lse, _ = stage1(q, k_pool, v_pool, req_to_token, rows, seq_lens, scale, num_splits)
-    return merge_splits(mid_o, mid_lse, seq_lens, out, LAUNCH[k_pool.element_size()][0])
+        num_splits = choose_num_splits(q.shape[0], k_pool.shape[1], req_to_token.shape[1], q.device)
+    mid_o, mid_lse = stage1_fn(q, k_pool, v_pool, req_to_token, rows, seq_lens, scale, num_splits)[:2]
+    return merge_splits(mid_o, mid_lse, seq_lens, out, block_n)
 
 
 def merge_splits(
