@@ -1,5 +1,5 @@
-"""Per-kernel device time of a decode step (Llama-3.1-8B preset, dummy bf16 weights, 1K context) at
-batch 1 and 256, with the graph and eager step times side by side: `python -m loadgen.profile_decode`
+"""Per-kernel device time of a decode step (Llama-3.1-8B preset, dummy bf16 weights, 1K context unless
+--context-len; --kv-cache-dtype fp8_e4m3 for an fp8 pool) at batch 1 and 256, with the graph and eager step times side by side: `python -m loadgen.profile_decode`
 on a CUDA machine. Both the graph replay and the eager step are profiled (CUPTI sees the kernels a
 graph launches): per-kernel device time, kernels per step, and the gaps between kernels (the span from
 the first kernel's start to the last one's end, minus kernel time)."""
@@ -20,26 +20,27 @@ CTX = 1024
 ROOM = 64  # decode positions per row past the context
 
 
-def _runner(batch: int, graph: bool) -> ModelRunner:
+def _runner(batch: int, graph: bool, ctx: int, kv_cache_dtype: str) -> ModelRunner:
     cfg = RunnerConfig(
         "llama-3.1-8b",
         device="cuda",
         load_format="dummy",
-        num_kv_slots=batch * (CTX + ROOM) + 8,
+        num_kv_slots=batch * (ctx + ROOM) + 8,
         max_reqs=batch,
-        max_model_len=CTX + ROOM,
+        max_model_len=ctx + ROOM,
         cuda_graph=graph,
+        kv_cache_dtype=kv_cache_dtype,
     )
     return ModelRunner(cfg)
 
 
-def _steps(batch: int):
-    """Plans: the first registers every row with CTX cached slots and feeds one token, then decodes."""
+def _steps(batch: int, ctx: int):
+    """Plans: the first registers every row with `ctx` cached slots and feeds one token, then decodes."""
     params = SamplingParams(temperature=0)
-    base = [1 + i * (CTX + ROOM) for i in range(batch)]
-    added = [SeqStart(i + 1, params, [1], list(range(b, b + CTX)), []) for i, b in enumerate(base)]
+    base = [1 + i * (ctx + ROOM) for i in range(batch)]
+    added = [SeqStart(i + 1, params, [1], list(range(b, b + ctx)), []) for i, b in enumerate(base)]
     rows = list(range(1, batch + 1))
-    pos, step = CTX - 1, 0
+    pos, step = ctx - 1, 0
     while True:
         first = step == 0
         loc = [b + pos for b in base]
@@ -69,7 +70,7 @@ def _report(prof, steps: int = 5) -> None:
     print(
         f"  kernel time per step {total / 1e3:.3f} ms, {count / steps:.0f} device ops per step; top kernels:"
     )
-    for name, us in sorted(per_kernel.items(), key=lambda kv: -kv[1])[:20]:
+    for name, us in sorted(per_kernel.items(), key=lambda kv: -kv[1])[:25]:
         print(f"  {us / 1e3:8.3f} ms  {100 * us / total:5.1f}%  {name}")
 
 
@@ -77,11 +78,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch-sizes", default="1,256", help="comma-separated")
     parser.add_argument("--cuda-graph", choices=("on", "off", "both"), default="both")
+    parser.add_argument("--context-len", type=int, default=CTX, help="cached tokens per row")
+    parser.add_argument("--kv-cache-dtype", default="auto", help="auto (bf16) or fp8_e4m3")
     args = parser.parse_args()
     graphs = {"on": (True,), "off": (False,), "both": (True, False)}[args.cuda_graph]
     for batch in (int(b) for b in args.batch_sizes.split(",")):
         for graph in graphs:
-            runner, plans = _runner(batch, graph), _steps(batch)
+            runner = _runner(batch, graph, args.context_len, args.kv_cache_dtype)
+            plans = _steps(batch, args.context_len)
             for _ in range(6):
                 runner.execute(next(plans))
             torch.cuda.synchronize()

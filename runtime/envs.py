@@ -49,3 +49,9 @@ def mixed_decode_kernel() -> bool:
     """$CONDUIT_MIXED_DECODE_KERNEL=0 sends a mixed step's decode rows through the extend kernel with its
     prefill rows (attention/triton_backend.py) instead of the decode kernel, for before/after runs."""
     return os.environ.get("CONDUIT_MIXED_DECODE_KERNEL", "1") != "0"
+
+
+def step_trace_path() -> str | None:
+    """$CONDUIT_STEP_TRACE=file: the scheduler appends a JSON line per step (rows, decode rows, prefill
+    tokens, device start and end), for finding where a benchmark's time goes."""
+    return os.environ.get("CONDUIT_STEP_TRACE") or None

@@ -4,6 +4,9 @@ shuffled slots at several page sizes, mixed extend + decode batches, and the bac
 
 from __future__ import annotations
 
+import functools
+import itertools
+
 import pytest
 import torch
 
@@ -96,7 +99,7 @@ FP8_DECODE_SHAPES = [  # batch, max context, q heads, kv heads, head_dim, page s
 )
 def test_tilelang_fp8_decode_matches_reference(shape: tuple) -> None:
     """The TileLang stage 1 (fp8 pools): ragged lengths, GQA groups 3-8, head dims 64-256, strided q."""
-    from runtime.gpu.kernels.decode_attention import tilelang
+    from runtime.gpu.kernels.decode_attention import tilelang, triton
 
     batch, ctx, hq, hkv, d, page, strided = shape
     lens = _lens(batch, ctx, seed=batch + ctx)
@@ -108,9 +111,18 @@ def test_tilelang_fp8_decode_matches_reference(shape: tuple) -> None:
         pytest.skip("TileLang on Hopper only")
     assert tilelang.supported(c.q, c.k_pool)
     want = load_reference("decode_attention")(*c.decode_args())
-    for splits in (None, 1, 3, 16):
-        got = tilelang.decode_attention(*c.decode_args(), num_splits=splits)
-        assert close_ratio(got, want, *TOLERANCE[torch.bfloat16]) <= 1.0, splits
+    for persistent, splits in itertools.product((False, True), (None, 1, 3, 16)):
+        stage1 = functools.partial(tilelang.stage1, persistent=persistent)
+        got = triton.split_kv(stage1, tilelang.BLOCK_N, *c.decode_args(), splits, None)
+        assert close_ratio(got, want, *TOLERANCE[torch.bfloat16]) <= 1.0, (persistent, splits)
+        # one split writes the output itself, here into every other row of a wider buffer
+        wide = torch.full((batch, 2 * hq, d), float("nan"), dtype=c.q.dtype, device=c.q.device)
+        out = wide[:, :hq]
+        tilelang.stage1(*c.decode_args(), 1, persistent=persistent, out=out)
+        assert close_ratio(out, want, *TOLERANCE[torch.bfloat16]) <= 1.0, (persistent, "direct")
+        assert wide[:, hq:].isnan().all()
+    got = tilelang.decode_attention(*c.decode_args())  # the engine's entry: split count and path its own
+    assert close_ratio(got, want, *TOLERANCE[torch.bfloat16]) <= 1.0
 
 
 EXTEND_SHAPES = [  # prefix lens, extend lens, q heads, kv heads, head_dim, page size

@@ -11,11 +11,13 @@ first token is not delayed behind another prefill. With `--disable-overlap` the 
 
 from __future__ import annotations
 
+import json
 import time
 from collections import deque
 
 import structlog
 
+from runtime import envs
 from runtime.actors.base import Actor
 from runtime.actors.scheduler.batch_planner import BatchPlanner, PlannedStep
 from runtime.actors.scheduler.kv_allocator import PageAllocator
@@ -31,6 +33,7 @@ from runtime.mailbox.messages import (
     Message,
     RequestFailed,
     StepOutput,
+    StepPlan,
     TokenizedRequest,
     WorkerFailed,
 )
@@ -79,6 +82,8 @@ class SchedulerActor(Actor):
         self.cached_tokens = 0
         self.replayed_tokens = 0
         self._last_stats = 0.0
+        trace = envs.step_trace_path()
+        self._trace_file = open(trace, "a", buffering=1) if trace else None  # noqa: SIM115 (lives with the actor)
 
     async def handle(self, msg: Message) -> None:
         if isinstance(msg, TokenizedRequest):
@@ -162,9 +167,21 @@ class SchedulerActor(Actor):
             self.gpu_idle_s += max(0.0, out.gpu_start - self._gpu_last_end)
         self._gpu_last_end = out.gpu_end
 
+    def _trace(self, plan: StepPlan, out: StepOutput) -> None:
+        """One JSON line per step to $CONDUIT_STEP_TRACE: what the step held and its device times, to
+        see where an end-to-end run's time goes (decode-only vs mixed steps, batch sizes)."""
+        if self._trace_file is None:
+            return
+        decode = sum(plan.use_last)
+        prefill = sum(n for n, last in zip(plan.extend_lens, plan.use_last, strict=True) if not last)
+        line = {"step": plan.step, "rows": len(plan.rows), "decode": decode, "prefill_tokens": prefill,
+                "gpu_start": out.gpu_start, "gpu_end": out.gpu_end}  # fmt: skip
+        self._trace_file.write(json.dumps(line) + "\n")
+
     async def _on_output(self, out: StepOutput) -> None:
         self._account_device(out)
         done = self.inflight.popleft()
+        self._trace(done.plan, out)
         assert done.plan.step == out.step, f"step {out.step} came back, expected {done.plan.step}"
         tokens, i = out.tokens, 0
         want_lp = out.logprobs is not None

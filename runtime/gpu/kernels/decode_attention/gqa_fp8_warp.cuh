@@ -21,6 +21,7 @@
 // of bank conflicts at D = 128.
 #pragma once
 #include <cstdint>
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 namespace gqa_fp8 {
@@ -59,6 +60,15 @@ __device__ __forceinline__ float to_float(uint16_t bits) {
     return __uint_as_float(static_cast<uint32_t>(bits) << 16);
   } else {
     return __half2float(__ushort_as_half(bits));
+  }
+}
+
+template <bool BF16>
+__device__ __forceinline__ uint16_t from_float(float x) {
+  if constexpr (BF16) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+  } else {
+    return __half_as_ushort(__float2half_rn(x));
   }
 }
 
@@ -158,10 +168,12 @@ __device__ __forceinline__ void attend(const uint32_t* kr, const uint32_t* vr, c
 
 // Merge the four warps' states through shared memory (o_s: 4 x 8 x D floats, m_s / l_s: 32 each) and
 // write the split's normalised partial O and base-2 LSE for the group's heads (an empty split: O = 0,
-// LSE = -inf). `tid` is the consumer thread (0-127); named barrier 9 spans the 128 consumers.
-template <int D>
+// LSE = -inf). DIRECT (a single split): O is the attention output itself, written in q's 16-bit type
+// (BF16 or float16) to `o`, and there is no LSE. `tid` is the consumer thread (0-127); named barrier 9
+// spans the 128 consumers.
+template <int D, bool DIRECT, bool BF16>
 __device__ __forceinline__ void finish(const float* acc, const float* ml, float* o_s, float* m_s, float* l_s,
-                                       int tid, int group, float scale, float* mid_o, int64_t o_head_stride,
+                                       int tid, int group, float scale, void* o, int64_t o_head_stride,
                                        float* mid_lse, int64_t lse_head_stride) {
   const int w = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
   float l = ml[1];
@@ -181,16 +193,22 @@ __device__ __forceinline__ void finish(const float* acc, const float* ml, float*
     float m = m_s[h];
 #pragma unroll
     for (int v = 1; v < 4; ++v) m = fmaxf(m, m_s[v * 8 + h]);
-    float total = 0.f, o = 0.f;
+    float total = 0.f, out = 0.f;
 #pragma unroll
     for (int v = 0; v < 4; ++v) {
       const float f = exp2f((m_s[v * 8 + h] - m) * scale);
       total += l_s[v * 8 + h] * f;
-      o += o_s[(v * 8 + h) * D + d] * f;
+      out += o_s[(v * 8 + h) * D + d] * f;
     }
-    mid_o[h * o_head_stride + d] = total > 0.f ? o / total : 0.f;
-    if (d == 0) mid_lse[h * lse_head_stride] = total > 0.f ? log2f(total) + m * scale : -INFINITY;
+    const float value = total > 0.f ? out / total : 0.f;
+    if constexpr (DIRECT) {
+      static_cast<uint16_t*>(o)[h * o_head_stride + d] = from_float<BF16>(value);
+    } else {
+      static_cast<float*>(o)[h * o_head_stride + d] = value;
+      if (d == 0) mid_lse[h * lse_head_stride] = total > 0.f ? log2f(total) + m * scale : -INFINITY;
+    }
   }
+  asm volatile("bar.sync 9, 128;\n" ::: "memory");  // a persistent CTA's next item reuses o_s
 }
 
 }  // namespace gqa_fp8

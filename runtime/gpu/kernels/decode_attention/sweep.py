@@ -62,7 +62,7 @@ def print_compiled(fp8: bool) -> None:
             print("  " + line.strip()[:160])
 
 
-TILELANG_SHAPES = [(256, 1024), (64, 4096), (128, 2048), (32, 8192), (8, 1024)]
+TILELANG_SHAPES = [(256, 1024), (256, 1536), (64, 4096), (128, 2048), (32, 8192), (8, 1024)]
 
 
 def sweep_tilelang(variants: list[str], page_size: int) -> None:
@@ -101,7 +101,11 @@ def sweep_tilelang(variants: list[str], page_size: int) -> None:
 
 def _tilelang_call(tilelang, args, num_splits: int, variant: str) -> torch.Tensor:
     stages, ahead, blocks, *opts = variant.split(":")
-    mid_o, mid_lse = tilelang.stage1(*args, num_splits, int(stages), int(ahead), tuple(opts), int(blocks))
+    persistent = "persistent" in opts
+    opts = [o for o in opts if o != "persistent"]
+    mid_o, mid_lse = tilelang.stage1(
+        *args, num_splits, int(stages), int(ahead), tuple(opts), int(blocks), persistent
+    )
     return kernel.merge_splits(mid_o, mid_lse, args[5], torch.empty_like(args[0]), tilelang.BLOCK_N)
 
 
@@ -122,7 +126,7 @@ def main() -> None:
         "--tilelang",
         default=None,
         help="fp8: time the TileLang stage 1 variants STAGES:AHEAD:BLOCKS[:OPT] (ring depth, slot lookahead, "
-        "CTAs per SM, a diagnostic such as no_load), e.g. 4:2:2,3:2:3,4:2:2:no_load, against Triton's default",
+        "CTAs per SM, a diagnostic such as no_load, or persistent), e.g. 4:2:2,3:2:3,4:2:2:no_load, against Triton's default",
     )
     args_cli = parser.parse_args()
     if args_cli.compiled:

@@ -27,15 +27,18 @@ from pathlib import Path
 
 import torch
 
-from runtime.gpu.kernels.common import LOG2E
+from runtime.gpu.kernels.common import LOG2E, choose_num_splits, num_sms
 from runtime.gpu.kernels.registry import is_hopper as _hopper
 from runtime.gpu.kernels.registry import tilelang_importable as _importable
 
 BLOCK_N = 64  # tokens per tile (and the split granularity stage 2 is told)
 MAX_GROUP = 8  # q heads per kv head: the mma tile's rows 0-7 (rows 8-15 stay zero)
-STAGES = 4  # ring buffers of fp8 K and V (16 KB a stage at d 128)
+STAGES = 5  # ring buffers of fp8 K and V (16 KB a stage at d 128; 4 at d 256)
 AHEAD = 2  # the producer looks slots up this many tiles before it copies them
 BLOCKS_PER_SM = 2  # CTAs an SM should hold (caps registers at 65536 / (256 x this))
+# Two persistent CTAs an SM walk the work items, against one CTA per item: 2-4% faster per layer at
+# B=64-256 on the H200, where a CTA per item spends its start-up (row, length and slot loads) idle
+PERSISTENT = True
 
 _TL_DTYPE = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.int32: "int32", torch.int64: "int64"}
 
@@ -74,9 +77,12 @@ def _kernel(
     ahead: int = AHEAD,
     opts: tuple[str, ...] = (),
     blocks_per_sm: int = BLOCKS_PER_SM,
+    ctas: int = 0,
+    direct: bool = False,
 ):
     """Compile one variant; `sm_scale` is the softmax scale times log2(e). Batch, pool size, table shape
-    and split count are dynamic. Diagnostics (`opts`; wrong results, for timing): "no_load" skips the
+    and split count are dynamic; `ctas` > 0: that many persistent CTAs, 0: a CTA per work item. `direct`
+    (one split): the output itself goes to Out in q's dtype, MidO and MidLse are not written. Diagnostics (`opts`; wrong results, for timing): "no_load" skips the
     K/V copies, "no_compute" the consumer's math."""
     import tilelang
     import tilelang.language as T
@@ -103,6 +109,7 @@ def _kernel(
     table_width = T.dynamic("table_width")
     num_splits = T.dynamic("num_splits")
     q_stride = T.dynamic("q_stride")  # q is often the q slice of the fused qkv projection's output
+    out_stride = T.dynamic("out_stride")
 
     @T.macro
     def lookup(Table, row, slots, j, tile_start, last, lane_row):
@@ -110,6 +117,24 @@ def _kernel(
         for r in T.unroll(row_passes):
             pos = T.min(tile_start + r * rows_per_pass + lane_row, last)
             slots[j, r] = T.cast(Table[row, pos], "int64")
+
+    @T.macro
+    def locate(item, Rows, SeqLens, at):
+        """Work item -> at = (kv head, batch row, its table row, split start, split end, tiles, split). A row's
+        kv heads are neighbours in the item order, so the CTAs reading one token's 1 KB of K (and of V)
+        run together: 1-3% over rows-first on the H200 (docs/PERF.md)."""
+        bid = (item // num_kv_heads) % batch
+        sid = item // (num_kv_heads * batch)
+        seq_len = T.cast(SeqLens[bid], "int32")
+        # split boundaries on tile multiples (stage 2 recomputes them); a split past the end is empty
+        per_split = T.ceildiv(T.ceildiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+        at[0] = item % num_kv_heads
+        at[1] = bid
+        at[2] = T.cast(Rows[bid], "int32")
+        at[3] = sid * per_split
+        at[4] = T.min(sid * per_split + per_split, seq_len)
+        at[5] = T.ceildiv(T.max(at[4] - at[3], 0), BLOCK_N)
+        at[6] = sid
 
     @T.prim_func
     def gqa_decode_fp8(
@@ -121,10 +146,13 @@ def _kernel(
         SeqLens: T.Tensor([batch], lens_dtype),
         MidO: T.Tensor([batch, num_q_heads, num_splits, head_dim], accum),
         MidLse: T.Tensor([batch, num_q_heads, num_splits], accum),
+        Out: T.StridedTensor([batch, num_q_heads, head_dim], [out_stride, head_dim, 1], q_dtype),
     ):
-        # a row's kv heads are neighbours in the launch order, so the CTAs reading one token's 1 KB of
-        # K (and of V) run together: 1-3% over rows-first on the H200 (docs/PERF.md)
-        with T.Kernel(num_kv_heads, batch, num_splits, threads=256) as (kvh, bid, sid):
+        # one work item per (kv head, row, split). Persistent (ctas > 0): `ctas` CTAs take every ctas-th
+        # item, and the ring runs on across items, so the producer gathers the next item's first tiles
+        # while the consumers still finish the last one; otherwise one CTA per item
+        items = num_kv_heads * batch * num_splits
+        with T.Kernel(ctas if ctas else items, threads=256) as cta:
             T.import_source(_WARP_SOURCE)
             T.annotate_min_blocks_per_sm(blocks_per_sm)  # registers capped so that two CTAs share an SM
             k_ring = T.alloc_shared([stages, BLOCK_N, head_dim], kv_dtype)
@@ -135,14 +163,9 @@ def _kernel(
             l_merge = T.alloc_shared([32], accum)
             ready = T.alloc_barrier(arrive_count=[128] * stages)  # producer -> consumers, per stage
             free = T.alloc_barrier(arrive_count=[128] * stages)  # consumers -> producer
-
-            row = T.cast(Rows[bid], "int64")
-            seq_len = T.cast(SeqLens[bid], "int32")
-            # split boundaries on tile multiples (stage 2 recomputes them); a split past the end is empty
-            per_split = T.ceildiv(T.ceildiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-            start = sid * per_split
-            end = T.min(start + per_split, seq_len)
-            num_tiles = T.ceildiv(T.max(end - start, 0), BLOCK_N)
+            my_items = T.ceildiv(T.max(items - cta, 0), ctas) if ctas else 1
+            at = T.alloc_local([7], "int32")
+            done = T.alloc_var("int32", init=0)  # tiles of earlier items: the ring's running position
             tx = T.get_thread_binding()
 
             if tx < 128:  # consumers: gqa_fp8_warp.cuh, a warp per 16 tokens of each tile
@@ -154,69 +177,80 @@ def _kernel(
                 vr = T.alloc_local([d // 8], "uint32")
                 acc = T.alloc_local([d // 4], accum)
                 ml = T.alloc_local([2], accum)
-                for i in T.unroll(d // 4):
-                    acc[i] = 0
-                ml[0] = -(2**30)  # finite: exp2(m_prev - m_new) must not be inf - inf
-                ml[1] = 0
-                T.call_extern(
-                    "handle", f"gqa_fp8::load_q<{d}, {bf16}>", T.address_of(Q[bid, kvh * group, 0]), group,
-                    T.address_of(qa[0]), lane,
-                )  # fmt: skip
-                for t in T.serial(num_tiles):
-                    s = t % stages
-                    T.barrier_wait(ready[s], (t // stages) & 1)
-                    if compute:
-                        T.call_extern(
-                            "handle", f"gqa_fp8::load_kv<{d}>", T.address_of(k_ring[s, 0, 0]),
-                            T.address_of(v_ring[s, 0, 0]), T.address_of(kr[0]), T.address_of(vr[0]), warp, lane,
-                        )  # fmt: skip
-                    T.barrier_arrive(free[s])
-                    if compute:
-                        T.call_extern(
-                            "handle", f"gqa_fp8::attend<{d}>", T.address_of(kr[0]), T.address_of(vr[0]),
-                            T.address_of(qa[0]), T.address_of(acc[0]), T.address_of(ml[0]), warp, lane,
-                            start + t * BLOCK_N, end, sm_scale,
-                        )  # fmt: skip
-                T.call_extern(
-                    "handle", f"gqa_fp8::finish<{d}>", T.address_of(acc[0]), T.address_of(ml[0]),
-                    T.address_of(o_merge[0]), T.address_of(m_merge[0]), T.address_of(l_merge[0]), tx, group,
-                    sm_scale, T.address_of(MidO[bid, kvh * group, sid, 0]), T.cast(num_splits * d, "int64"),
-                    T.address_of(MidLse[bid, kvh * group, sid]), T.cast(num_splits, "int64"),
-                )  # fmt: skip
+                for i in T.serial(my_items):
+                    locate(cta + i * ctas if ctas else cta, Rows, SeqLens, at)
+                    kvh, bid, start, end, num_tiles, sid = at[0], at[1], at[3], at[4], at[5], at[6]
+                    for j in T.unroll(d // 4):
+                        acc[j] = 0
+                    ml[0] = -(2**30)  # finite: exp2(m_prev - m_new) must not be inf - inf
+                    ml[1] = 0
+                    T.call_extern(
+                        "handle", f"gqa_fp8::load_q<{d}, {bf16}>", T.address_of(Q[bid, kvh * group, 0]), group,
+                        T.address_of(qa[0]), lane,
+                    )  # fmt: skip
+                    for t in T.serial(num_tiles):
+                        s = (done + t) % stages
+                        T.barrier_wait(ready[s], ((done + t) // stages) & 1)
+                        if compute:
+                            T.call_extern(
+                                "handle", f"gqa_fp8::load_kv<{d}>", T.address_of(k_ring[s, 0, 0]),
+                                T.address_of(v_ring[s, 0, 0]), T.address_of(kr[0]), T.address_of(vr[0]), warp,
+                                lane,
+                            )  # fmt: skip
+                        T.barrier_arrive(free[s])
+                        if compute:
+                            T.call_extern(
+                                "handle", f"gqa_fp8::attend<{d}>", T.address_of(kr[0]), T.address_of(vr[0]),
+                                T.address_of(qa[0]), T.address_of(acc[0]), T.address_of(ml[0]), warp, lane,
+                                start + t * BLOCK_N, end, sm_scale,
+                            )  # fmt: skip
+                    T.call_extern(
+                        "handle", f"gqa_fp8::finish<{d}, {str(direct).lower()}, {bf16}>", T.address_of(acc[0]),
+                        T.address_of(ml[0]), T.address_of(o_merge[0]), T.address_of(m_merge[0]),
+                        T.address_of(l_merge[0]), tx, group, sm_scale,
+                        T.address_of(Out[bid, kvh * group, 0]) if direct else T.address_of(MidO[bid, kvh * group, sid, 0]),
+                        T.cast(d if direct else num_splits * d, "int64"),
+                        T.address_of(MidLse[bid, kvh * group, sid]), T.cast(num_splits, "int64"),
+                    )  # fmt: skip
+                    done = done + num_tiles
             else:  # producer: 16 bytes a thread and cp.async, `chunks` threads per token row
                 T.set_max_nreg(2 * share - consumer_regs, 0)
                 p = tx - 128
                 lane_row = p // chunks
                 lane_chunk = p % chunks
-                last = T.max(end - 1, 0)
                 # The slots of tile t are read `ahead` tiles before its copies are issued (unrolled, so
                 # slots[j] stays in registers): the table read's round trip, about as long as a tile's
                 # copies under load, otherwise bounds the tiles a CTA has in flight.
                 slots = T.alloc_local([ahead, row_passes], "int64")
-                for j in T.unroll(ahead):
-                    lookup(Table, row, slots, j, start + j * BLOCK_N, last, lane_row)
-                for g in T.serial(T.ceildiv(num_tiles, ahead)):
+                for i in T.serial(my_items):
+                    locate(cta + i * ctas if ctas else cta, Rows, SeqLens, at)
+                    kvh, row, start, num_tiles = at[0], at[2], at[3], at[5]
+                    last = T.max(at[4] - 1, 0)
                     for j in T.unroll(ahead):
-                        t = g * ahead + j
-                        if t < num_tiles:
-                            s = t % stages
-                            T.barrier_wait(free[s], ((t // stages) & 1) ^ 1)
-                            for r in T.unroll(row_passes):
-                                tok = r * rows_per_pass + lane_row
-                                col = (lane_chunk ^ (tok % chunks)) * 16  # the swizzle the warps read
-                                if load:
-                                    T.ptx_cp_async(
-                                        T.access_ptr(k_ring[s, tok, col], "w", 16),
-                                        T.access_ptr(K[slots[j, r], kvh, lane_chunk * 16], "r", 16),
-                                        16,
-                                    )
-                                    T.ptx_cp_async(
-                                        T.access_ptr(v_ring[s, tok, col], "w", 16),
-                                        T.access_ptr(V[slots[j, r], kvh, lane_chunk * 16], "r", 16),
-                                        16,
-                                    )
-                            T.cp_async_barrier_noinc(ready[s])
-                            lookup(Table, row, slots, j, start + (t + ahead) * BLOCK_N, last, lane_row)
+                        lookup(Table, row, slots, j, start + j * BLOCK_N, last, lane_row)
+                    for g in T.serial(T.ceildiv(num_tiles, ahead)):
+                        for j in T.unroll(ahead):
+                            t = g * ahead + j
+                            if t < num_tiles:
+                                s = (done + t) % stages
+                                T.barrier_wait(free[s], (((done + t) // stages) & 1) ^ 1)
+                                for r in T.unroll(row_passes):
+                                    tok = r * rows_per_pass + lane_row
+                                    col = (lane_chunk ^ (tok % chunks)) * 16  # the swizzle the warps read
+                                    if load:
+                                        T.ptx_cp_async(
+                                            T.access_ptr(k_ring[s, tok, col], "w", 16),
+                                            T.access_ptr(K[slots[j, r], kvh, lane_chunk * 16], "r", 16),
+                                            16,
+                                        )
+                                        T.ptx_cp_async(
+                                            T.access_ptr(v_ring[s, tok, col], "w", 16),
+                                            T.access_ptr(V[slots[j, r], kvh, lane_chunk * 16], "r", 16),
+                                            16,
+                                        )
+                                T.cp_async_barrier_noinc(ready[s])
+                                lookup(Table, row, slots, j, start + (t + ahead) * BLOCK_N, last, lane_row)
+                    done = done + num_tiles
 
     return tilelang.compile(gqa_decode_fp8, target="cuda", pass_configs={"tl.enable_fast_math": True})
 
@@ -233,26 +267,33 @@ def stage1(
     seq_lens: torch.Tensor,
     scale: float,
     num_splits: int,
-    stages: int = STAGES,
+    stages: int | None = None,
     ahead: int = AHEAD,
     opts: tuple[str, ...] = (),
     blocks_per_sm: int = BLOCKS_PER_SM,
+    persistent: bool = PERSISTENT,
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`triton.stage1`'s contract (partial outputs [B, Hq, splits, D] and their base-2 LSE, float32) for
-    what `supported` covers; split boundaries are multiples of BLOCK_N (tell stage 2)."""
+    what `supported` covers; split boundaries are multiples of BLOCK_N (tell stage 2). With `out` (one
+    split, heads dense): the attention output goes straight to `out`, and the partials are not written."""
     batch, num_q_heads, head_dim = q.shape
+    direct = out is not None
+    assert not direct or (num_splits == 1 and out.stride(1) == head_dim and out.stride(2) == 1)
     num_kv_heads = k_pool.shape[1]
     assert k_pool.is_contiguous() and v_pool.is_contiguous(), "K/V pools are [slots, kv heads, dim], dense"
     assert q.stride(1) == head_dim and q.stride(2) == 1 and req_to_token.stride(1) == 1
     req_to_token = req_to_token.contiguous()  # a no-op for the engine's table
+    stages = stages or (STAGES if head_dim <= 128 else 4)
     kernel = _kernel(
         num_kv_heads, num_q_heads // num_kv_heads, head_dim, _TL_DTYPE[q.dtype], _TL_DTYPE[req_to_token.dtype],
         _TL_DTYPE[rows.dtype], _TL_DTYPE[seq_lens.dtype], float(scale * LOG2E), stages, ahead, opts, blocks_per_sm,
+        blocks_per_sm * num_sms(q.device) if persistent else 0, direct,
     )  # fmt: skip
     mid_o = torch.empty(batch, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(batch, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
     if batch:
-        kernel(q, k_pool, v_pool, req_to_token, rows, seq_lens, mid_o, mid_lse)
+        kernel(q, k_pool, v_pool, req_to_token, rows, seq_lens, mid_o, mid_lse, q if out is None else out)
     return mid_o, mid_lse
 
 
@@ -267,12 +308,20 @@ def decode_attention(
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`reference.decode_attention`'s contract. An fp8 pool that `supported` covers runs this stage 1
-    and Triton's stage 2; anything else (16-bit pools, float32 tests) runs the Triton kernel whole.
-    `num_splits` None: chosen from the batch and req_to_token's width (no sync); fix it under graphs."""
+    """`reference.decode_attention`'s contract. An fp8 pool that `supported` covers runs this stage 1:
+    with one split it writes the output itself, otherwise Triton's stage 2 merges the splits. Anything
+    else (16-bit pools, float32 tests) runs the Triton kernel whole. `num_splits` None: chosen from the
+    batch and req_to_token's width (no sync); fix it under graphs."""
     from runtime.gpu.kernels.decode_attention import triton
 
     args = (q, k_pool, v_pool, req_to_token, rows, seq_lens, scale)
     if not supported(q, k_pool):
         return triton.decode_attention(*args, num_splits, out)
+    if num_splits is None:
+        num_splits = choose_num_splits(q.shape[0], k_pool.shape[1], req_to_token.shape[1], q.device)
+    if num_splits == 1 and (out is None or out.stride(1) == q.shape[2]):
+        # the merge would only copy: skipping it saves a launch and 8 us a layer at B=256 (docs/PERF.md)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
+        stage1(*args, 1, out=out)
+        return out
     return triton.split_kv(stage1, BLOCK_N, *args, num_splits, out)

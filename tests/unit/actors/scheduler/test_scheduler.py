@@ -5,6 +5,7 @@ output. `expected_tokens` is what each request must produce, whatever the batchi
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 
 import pytest
@@ -173,3 +174,20 @@ def test_abort_with_steps_in_flight_frees_everything():
     assert results.finish == {"a": "abort", "b": "abort"}
     assert results.stats.kv_pages_used == 0 and results.stats.protected_tokens == 0
     assert not sched.reqs and not sched.planner.running and not sched.planner.waiting
+
+
+def test_step_trace_accounts_for_every_prompt_and_decode_token(tmp_path, monkeypatch):
+    trace = tmp_path / "steps.jsonl"
+    monkeypatch.setenv("CONDUIT_STEP_TRACE", str(trace))
+    reqs = [tokenized(f"r{i}", list(range(1, 101 + i)), 30) for i in range(8)]
+    results, sched = run(ServerConfig(max_total_tokens=8192, chunked_prefill_size=256), reqs)
+    assert_all_correct(results, reqs)
+    sched._trace_file.close()
+    lines = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert [x["step"] for x in lines] == list(range(len(lines)))
+    assert sum(x["prefill_tokens"] for x in lines) == sum(len(r.input_ids) for r in reqs)
+    assert max(x["prefill_tokens"] for x in lines) <= 256  # chunked
+    # each request's first token comes from its prefill; every later one from a decode row (the overlap
+    # step may decode one row past the end, whose token is dropped)
+    decoded = sum(x["decode"] for x in lines)
+    assert sum(len(results.tokens[r.rid]) - 1 for r in reqs) <= decoded <= sum(r.max_new_tokens for r in reqs)
