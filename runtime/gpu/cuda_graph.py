@@ -55,7 +55,7 @@ class DecodeGraphs:
         self.copied: list[torch.cuda.Event | None] = [None, None]
         self.turn = 0
         self.inputs = torch.zeros(len(_PAD), max_bs, dtype=torch.int64, device=dev)
-        self.logits = torch.zeros(max_bs, runner.vocab_size, dtype=torch.float32, device=dev)
+        self.logits = torch.zeros(max_bs, runner.vocab_size, dtype=runner.logits_dtype, device=dev)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (batch, context) buckets
         if self.capture_graphs:
             self._capture()

@@ -106,6 +106,8 @@ class ModelRunner:
         self.vocab_size: int = self.config.vocab_size
         self.eos_token_ids: list[int] = _eos_ids(path, self.config)
         self.model = self._load_model(path)
+        # what compute_logits returns (the CUDA graphs' logits buffer): float32 unless the model says
+        self.logits_dtype: torch.dtype = getattr(self.model, "logits_dtype", torch.float32)
         # False for models whose per-request state cannot start from a cached prefix (DeepSeek-V4's
         # sliding-window and compressor state): the engine then runs without the radix cache.
         self.supports_prefix_cache: bool = getattr(self.model, "supports_prefix_cache", True)
@@ -255,9 +257,10 @@ class ModelRunner:
         return ev
 
     def forward_logits(self, plan: StepPlan) -> torch.Tensor:
-        """Logits of the sampled rows, without sampling (for tests and scoring)."""
+        """float32 logits of the sampled rows, without sampling (for tests and scoring)."""
         with torch.inference_mode():
-            return self._forward_plan(plan)[0].clone()  # a graph's logits buffer is reused next step
+            # a copy: a graph's logits buffer is reused next step
+            return self._forward_plan(plan)[0].to(torch.float32, copy=True)
 
     def _forward_plan(self, plan: StepPlan) -> tuple[torch.Tensor, list[int], torch.Tensor]:
         _check_plan(plan, self.cfg)

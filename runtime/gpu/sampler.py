@@ -91,9 +91,14 @@ class Sampler:
         self.rows.pop(row, None)
 
     def sample(self, logits: torch.Tensor, rows: list[int], rows_t: torch.Tensor) -> SampleResult:
-        """logits: [B, V] float32 for `rows` (host list and the same rows as a device tensor)."""
+        """logits: [B, V] for `rows` (host list and the same rows as a device tensor), float32 or the
+        model's 16-bit dtype: an all-greedy batch without penalties or logprobs takes the argmax as is,
+        anything else computes in float32."""
         states = [self.rows[r] for r in rows]
         k_asked = [s.params.logprobs for s in states]
+        plain_greedy = all(s.params.greedy and not s.penalized for s in states) and all(k is None for k in k_asked)
+        if not plain_greedy:
+            logits = logits.float()
         raw_logprobs = None
         if any(k is not None for k in k_asked):
             raw_logprobs = torch.log_softmax(logits.float(), dim=-1)

@@ -179,5 +179,11 @@ class LlamaForCausalLM(nn.Module):
         """Final hidden states of every token, [T, hidden]."""
         return self.model(input_ids, positions, batch)
 
+    @property
+    def logits_dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        """In the model's dtype: the sampler widens to float32 where it computes, and a greedy argmax
+        does not need to (widening keeps the order). At B=256 that saves a 130 MB copy a step."""
+        return self.lm_head(hidden)

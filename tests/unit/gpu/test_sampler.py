@@ -195,3 +195,19 @@ def test_seeded_rows_follow_the_softmax_distribution():
         counts += torch.bincount(sample(s, logits, list(range(1, 9))).tokens, minlength=V)
     freq = counts[:3] / counts.sum()
     torch.testing.assert_close(freq, torch.softmax(logits[0, :3], -1), atol=0.04, rtol=0)
+
+
+def test_bf16_logits_greedy_argmax_as_is_and_everything_else_in_float32():
+    """The CUDA graphs hand the sampler bf16 logits (Llama): greedy rows take the argmax unwidened,
+    sampled rows, penalties and logprobs compute on the float32 widening."""
+    logits = torch.randn(3, V, generator=torch.Generator().manual_seed(7)).bfloat16()
+    widened = logits.float()
+    greedy = make({1: P(temperature=0.0), 2: P(temperature=0.0), 3: P(top_k=1)})
+    assert sample(greedy, logits, [1, 2, 3]).tokens.tolist() == widened.argmax(-1).tolist()
+    with_logprobs = make({1: P(temperature=0.0, logprobs=2)})
+    out = sample(with_logprobs, logits[:1], [1])
+    assert out.logprobs.dtype == torch.float32
+    assert torch.allclose(out.logprobs, torch.log_softmax(widened[:1], -1).max(-1).values)
+    mixed = make({1: P(temperature=0.0), 2: P(temperature=1.0, top_p=0.9), 3: P(repetition_penalty=1.3)})
+    tokens = sample(mixed, logits, [1, 2, 3]).tokens
+    assert tokens[0] == widened[0].argmax() and ((0 <= tokens) & (tokens < V)).all()
