@@ -37,7 +37,8 @@ STAGES = 5  # ring buffers of fp8 K and V (16 KB a stage at d 128; 4 at d 256)
 AHEAD = 2  # the producer looks slots up this many tiles before it copies them
 BLOCKS_PER_SM = 2  # CTAs an SM should hold (caps registers at 65536 / (256 x this))
 # Two persistent CTAs an SM walk the work items, against one CTA per item: 2-4% faster per layer at
-# B=64-256 on the H200, where a CTA per item spends its start-up (row, length and slot loads) idle
+# B=64-256 on the H200, where a CTA per item spends its start-up (row, length and slot loads) idle. With
+# no more items than CTAs there is nothing to walk: those launches keep a CTA per item (docs/PERF.md).
 PERSISTENT = True
 
 _TL_DTYPE = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.int32: "int32", torch.int64: "int64"}
@@ -285,10 +286,11 @@ def stage1(
     assert q.stride(1) == head_dim and q.stride(2) == 1 and req_to_token.stride(1) == 1
     req_to_token = req_to_token.contiguous()  # a no-op for the engine's table
     stages = stages or (STAGES if head_dim <= 128 else 4)
+    ctas = blocks_per_sm * num_sms(q.device)
     kernel = _kernel(
         num_kv_heads, num_q_heads // num_kv_heads, head_dim, _TL_DTYPE[q.dtype], _TL_DTYPE[req_to_token.dtype],
         _TL_DTYPE[rows.dtype], _TL_DTYPE[seq_lens.dtype], float(scale * LOG2E), stages, ahead, opts, blocks_per_sm,
-        blocks_per_sm * num_sms(q.device) if persistent else 0, direct,
+        ctas if persistent and batch * num_kv_heads * num_splits > ctas else 0, direct,
     )  # fmt: skip
     mid_o = torch.empty(batch, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(batch, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
