@@ -1,5 +1,6 @@
 """`loadgen`: serve (benchmark a running server), ab (start several server configurations in turn and
-benchmark each), compare (two result files), steps (engine steps), sched (scheduler cost)."""
+benchmark each), compare (two result files), steps (engine steps), sched (scheduler cost), trace (a
+server's step trace by kind of step)."""
 
 from __future__ import annotations
 
@@ -121,11 +122,14 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser("steps", help="time engine steps (prefill, decode) without HTTP")
         steps_args(p)
         p.set_defaults(func=_steps)
-    from loadgen import sched_bench
+    from loadgen import sched_bench, step_trace
 
     p = sub.add_parser("sched", help="scheduler planning cost per step with a null model (CPU)")
     sched_bench.add_args(p)
     p.set_defaults(func=sched_bench.main)
+    p = sub.add_parser("trace", help="a server's device time by kind of step, from CONDUIT_STEP_TRACE")
+    step_trace.add_args(p)
+    p.set_defaults(func=step_trace.main)
     return parser
 
 
