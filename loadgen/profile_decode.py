@@ -1,8 +1,9 @@
 """Per-kernel device time of a decode step (Llama-3.1-8B preset, dummy bf16 weights, 1K context unless
---context-len; --kv-cache-dtype fp8_e4m3 for an fp8 pool) at batch 1 and 256, with the graph and eager step times side by side: `python -m loadgen.profile_decode`
-on a CUDA machine. Both the graph replay and the eager step are profiled (CUPTI sees the kernels a
-graph launches): per-kernel device time, kernels per step, and the gaps between kernels (the span from
-the first kernel's start to the last one's end, minus kernel time)."""
+--context-len; --kv-cache-dtype fp8_e4m3 for an fp8 pool) at batch 1 and 256, with the graph and eager
+step times side by side: `python -m loadgen.profile_decode` on a CUDA machine. Both the graph replay and
+the eager step are profiled (CUPTI sees the kernels a graph launches): per-kernel device time, kernels
+per step, and the gaps between kernels (the span from the first kernel's start to the last one's end,
+minus kernel time)."""
 
 from __future__ import annotations
 

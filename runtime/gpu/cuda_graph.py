@@ -5,9 +5,9 @@ bucket >= B (and, for a backend whose graphs' work grows with the context they a
 smallest context bucket that holds its longest row: `AttentionBackend.graph_contexts`). Its inputs
 live in one static device buffer, filled per step from a pinned host buffer with one copy; the graph
 itself gathers fed-back tokens from `last_token`, writes the new slots into `req_to_token`, runs the
-model and writes float32 logits into a static buffer. Padding rows use row 0,
-position 0, KV slot 0 and length 1: they write and read only the reserved padding slot, and their
-logits are sliced away. Mixed and prefill steps run eagerly.
+model and writes the logits into a static buffer (in `runner.logits_dtype`: bf16 for Llama). Padding
+rows use row 0, position 0, KV slot 0 and length 1: they write and read only the reserved padding slot,
+and their logits are sliced away. Mixed and prefill steps run eagerly.
 
 Off CUDA (or with `capture=False`) the same padded static-buffer path runs eagerly: that is how the CPU
 tests check the padding and buffer logic against the plain path."""

@@ -15,9 +15,11 @@ needs the e4m3 tile converted to float16 in shared memory first. Here:
   rows, at most 8) with an online softmax in float32 base 2. They never synchronise inside the loop;
   they merge their states once, at the end.
 
-One CTA per (kv head, row, split); two fit an SM (setmaxnreg gives the consumers 160 registers). The
-output is stage 1's contract in `triton.py` (a normalised float32 partial and its base-2 log-sum-exp
-per split), merged by its stage 2.
+A work item is a (kv head, row, split). With more items than fit the GPU, two persistent CTAs an SM
+walk them, the ring running on from one item to the next; otherwise a CTA per item. Two CTAs fit an SM
+(setmaxnreg gives the consumers 160 registers). The output is stage 1's contract in `triton.py` (a
+normalised float32 partial and its base-2 log-sum-exp per split), merged by its stage 2; with one split
+the kernel writes the attention output itself instead (`triton.split_kv(direct=True)`).
 """
 
 # No `from __future__ import annotations`: TileLang reads the prim_func parameter annotations (T.Tensor
@@ -27,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from runtime.gpu.kernels.common import LOG2E, choose_num_splits, num_sms
+from runtime.gpu.kernels.common import LOG2E, num_sms
 from runtime.gpu.kernels.registry import is_hopper as _hopper
 from runtime.gpu.kernels.registry import tilelang_importable as _importable
 
@@ -319,11 +321,4 @@ def decode_attention(
     args = (q, k_pool, v_pool, req_to_token, rows, seq_lens, scale)
     if not supported(q, k_pool):
         return triton.decode_attention(*args, num_splits, out)
-    if num_splits is None:
-        num_splits = choose_num_splits(q.shape[0], k_pool.shape[1], req_to_token.shape[1], q.device)
-    if num_splits == 1 and (out is None or out.stride(1) == q.shape[2]):
-        # the merge would only copy: skipping it saves a launch and 8 us a layer at B=256 (docs/PERF.md)
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
-        stage1(*args, 1, out=out)
-        return out
-    return triton.split_kv(stage1, BLOCK_N, *args, num_splits, out)
+    return triton.split_kv(stage1, BLOCK_N, *args, num_splits, out, direct=True)

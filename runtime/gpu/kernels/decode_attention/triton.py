@@ -231,17 +231,24 @@ def split_kv(
     scale: float,
     num_splits: int | None,
     out: torch.Tensor | None,
+    direct: bool = False,
 ) -> torch.Tensor:
     """Flash-decoding around a stage 1 (this module's or `tilelang.stage1`, whose splits are multiples
     of `block_n`): the output buffer, the split count when not given (from the batch and req_to_token's
-    width, an upper bound on lengths, so no sync), then stage 2."""
+    width, an upper bound on lengths, so no sync), then stage 2. `direct`: stage1_fn takes `out=` and,
+    with one split, writes the output itself (dense heads), so stage 2 does not run."""
     out = torch.empty_like(q) if out is None else out
     assert out.stride(2) == 1
     if q.shape[0] == 0:
         return out
     if num_splits is None:
         num_splits = choose_num_splits(q.shape[0], k_pool.shape[1], req_to_token.shape[1], q.device)
-    mid_o, mid_lse = stage1_fn(q, k_pool, v_pool, req_to_token, rows, seq_lens, scale, num_splits)[:2]
+    args = (q, k_pool, v_pool, req_to_token, rows, seq_lens, scale, num_splits)
+    if direct and num_splits == 1 and out.stride(1) == q.shape[2]:
+        # the merge would only copy: skipping it saves a launch and 8 us a layer at B=256 (docs/PERF.md)
+        stage1_fn(*args, out=out)
+        return out
+    mid_o, mid_lse = stage1_fn(*args)[:2]
     return merge_splits(mid_o, mid_lse, seq_lens, out, block_n)
 
 
