@@ -3,7 +3,9 @@
 step times side by side: `python -m loadgen.profile_decode` on a CUDA machine. Both the graph replay and
 the eager step are profiled (CUPTI sees the kernels a graph launches): per-kernel device time, kernels
 per step, and the gaps between kernels (the span from the first kernel's start to the last one's end,
-minus kernel time)."""
+minus kernel time). `--prefill 16x1000` profiles a prefill step instead: 16 fresh prompts of 1000 tokens
+each, with `--batch-sizes` rows decoding alongside (0 for none), as the mixed steps of a chunked-prefill
+server are."""
 
 from __future__ import annotations
 
@@ -21,14 +23,16 @@ CTX = 1024
 ROOM = 64  # decode positions per row past the context
 
 
-def _runner(batch: int, graph: bool, ctx: int, kv_cache_dtype: str) -> ModelRunner:
+def _runner(
+    batch: int, graph: bool, ctx: int, kv_cache_dtype: str, prefill: int = 0, length: int = 0
+) -> ModelRunner:
     cfg = RunnerConfig(
         "llama-3.1-8b",
         device="cuda",
         load_format="dummy",
-        num_kv_slots=batch * (ctx + ROOM) + 8,
-        max_reqs=batch,
-        max_model_len=ctx + ROOM,
+        num_kv_slots=batch * (ctx + ROOM) + prefill * length + 8,
+        max_reqs=batch + prefill,
+        max_model_len=max(ctx + ROOM, length),
         cuda_graph=graph,
         kv_cache_dtype=kv_cache_dtype,
     )
@@ -60,6 +64,40 @@ def _steps(batch: int, ctx: int):
         pos, step = pos + 1, step + 1
 
 
+def _mixed_steps(batch: int, ctx: int, prompts: int, length: int):
+    """Plans of `prompts` fresh prompts of `length` tokens each, behind `batch` decode rows at `ctx`
+    (the scheduler puts decode rows first). The prompt rows are released and admitted again every step,
+    reusing their slots, so every step is the same prefill."""
+    params = SamplingParams(temperature=0)
+    base = [1 + i * (ctx + ROOM) for i in range(batch)]
+    dec_rows = list(range(1, batch + 1))
+    pre_rows = list(range(batch + 1, batch + prompts + 1))
+    pre_base = 1 + batch * (ctx + ROOM)
+    ids = [(7 * i) % 30000 + 1 for i in range(prompts * length)]
+    pre_loc = list(range(pre_base, pre_base + prompts * length))
+    pos, step = ctx - 1, 0
+    while True:
+        first = step == 0
+        added = [SeqStart(r, params, [1], [], []) for r in pre_rows]
+        if first:
+            added = [
+                SeqStart(i + 1, params, [1], list(range(b, b + ctx)), []) for i, b in enumerate(base)
+            ] + added
+        yield StepPlan(
+            step,
+            added,
+            [] if first else pre_rows,
+            dec_rows + pre_rows,
+            [pos] * batch + [0] * prompts,
+            [1] * batch + [length] * prompts,
+            [not first] * batch + [False] * prompts,
+            ([5] * batch if first else []) + ids,
+            [b + pos for b in base] + pre_loc,
+            [True] * (batch + prompts),
+        )
+        pos, step = pos + 1, step + 1
+
+
 def _report(prof, steps: int = 5) -> None:
     per_kernel: dict[str, float] = defaultdict(float)
     count = 0
@@ -81,7 +119,34 @@ def main() -> None:
     parser.add_argument("--cuda-graph", choices=("on", "off", "both"), default="both")
     parser.add_argument("--context-len", type=int, default=CTX, help="cached tokens per row")
     parser.add_argument("--kv-cache-dtype", default="auto", help="auto (bf16) or fp8_e4m3")
+    parser.add_argument("--prefill", default="", help="PROMPTSxLENGTH: profile a prefill step (eager)")
     args = parser.parse_args()
+    if args.prefill:
+        prompts, length = (int(x) for x in args.prefill.split("x"))
+        for batch in (int(b) for b in args.batch_sizes.split(",")):
+            runner = _runner(batch, False, args.context_len, args.kv_cache_dtype, prompts, length)
+            plans = _mixed_steps(batch, args.context_len, prompts, length)
+            for _ in range(3):
+                runner.execute(next(plans))
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(5):
+                runner.execute(next(plans))
+            torch.cuda.synchronize()
+            ms = (time.perf_counter() - t) / 5 * 1e3
+            print(
+                f"prefill {prompts}x{length} + {batch} decode rows: {ms:.3f} ms/step, "
+                f"{prompts * length / ms:.1f}k prompt tok/s",
+                flush=True,
+            )
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(3):
+                    runner.execute(next(plans))
+                torch.cuda.synchronize()
+            _report(prof, steps=3)
+            del runner
+            torch.cuda.empty_cache()
+        return
     graphs = {"on": (True,), "off": (False,), "both": (True, False)}[args.cuda_graph]
     for batch in (int(b) for b in args.batch_sizes.split(",")):
         for graph in graphs:

@@ -51,6 +51,13 @@ def mixed_decode_kernel() -> bool:
     return os.environ.get("CONDUIT_MIXED_DECODE_KERNEL", "1") != "0"
 
 
+def fresh_prefill_kernel() -> bool:
+    """$CONDUIT_FRESH_PREFILL_KERNEL=0 sends prefill rows with no cached prefix through the extend kernel
+    (keys gathered from the pool) instead of the prefill kernel (attention/triton_backend.py), for
+    before/after runs."""
+    return os.environ.get("CONDUIT_FRESH_PREFILL_KERNEL", "1") != "0"
+
+
 def step_trace_path() -> str | None:
     """$CONDUIT_STEP_TRACE=file: the scheduler appends a JSON line per step (rows, decode rows, prefill
     tokens, device start and end), for finding where a benchmark's time goes."""

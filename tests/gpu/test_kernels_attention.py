@@ -148,6 +148,38 @@ def test_extend_attention_matches_reference(name: str, dtype: torch.dtype, shape
     assert close_ratio(got, want, *TOLERANCE[dtype]) <= 1.0
 
 
+PREFILL_SHAPES = [  # rows' lengths, q heads, kv heads, head_dim
+    ([1000] * 4, 32, 8, 128),
+    ([1, 2, 127, 128, 129, 64, 700], 32, 8, 128),
+    ([333, 5], 8, 8, 64),
+    ([300, 77], 16, 2, 256),
+]
+
+
+@pytest.mark.parametrize("name", impl_names("prefill_attention"))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(
+    "shape", PREFILL_SHAPES, ids=lambda s: "n{}-max{}-h{}/{}-d{}".format(len(s[0]), max(s[0]), *s[1:])
+)
+def test_prefill_attention_matches_reference(name: str, dtype: torch.dtype, shape: tuple) -> None:
+    """Rows of no cached prefix over their own keys: q, k, v slices of one fused qkv output, rows at
+    offsets inside a longer step (the tokens around them belong to other kernels and stay untouched)."""
+    lens, hq, hkv, d = shape
+    g = torch.Generator("cuda").manual_seed(len(lens))
+    lead, total = 3, sum(lens) + 5
+    qkv = torch.randn(total, (hq + 2 * hkv) * d, generator=g, device="cuda").to(dtype)
+    q, k, v = (t.view(total, -1, d) for t in qkv.split([hq * d, hkv * d, hkv * d], dim=-1))
+    starts = torch.tensor([lead + sum(lens[:i]) for i in range(len(lens))], device="cuda")
+    lens_t = torch.tensor(lens, device="cuda")
+    canvas = torch.full((total, hq, d), 7.0, dtype=dtype, device="cuda")
+    want = load_reference("prefill_attention")(q, k, v, starts, lens_t, d**-0.5, out=canvas.clone())
+    got = load_impl("prefill_attention", name)(
+        q, k, v, starts, lens_t, d**-0.5, max(lens), out=canvas.clone()
+    )
+    assert close_ratio(got, want, *TOLERANCE[dtype]) <= 1.0
+    assert bool((got[:lead] == 7).all()) and bool((got[lead + sum(lens) :] == 7).all())
+
+
 def test_triton_backend_is_the_cuda_choice_and_matches_the_torch_backend() -> None:
     """Prefill, a mixed step and decode steps through both backends on one cache give the same outputs."""
     from runtime.gpu.attention.torch_ref import TorchAttentionBackend
@@ -160,9 +192,12 @@ def test_triton_backend_is_the_cuda_choice_and_matches_the_torch_backend() -> No
     cache = KVCache(1, 20000, hkv, d, dtype, "cuda")
     r2t = torch.zeros(8, 4096, dtype=torch.int64, device="cuda")
     free = (torch.randperm(19999) + 1).tolist()
-    lens = dict.fromkeys(range(1, 6), 0)
+    lens = dict.fromkeys(range(1, 7), 0)
+    # fresh prompts (the prefill kernel), one of one token behind a long one, decode rows ahead of them
     steps = [{1: 1000, 2: 37}, {1: 1, 2: 1, 3: 513, 4: 1}, {1: 1, 2: 1, 3: 1, 4: 1, 5: 2000}]
-    steps += [dict.fromkeys(range(1, 6), 1)] * 3
+    # a row continuing its cached prefix (the extend kernel) next to a fresh one, in one step
+    steps += [{1: 1, 2: 1, 3: 1, 4: 200, 5: 1, 6: 300}]
+    steps += [dict.fromkeys(range(1, 7), 1)] * 3
     for ext in steps:
         rows = list(ext)
         out_loc, positions = [], []

@@ -102,8 +102,9 @@ def test_rope_matches_reference_on_qkv_slices(impls, dtype, tokens: int, hq: int
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("tokens,hq,hkv,d", [(1, 32, 8, 128), (100, 9, 3, 64), (4096, 32, 8, 128)])
 @pytest.mark.parametrize("rms", [False, True], ids=["plain", "folded_norm"])
+@pytest.mark.parametrize("write_kv", [False, True], ids=["", "write_kv"])
 def test_rope_store_matches_reference_and_writes_only_its_slots(
-    impls, dtype, tokens: int, hq: int, hkv: int, d: int, rms: bool
+    impls, dtype, tokens: int, hq: int, hkv: int, d: int, rms: bool, write_kv: bool
 ) -> None:
     fn, ref = _load(impls[0]), impls[1].load()
     g = torch.Generator("cuda").manual_seed(tokens)
@@ -119,9 +120,14 @@ def test_rope_store_matches_reference_and_writes_only_its_slots(
     if dtype == torch.bfloat16 and tokens == 100:  # also into an fp8 pool (--kv-cache-dtype fp8_e4m3)
         pools = [p.to(torch.float8_e4m3fn) for p in pools]
     mine, theirs = [p.clone() for p in pools], [p.clone() for p in pools]
-    extra = (_residual_stream(tokens, dtype, 1000), 1e-6) if rms else ()
-    got = fn(pos, q, k, v, cos, sin, loc, *mine, *extra)
-    want = ref(pos, q, k, v, cos, sin, loc, *theirs, *extra)
+    x, eps = (_residual_stream(tokens, dtype, 1000), 1e-6) if rms else (None, 0.0)
+    qkv_theirs = qkv.clone()  # write_kv overwrites k and v: each side gets its own
+    q2, k2, v2 = (t.view(tokens, -1, d) for t in qkv_theirs.split([hq * d, hkv * d, hkv * d], dim=-1))
+    got = fn(pos, q, k, v, cos, sin, loc, *mine, x, eps, write_kv)
+    want = ref(pos, q2, k2, v2, cos, sin, loc, *theirs, x, eps, write_kv)
     assert close_ratio(got, want, *ULP[dtype]) <= 1.0
     for a, b in zip(mine, theirs, strict=True):
         assert close_ratio(a, b, *ULP[dtype]) <= 1.0
+    # k and v as stored (rotated, scaled, in their own dtype) when write_kv; untouched otherwise
+    assert close_ratio(qkv, qkv_theirs, *ULP[dtype]) <= 1.0
+    assert torch.equal(qkv[:, : hq * d], qkv_theirs[:, : hq * d])  # q is returned, never overwritten

@@ -84,12 +84,19 @@ class AttentionBackend(ABC):
 
     @staticmethod
     def rope_and_store(
-        layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch, rope: Rope | None
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        batch: ForwardBatch,
+        rope: Rope | None,
+        write_kv: bool = False,
     ) -> torch.Tensor:
         """Store the new k (rotated when `rope` is given) and v in the layer's pools; returns q, rotated.
         For backends that read every key back from the pools (the rotated k is not returned). One fused
         kernel on CUDA (`rope_store` op): rotating and storing separately cost three extra
-        launches per layer, which a batch-1 decode step feels."""
+        launches per layer, which a batch-1 decode step feels. `write_kv`: k and v are also overwritten
+        with what was stored (rotated, scaled, in their own dtype), for kernels that read them there."""
         cache = batch.kv_cache
         if rope is None:
             cache.store(layer, batch.out_loc, k, v)
@@ -97,5 +104,5 @@ class AttentionBackend(ABC):
         op = registry.get("rope_store", q.device)
         return op(
             rope.positions, q, k, v, rope.cos, rope.sin, batch.out_loc, cache.k[layer], cache.v[layer],
-            rope.rms_x, rope.rms_eps,
+            rope.rms_x, rope.rms_eps, write_kv,
         )  # fmt: skip

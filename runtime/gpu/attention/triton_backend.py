@@ -7,7 +7,10 @@ leading rows of one new token (the scheduler puts decodes first) run the decode 
 rest the extend kernel, each writing its own tokens of one output: the extend kernel would give each
 decode row one program per q head over a 64-query block (the kv head's KV read once per q head, 63 of
 64 query rows idle). `CONDUIT_MIXED_DECODE_KERNEL=0` sends a mixed step's decode rows through the
-extend kernel as before, for comparisons.
+extend kernel as before, for comparisons. Of the other rows, those with no cached prefix (a prompt's
+first chunk) run the prefill kernel, which reads the step's own k/v (written back rotated as they are
+stored) instead of gathering them from the pool; rows that continue a cached prefix run the extend
+kernel. `CONDUIT_FRESH_PREFILL_KERNEL=0` sends them all to the extend kernel, for comparisons.
 The kernels come from the op registry, so `CONDUIT_KERNEL_DECODE_ATTENTION=reference` (or
 `..._EXTEND_ATTENTION`) swaps one for its reference for comparisons."""
 
@@ -15,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -37,52 +39,72 @@ class _Meta:
     max_extend: int
     num_splits: int
     num_decode: int = 0  # mixed steps: the leading rows of one token, which run the decode kernel
+    # rows with no cached prefix: (q_starts, extend_lens, longest), for the prefill kernel
+    fresh: tuple[torch.Tensor, torch.Tensor, int] | None = None
+    # the other non-decode rows: (rows, prefix_lens, extend_lens, q_starts, longest), for the extend kernel
+    cached: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None
 
 
 class TritonAttentionBackend(AttentionBackend):
     # The kernels; bound from the registry on the first step's device unless set beforehand (tests).
     decode_fn: Callable[..., torch.Tensor] | None = None
     extend_fn: Callable[..., torch.Tensor] | None = None
+    prefill_fn: Callable[..., torch.Tensor] | None = None
 
     def prepare(self, batch: ForwardBatch) -> None:
         device = batch.input_ids.device
-        if self.decode_fn is None:
-            self.decode_fn = registry.get("decode_attention", device)
-        if self.extend_fn is None:
-            self.extend_fn = registry.get("extend_attention", device)
+        self._bind(device)
         prefix, ext = batch.prefix_lens, batch.extend_lens
         starts, seq_lens, total = [], [], 0
         for p, e in zip(prefix, ext, strict=True):
             starts.append(total)
             seq_lens.append(p + e)
             total += e
-        host = torch.tensor([batch.rows_list, prefix, ext, starts, seq_lens], dtype=torch.int64)
-        rows, prefix_t, ext_t, starts_t, seq_t = host.to(device, non_blocking=True).unbind(0)
         decode = bool(ext) and all(e == 1 for e in ext)
         # decode rows: all of them, or in a mixed step its leading single-token rows
         if decode or not self.mixed_decode:
             n_dec = len(ext) if decode else 0
         else:
             n_dec = next((i for i, e in enumerate(ext) if e != 1), len(ext))
+        rest = range(n_dec, len(ext)) if not decode else range(0)
+        fresh = [i for i in rest if prefix[i] == 0] if self.fresh_prefill else []
+        cached = [i for i in rest if not fresh or prefix[i] != 0]
+        # one host tensor, one copy: the step's columns, then the fresh and the cached rows' own
+        cols = [batch.rows_list, prefix, ext, starts, seq_lens]
+        cols += [[starts[i] for i in fresh], [ext[i] for i in fresh]]
+        cols += [[c[i] for i in cached] for c in (batch.rows_list, prefix, ext, starts)]
+        flat = torch.tensor([x for c in cols for x in c], dtype=torch.int64).to(device, non_blocking=True)
+        parts = list(flat.split([len(c) for c in cols]))
+        rows, prefix_t, ext_t, starts_t, seq_t = parts[:5]
         max_len = max(seq_lens[:n_dec], default=1)
         splits = choose_num_splits(n_dec, self.num_kv_heads, max_len, device) if n_dec else 1
         batch.attn_meta = _Meta(
-            decode, rows, prefix_t, ext_t, starts_t, seq_t, max(ext, default=0), splits, n_dec
+            decode, rows, prefix_t, ext_t, starts_t, seq_t, max(ext, default=0), splits, n_dec,
+            (*parts[5:7], max(ext[i] for i in fresh)) if fresh else None,
+            (*parts[7:], max(ext[i] for i in cached)) if cached else None,
         )  # fmt: skip
+
+    def _bind(self, device: torch.device) -> None:
+        """The kernels from the registry, on the first step's device (tests may set them beforehand)."""
+        if self.decode_fn is None:
+            self.decode_fn = registry.get("decode_attention", device)
+        if self.extend_fn is None:
+            self.extend_fn = registry.get("extend_attention", device)
+        if self.prefill_fn is None:
+            self.prefill_fn = registry.get("prefill_attention", device)
 
     supports_cuda_graph = True
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
         super().__init__(num_heads, num_kv_heads, head_dim, scale)
         self.mixed_decode = envs.mixed_decode_kernel()  # mixed steps' leading decode rows: decode kernel
+        # rows with no cached prefix: the prefill kernel (whose tiles span whole power-of-two heads)
+        self.fresh_prefill = envs.fresh_prefill_kernel() and head_dim & (head_dim - 1) == 0
 
     def prepare_decode_graph(self, batch: ForwardBatch, seq_lens: torch.Tensor, max_seq_len: int) -> None:
         """Split count fixed by the batch size and `max_seq_len`: the kernel reads lengths on the device."""
         device = batch.input_ids.device
-        if self.decode_fn is None:
-            self.decode_fn = registry.get("decode_attention", device)
-        if self.extend_fn is None:
-            self.extend_fn = registry.get("extend_attention", device)
+        self._bind(device)
         b = batch.rows.shape[0]
         splits = choose_num_splits(b, self.num_kv_heads, max_seq_len, device)
         batch.attn_meta = _Meta(True, batch.rows, seq_lens - 1, None, None, seq_lens, 1, splits)
@@ -97,23 +119,28 @@ class TritonAttentionBackend(AttentionBackend):
         rope: Rope | None = None,
     ) -> torch.Tensor:
         cache, meta = batch.kv_cache, batch.attn_meta
-        q = self.rope_and_store(layer, q, k, v, batch, rope)
+        q = self.rope_and_store(layer, q, k, v, batch, rope, write_kv=meta.fresh is not None)
         k_pool, v_pool = cache.k[layer], cache.v[layer]
-        args: tuple[Any, ...] = (q, k_pool, v_pool, batch.req_to_token, meta.rows)
         if meta.decode:
-            return self.decode_fn(*args, meta.seq_lens, self.scale, num_splits=meta.num_splits)
-        n = meta.num_decode
-        if n == 0:
-            return self.extend_fn(
-                *args, meta.prefix_lens, meta.extend_lens, meta.q_starts, self.scale, max_extend=meta.max_extend
+            return self.decode_fn(
+                q, k_pool, v_pool, batch.req_to_token, meta.rows, meta.seq_lens, self.scale,
+                num_splits=meta.num_splits,
             )  # fmt: skip
-        # the decode rows' tokens are q's first n; the extend rows index q through their q_starts
+        # each kernel writes its own rows' tokens of one output
         out = torch.empty_like(q)
-        self.decode_fn(
-            q[:n], k_pool, v_pool, batch.req_to_token, meta.rows[:n], meta.seq_lens[:n], self.scale,
-            num_splits=meta.num_splits, out=out[:n],
-        )  # fmt: skip
-        return self.extend_fn(
-            q, k_pool, v_pool, batch.req_to_token, meta.rows[n:], meta.prefix_lens[n:], meta.extend_lens[n:],
-            meta.q_starts[n:], self.scale, max_extend=meta.max_extend, out=out,
-        )  # fmt: skip
+        n = meta.num_decode
+        if n:  # the decode rows' tokens are q's first n
+            self.decode_fn(
+                q[:n], k_pool, v_pool, batch.req_to_token, meta.rows[:n], meta.seq_lens[:n], self.scale,
+                num_splits=meta.num_splits, out=out[:n],
+            )  # fmt: skip
+        if meta.fresh is not None:
+            starts, lens, longest = meta.fresh
+            self.prefill_fn(q, k, v, starts, lens, self.scale, max_len=longest, out=out)
+        if meta.cached is not None:
+            rows, prefix, ext, starts, longest = meta.cached
+            self.extend_fn(
+                q, k_pool, v_pool, batch.req_to_token, rows, prefix, ext, starts, self.scale,
+                max_extend=longest, out=out,
+            )  # fmt: skip
+        return out

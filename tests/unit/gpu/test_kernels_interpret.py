@@ -197,6 +197,24 @@ def rope_store_folded_norm_into_pools_bf16():
 
 
 @case
+def prefill_fresh_rows_gqa_bf16_strided():
+    """Rows with no cached prefix over their own keys (slices of one qkv output): a row longer than a
+    query block (keys left of the diagonal, unmasked), a row of one token, rows at offsets in the step."""
+    from runtime.gpu.kernels.extend_attention import reference, triton
+    from runtime.gpu.kernels.testing import close_ratio
+
+    g = torch.Generator().manual_seed(5)
+    lens, total = [150, 1, 40], 196
+    qkv = torch.randn(total, 8 * 32, generator=g).to(torch.bfloat16)
+    q, k, v = (t.reshape(total, -1, 32) for t in qkv.split([4 * 32, 2 * 32, 2 * 32], -1))
+    starts, lens_t = torch.tensor([2, 152, 153]), torch.tensor(lens)
+    canvas = torch.full((total, 4, 32), 7.0, dtype=torch.bfloat16)
+    got = triton.prefill_attention(q, k, v, starts, lens_t, 0.2, 150, out=canvas.clone())
+    want = reference.prefill_attention(q, k, v, starts, lens_t, 0.2, out=canvas.clone())
+    return close_ratio(got, want, *_tol(torch.bfloat16))
+
+
+@case
 def triton_backend_matches_torch_backend_mixed_then_decode():
     """The backend on runner-shaped steps: mixed steps (fresh prompt, prefixed extend, decode rows between
     and around them; the leading decode rows of a mixed step go to the decode kernel) and then an

@@ -113,3 +113,38 @@ def test_a_mixed_steps_leading_decode_rows_take_the_decode_kernel(monkeypatch) -
     assert num_decode(backend, [1, 1, 1]) == (True, 3)
     monkeypatch.setenv("CONDUIT_MIXED_DECODE_KERNEL", "0")
     assert num_decode(TritonAttentionBackend(4, 2, 16, 0.25), [1, 1, 7, 1]) == (False, 0)
+
+
+def test_prefill_rows_without_a_cached_prefix_take_the_prefill_kernel(monkeypatch) -> None:
+    """TritonAttentionBackend.prepare: of a mixed step's non-decode rows, those with no cached prefix go
+    to the prefill kernel and the rest to the extend kernel, each with its own columns;
+    CONDUIT_FRESH_PREFILL_KERNEL=0 sends them all to the extend kernel."""
+    import torch
+
+    from runtime.gpu.attention.triton_backend import TritonAttentionBackend
+    from runtime.gpu.forward_batch import ForwardBatch
+
+    prefix, ext = [5, 5, 0, 3, 0], [1, 1, 9, 4, 6]
+
+    def meta(backend: TritonAttentionBackend):
+        n, t = len(ext), sum(ext)
+        batch = ForwardBatch(
+            input_ids=torch.zeros(t, dtype=torch.int64), positions=torch.zeros(t, dtype=torch.int64),
+            out_loc=torch.zeros(t, dtype=torch.int64), rows=torch.arange(n), rows_list=[10, 11, 12, 13, 14],
+            prefix_lens=prefix, extend_lens=ext, req_to_token=torch.zeros(15, 64, dtype=torch.int64),
+            kv_cache=None, attn_backend=backend,
+        )  # fmt: skip
+        backend.prepare(batch)
+        return batch.attn_meta
+
+    m = meta(TritonAttentionBackend(4, 2, 16, 0.25))
+    assert m.num_decode == 2
+    starts, lens, longest = m.fresh
+    assert starts.tolist() == [2, 15] and lens.tolist() == [9, 6] and longest == 9
+    rows, pre, ex, st, longest = m.cached
+    assert (rows.tolist(), pre.tolist(), ex.tolist(), st.tolist(), longest) == ([13], [3], [4], [11], 4)
+    monkeypatch.setenv("CONDUIT_FRESH_PREFILL_KERNEL", "0")
+    m = meta(TritonAttentionBackend(4, 2, 16, 0.25))
+    assert m.fresh is None and m.cached[0].tolist() == [12, 13, 14] and m.cached[4] == 9
+    monkeypatch.delenv("CONDUIT_FRESH_PREFILL_KERNEL")
+    assert meta(TritonAttentionBackend(4, 2, 24, 0.25)).fresh is None  # head dim not a power of two

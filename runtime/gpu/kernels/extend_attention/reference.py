@@ -33,3 +33,24 @@ def extend_attention(
         o = attend(q[start : start + n], k_pool[slots], v_pool[slots], scale, prefix)
         out[start : start + n] = o.to(q.dtype)
     return out
+
+
+def prefill_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_starts: torch.Tensor,
+    lens: torch.Tensor,
+    scale: float,
+    max_len: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Rows with no cached prefix: row b's tokens are q[q_starts[b] : +lens[b]], and its keys are the
+    same tokens of the step's own k, v [T, Hkv, D] (rotated, as stored), causal. Only the rows' tokens
+    of `out` are written. Returns [T, Hq, D] in q's dtype."""
+    out = torch.empty_like(q) if out is None else out
+    for start, n in zip(q_starts.tolist(), lens.tolist(), strict=True):
+        if n:
+            o = attend(q[start : start + n], k[start : start + n], v[start : start + n], scale, 0)
+            out[start : start + n] = o.to(q.dtype)
+    return out

@@ -34,14 +34,21 @@ def rope_store(
     v_pool: torch.Tensor,
     rms_x: torch.Tensor | None = None,
     rms_eps: float = 0.0,
+    write_kv: bool = False,
 ) -> torch.Tensor:
     """`rope`, then the rotated k and the plain v written to the paged pools at slots `loc` [T]
     (k_pool, v_pool: [slots, Hkv, D]). Returns the rotated q; k is consumed by the cache.
     With `rms_x` [T, H]: q, k, v came from a projection with the input RMSNorm's gain folded in, and
-    are first scaled per token by 1 / rms(rms_x[t]) (`scale_by_inv_rms`)."""
+    are first scaled per token by 1 / rms(rms_x[t]) (`scale_by_inv_rms`).
+    `write_kv`: the rotated k and the (scaled) v also overwrite k and v, in their dtype, for a prefill
+    kernel that attends the step's own keys (`prefill_attention`)."""
+    k_in, v_in = k, v
     if rms_x is not None:
         q, k, v = (scale_by_inv_rms(t, rms_x, rms_eps) for t in (q, k, v))
     q_out, k_out = rope(positions, q, k, cos, sin)
     k_pool[loc] = k_out.to(k_pool.dtype)  # the pool may be fp8 (--kv-cache-dtype)
     v_pool[loc] = v.to(v_pool.dtype)
+    if write_kv:
+        k_in.copy_(k_out)
+        v_in.copy_(v)
     return q_out

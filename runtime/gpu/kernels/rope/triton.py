@@ -3,7 +3,8 @@
 One program per token rotates all its q heads and k heads: the cos/sin row is read once. Out of
 place, like the reference; inputs may be strided views (the q/k slices of the fused qkv output).
 `rope_store` also writes the rotated k and the plain v straight into the paged KV pools: at batch 1
-the separate store was two index_put launches per layer, about 4% of a Llama-8B decode step.
+the separate store was two index_put launches per layer, about 4% of a Llama-8B decode step. With
+`write_kv` it writes them back over k and v too, for a prefill kernel that reads them there.
 With `rms_x` it also applies the folded input norm (see `reference.rope_store`): the program computes
 its token's 1 / rms and scales q, k and v by it first, which takes the norm kernel off the step."""
 
@@ -96,7 +97,7 @@ def _rope_store(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_qot, stride_qoh,
     stride_ks, stride_kph, stride_vs, stride_vph, stride_c, stride_x,
     HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr,
-    HAS_RMS: tl.constexpr, RMS_CHUNK: tl.constexpr,
+    HAS_RMS: tl.constexpr, RMS_CHUNK: tl.constexpr, WRITE_KV: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(Pos + t).to(tl.int64)
@@ -110,12 +111,17 @@ def _rope_store(
     # The pool row of this token is "token" `slot` of a [slots, Hkv, D] tensor: same helper, t = slot.
     _rotate_heads(K + t * stride_kt, KPool, slot, 0, stride_kh, stride_ks, stride_kph, n_kv_heads,
                   c1, c2, s1, s2, HALF, BLOCK_HKV, BLOCK_HALF, scale)  # fmt: skip
+    if WRITE_KV:  # and back over k itself (loaded again: nothing above wrote it)
+        _rotate_heads(K + t * stride_kt, K + t * stride_kt, 0, 0, stride_kh, 0, stride_kh, n_kv_heads,
+                      c1, c2, s1, s2, HALF, BLOCK_HKV, BLOCK_HALF, scale)  # fmt: skip
     offs_h = tl.arange(0, BLOCK_HKV)
     offs_full = tl.arange(0, 2 * BLOCK_HALF)
     vmask = (offs_h < n_kv_heads)[:, None] & (offs_full < 2 * HALF)[None, :]
     vals = tl.load(V + t * stride_vt + offs_h[:, None] * stride_vh + offs_full[None, :], mask=vmask)
     if HAS_RMS:
         vals = (vals.to(tl.float32) * scale).to(V.dtype.element_ty)
+        if WRITE_KV:
+            tl.store(V + t * stride_vt + offs_h[:, None] * stride_vh + offs_full[None, :], vals, mask=vmask)
     vals = vals.to(VPool.dtype.element_ty)  # a no-op unless the pool is fp8
     tl.store(VPool + slot * stride_vs + offs_h[:, None] * stride_vph + offs_full[None, :], vals, mask=vmask)
 
@@ -132,6 +138,7 @@ def rope_store(
     v_pool: torch.Tensor,
     rms_x: torch.Tensor | None = None,
     rms_eps: float = 0.0,
+    write_kv: bool = False,
 ) -> torch.Tensor:
     """Same contract as `reference.rope_store`."""
     n_tokens, n_q_heads, head_dim = q.shape
@@ -151,6 +158,7 @@ def rope_store(
             q_out.stride(0), q_out.stride(1),
             k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1), cos.stride(0),
             x.stride(0), HALF=half, BLOCK_HQ=next_pow2(n_q_heads), BLOCK_HKV=next_pow2(n_kv_heads),
-            BLOCK_HALF=next_pow2(half), HAS_RMS=rms_x is not None, RMS_CHUNK=RMS_CHUNK, num_warps=4,
+            BLOCK_HALF=next_pow2(half), HAS_RMS=rms_x is not None, RMS_CHUNK=RMS_CHUNK, WRITE_KV=write_kv,
+            num_warps=4,
         )  # fmt: skip
     return q_out
