@@ -201,23 +201,28 @@ class ModelRunner:
 
     def warm_up_mixed_steps(self) -> None:
         """Run throwaway prefill and mixed steps so the kernels they launch compile now, not under the
-        first burst of requests. Triton compiles a variant per 16-byte alignment of each pointer
-        argument, and the extend kernel reads its per-row columns from element n_decode of rows 0-3 of
-        one [5, batch] int64 tensor, so their alignments follow the parities of n_decode and of batch +
-        n_decode. The warm-up covers all four: 16-token prefill rows behind 0-2 decode rows, 1-4 rows in
-        all. On the H200 a machine's first server lost about 2 s to compiles at its first steps; two of
-        these steps (1 and 2 decode rows ahead of one prefill row) recovered part of it (docs/PERF.md,
-        eighth session; the other four are not measured on the GPU yet). Rows 1-4 and the first KV slots
-        are scratch until requests take them: a request writes its KV before it reads it."""
+        first burst of requests (a second or so each on the H200). The attention backend starts every
+        per-row column 16-byte aligned, so each kernel compiles one variant per launch shape: here the
+        decode kernel on a mixed step's leading rows, the prefill kernel on rows with no cached prefix
+        (its short- and, where the model allows, long-row launch), the extend kernel on rows that continue
+        one, behind 0-2 decode rows. On the H200 a machine's first server lost about 2 s to compiles at
+        its first steps before there was a warm-up (docs/PERF.md, eighth session). Rows 1-4 and the first
+        KV slots are scratch until requests take them: a request writes its KV before it reads it."""
         if self.cfg.max_reqs < 4 or self.cfg.num_kv_slots < 40:
             return
-        for n_dec, n_ext in ((0, 1), (0, 2), (1, 1), (1, 2), (2, 1), (2, 2)):
-            rows = list(range(1, n_dec + n_ext + 1))
-            ext = [1] * n_dec + [16] * n_ext
+        # (decode rows, prefill rows: their cached prefix and new tokens)
+        shapes = [(n_dec, [(0, 16)] + [(1, 16)] * (n_ext - 1)) for n_dec in (0, 1, 2) for n_ext in (1, 2)]
+        long_row = 2 * 1024 + 1  # past the prefill kernel's short-row launch
+        if self.cfg.max_model_len > long_row and self.cfg.num_kv_slots > long_row + 8:
+            shapes.append((0, [(0, long_row)]))
+        for n_dec, prefills in shapes:
+            rows = list(range(1, n_dec + len(prefills) + 1))
+            prefix = [1] * n_dec + [p for p, _ in prefills]
+            ext = [1] * n_dec + [e for _, e in prefills]
             plan = StepPlan(
-                step=-1, added=[], released=[], rows=rows, prefix_lens=[1] * n_dec + [0] * n_ext,
-                extend_lens=ext, use_last=[False] * len(rows), input_ids=[0] * sum(ext),
-                out_loc=list(range(1, sum(ext) + 1)), sample=[True] * len(rows),
+                step=-1, added=[], released=[], rows=rows, prefix_lens=prefix, extend_lens=ext,
+                use_last=[False] * len(rows), input_ids=[0] * sum(ext), out_loc=list(range(1, sum(ext) + 1)),
+                sample=[True] * len(rows),
             )  # fmt: skip
             self.forward_logits(plan)
         if self.device.type == "cuda":

@@ -69,12 +69,17 @@ class TritonAttentionBackend(AttentionBackend):
         rest = range(n_dec, len(ext)) if not decode else range(0)
         fresh = [i for i in rest if prefix[i] == 0] if self.fresh_prefill else []
         cached = [i for i in rest if not fresh or prefix[i] != 0]
-        # one host tensor, one copy: the step's columns, then the fresh and the cached rows' own
+        # one host tensor, one copy: the step's columns, then the fresh and the cached rows' own. Each
+        # column starts 16-byte aligned (padded to an even length): Triton compiles a kernel variant per
+        # pointer alignment, and unaligned columns would compile new variants mid-run, a second each
         cols = [batch.rows_list, prefix, ext, starts, seq_lens]
         cols += [[starts[i] for i in fresh], [ext[i] for i in fresh]]
         cols += [[c[i] for i in cached] for c in (batch.rows_list, prefix, ext, starts)]
-        flat = torch.tensor([x for c in cols for x in c], dtype=torch.int64).to(device, non_blocking=True)
-        parts = list(flat.split([len(c) for c in cols]))
+        flat = [x for c in cols for x in c + [0] * (len(c) & 1)]
+        dev = torch.tensor(flat, dtype=torch.int64).to(device, non_blocking=True)
+        parts = [
+            p[: len(c)] for p, c in zip(dev.split([len(c) + (len(c) & 1) for c in cols]), cols, strict=True)
+        ]
         rows, prefix_t, ext_t, starts_t, seq_t = parts[:5]
         max_len = max(seq_lens[:n_dec], default=1)
         splits = choose_num_splits(n_dec, self.num_kv_heads, max_len, device) if n_dec else 1
