@@ -113,6 +113,23 @@ def _report(prof, steps: int = 5) -> None:
         print(f"  {us / 1e3:8.3f} ms  {100 * us / total:5.1f}%  {name}")
 
 
+def _measure(runner: ModelRunner, plans, warm: int, timed: int, profiled: int) -> tuple[float, profile]:
+    """Run `warm` steps, time `timed` more (ms per step), then profile `profiled` more under CUPTI."""
+    for _ in range(warm):
+        runner.execute(next(plans))
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(timed):
+        runner.execute(next(plans))
+    torch.cuda.synchronize()
+    ms = (time.perf_counter() - t) / timed * 1e3
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(profiled):
+            runner.execute(next(plans))
+        torch.cuda.synchronize()
+    return ms, prof
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch-sizes", default="1,256", help="comma-separated")
@@ -121,49 +138,24 @@ def main() -> None:
     parser.add_argument("--kv-cache-dtype", default="auto", help="auto (bf16) or fp8_e4m3")
     parser.add_argument("--prefill", default="", help="PROMPTSxLENGTH: profile a prefill step (eager)")
     args = parser.parse_args()
+    batches = [int(b) for b in args.batch_sizes.split(",")]
     if args.prefill:
         prompts, length = (int(x) for x in args.prefill.split("x"))
-        for batch in (int(b) for b in args.batch_sizes.split(",")):
+        for batch in batches:
             runner = _runner(batch, False, args.context_len, args.kv_cache_dtype, prompts, length)
-            plans = _mixed_steps(batch, args.context_len, prompts, length)
-            for _ in range(3):
-                runner.execute(next(plans))
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            for _ in range(5):
-                runner.execute(next(plans))
-            torch.cuda.synchronize()
-            ms = (time.perf_counter() - t) / 5 * 1e3
-            print(
-                f"prefill {prompts}x{length} + {batch} decode rows: {ms:.3f} ms/step, "
-                f"{prompts * length / ms:.1f}k prompt tok/s",
-                flush=True,
-            )
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(3):
-                    runner.execute(next(plans))
-                torch.cuda.synchronize()
+            ms, prof = _measure(runner, _mixed_steps(batch, args.context_len, prompts, length), 3, 5, 3)
+            print(f"prefill {prompts}x{length} + {batch} decode rows: {ms:.3f} ms/step, "
+                  f"{prompts * length / ms:.1f}k prompt tok/s", flush=True)  # fmt: skip
             _report(prof, steps=3)
             del runner
             torch.cuda.empty_cache()
         return
     graphs = {"on": (True,), "off": (False,), "both": (True, False)}[args.cuda_graph]
-    for batch in (int(b) for b in args.batch_sizes.split(",")):
+    for batch in batches:
         for graph in graphs:
             runner = _runner(batch, graph, args.context_len, args.kv_cache_dtype)
-            plans = _steps(batch, args.context_len)
-            for _ in range(6):
-                runner.execute(next(plans))
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            for _ in range(20):
-                runner.execute(next(plans))
-            torch.cuda.synchronize()
-            print(f"B={batch} graph={graph}: {(time.perf_counter() - t) / 20 * 1e3:.3f} ms/step", flush=True)
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(5):
-                    runner.execute(next(plans))
-                torch.cuda.synchronize()
+            ms, prof = _measure(runner, _steps(batch, args.context_len), 6, 20, 5)
+            print(f"B={batch} graph={graph}: {ms:.3f} ms/step", flush=True)
             _report(prof)
             del runner
             torch.cuda.empty_cache()
