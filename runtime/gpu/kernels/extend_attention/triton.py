@@ -222,9 +222,9 @@ def prefill_attention(
     out = torch.empty_like(q) if out is None else out
     assert out.stride(2) == 1
     batch = lens.shape[0]
-    if batch == 0 or num_tokens == 0:
-        return out
     max_len = num_tokens if max_len is None else max_len
+    if batch == 0 or max_len == 0:  # nothing to attend (an empty grid is not a launch)
+        return out
     if q.dtype == torch.float32 or head_dim > 128:
         block_m, block_n, warps, stages = 32, 32, 4, 2
     else:
