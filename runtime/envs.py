@@ -51,11 +51,11 @@ def mixed_decode_kernel() -> bool:
     return os.environ.get("CONDUIT_MIXED_DECODE_KERNEL", "1") != "0"
 
 
-def fresh_prefill_kernel() -> bool:
-    """$CONDUIT_FRESH_PREFILL_KERNEL=0 sends prefill rows with no cached prefix through the extend kernel
-    (keys gathered from the pool) instead of the prefill kernel (attention/triton_backend.py), for
-    before/after runs."""
-    return os.environ.get("CONDUIT_FRESH_PREFILL_KERNEL", "1") != "0"
+def prefill_kernel() -> bool:
+    """$CONDUIT_PREFILL_KERNEL=0 sends prefill rows through the extend kernel (every key gathered from the
+    pool) instead of the prefill kernel (new keys read from the step's own k/v;
+    attention/triton_backend.py), for before/after runs."""
+    return os.environ.get("CONDUIT_PREFILL_KERNEL", "1") != "0"
 
 
 def step_trace_path() -> str | None:

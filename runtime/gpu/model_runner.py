@@ -203,9 +203,8 @@ class ModelRunner:
         """Run throwaway prefill and mixed steps so the kernels they launch compile now, not under the
         first burst of requests (a second or so each on the H200). The attention backend starts every
         per-row column 16-byte aligned, so each kernel compiles one variant per launch shape: here the
-        decode kernel on a mixed step's leading rows, the prefill kernel on rows with no cached prefix
-        (its short- and, where the model allows, long-row launch), the extend kernel on rows that continue
-        one, behind 0-2 decode rows. On the H200 a machine's first server lost about 2 s to compiles at
+        decode kernel on a mixed step's leading rows (0-2 of them), and the prefill kernel on rows with
+        and without a cached prefix, in its short- and, where the model allows, long-row launch. On the H200 a machine's first server lost about 2 s to compiles at
         its first steps before there was a warm-up (docs/PERF.md, eighth session). Rows 1-4 and the first
         KV slots are scratch until requests take them: a request writes its KV before it reads it."""
         if self.cfg.max_reqs < 4 or self.cfg.num_kv_slots < 40:
@@ -213,8 +212,8 @@ class ModelRunner:
         # (decode rows, prefill rows: their cached prefix and new tokens)
         shapes = [(n_dec, [(0, 16)] + [(1, 16)] * (n_ext - 1)) for n_dec in (0, 1, 2) for n_ext in (1, 2)]
         long_row = 2 * 1024 + 1  # past the prefill kernel's short-row launch
-        if self.cfg.max_model_len > long_row and self.cfg.num_kv_slots > long_row + 8:
-            shapes.append((0, [(0, long_row)]))
+        if self.cfg.max_model_len > long_row + 1 and self.cfg.num_kv_slots > long_row + 8:
+            shapes += [(0, [(0, long_row)]), (0, [(1, long_row)])]
         for n_dec, prefills in shapes:
             rows = list(range(1, n_dec + len(prefills) + 1))
             prefix = [1] * n_dec + [p for p, _ in prefills]

@@ -148,11 +148,12 @@ def test_extend_attention_matches_reference(name: str, dtype: torch.dtype, shape
     assert close_ratio(got, want, *TOLERANCE[dtype]) <= 1.0
 
 
-PREFILL_SHAPES = [  # rows' lengths, q heads, kv heads, head_dim
+PREFILL_SHAPES = [  # rows' new tokens, q heads, kv heads, head_dim
     ([1000] * 4, 32, 8, 128),
     ([1, 2, 127, 128, 129, 64, 700], 32, 8, 128),
     ([333, 5], 8, 8, 64),
     ([300, 77], 16, 2, 256),
+    ([3000, 10], 32, 8, 128),  # past the short-row launch
 ]
 
 
@@ -161,9 +162,13 @@ PREFILL_SHAPES = [  # rows' lengths, q heads, kv heads, head_dim
 @pytest.mark.parametrize(
     "shape", PREFILL_SHAPES, ids=lambda s: "n{}-max{}-h{}/{}-d{}".format(len(s[0]), max(s[0]), *s[1:])
 )
-def test_prefill_attention_matches_reference(name: str, dtype: torch.dtype, shape: tuple) -> None:
-    """Rows of no cached prefix over their own keys: q, k, v slices of one fused qkv output, rows at
-    offsets inside a longer step (the tokens around them belong to other kernels and stay untouched)."""
+@pytest.mark.parametrize("prefix", ["none", "cached", "cached_fp8"])
+def test_prefill_attention_matches_reference(
+    name: str, dtype: torch.dtype, shape: tuple, prefix: str
+) -> None:
+    """New keys from the step's own k/v: q, k, v slices of one fused qkv output, rows at offsets inside a
+    longer step (the tokens around them belong to other kernels and stay untouched); with `cached`, each
+    row (but one) also has a cached prefix of 1-1500 tokens gathered from a pool through shuffled slots."""
     lens, hq, hkv, d = shape
     g = torch.Generator("cuda").manual_seed(len(lens))
     lead, total = 3, sum(lens) + 5
@@ -171,10 +176,20 @@ def test_prefill_attention_matches_reference(name: str, dtype: torch.dtype, shap
     q, k, v = (t.view(total, -1, d) for t in qkv.split([hq * d, hkv * d, hkv * d], dim=-1))
     starts = torch.tensor([lead + sum(lens[:i]) for i in range(len(lens))], device="cuda")
     lens_t = torch.tensor(lens, device="cuda")
+    cached = None
+    if prefix != "none":
+        if prefix == "cached_fp8" and dtype == torch.float32:
+            pytest.skip("fp8 pools serve 16-bit models")
+        prefixes = [0] + _lens(len(lens) - 1, 1500, seed=d)
+        c = paged_case(prefixes, [1] * len(lens), hq, hkv, d, dtype, "cuda",
+                       kv_dtype=torch.float8_e4m3fn if prefix == "cached_fp8" else None)  # fmt: skip
+        cached = (c.k_pool, c.v_pool, c.req_to_token, c.rows, c.prefix_lens)
     canvas = torch.full((total, hq, d), 7.0, dtype=dtype, device="cuda")
-    want = load_reference("prefill_attention")(q, k, v, starts, lens_t, d**-0.5, out=canvas.clone())
+    want = load_reference("prefill_attention")(
+        q, k, v, starts, lens_t, d**-0.5, out=canvas.clone(), cached=cached
+    )
     got = load_impl("prefill_attention", name)(
-        q, k, v, starts, lens_t, d**-0.5, max(lens), out=canvas.clone()
+        q, k, v, starts, lens_t, d**-0.5, max(lens), out=canvas.clone(), cached=cached
     )
     assert close_ratio(got, want, *TOLERANCE[dtype]) <= 1.0
     assert bool((got[:lead] == 7).all()) and bool((got[lead + sum(lens) :] == 7).all())

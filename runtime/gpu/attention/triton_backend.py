@@ -7,10 +7,10 @@ leading rows of one new token (the scheduler puts decodes first) run the decode 
 rest the extend kernel, each writing its own tokens of one output: the extend kernel would give each
 decode row one program per q head over a 64-query block (the kv head's KV read once per q head, 63 of
 64 query rows idle). `CONDUIT_MIXED_DECODE_KERNEL=0` sends a mixed step's decode rows through the
-extend kernel as before, for comparisons. Of the other rows, those with no cached prefix (a prompt's
-first chunk) run the prefill kernel, which reads the step's own k/v (written back rotated as they are
-stored) instead of gathering them from the pool; rows that continue a cached prefix run the extend
-kernel. `CONDUIT_FRESH_PREFILL_KERNEL=0` sends them all to the extend kernel, for comparisons.
+extend kernel as before, for comparisons. The other rows run the prefill kernel, which reads their new
+tokens' keys from the step's own k/v (written back rotated as they are stored) and gathers only a cached
+prefix from the pool. `CONDUIT_PREFILL_KERNEL=0` sends them to the extend kernel, which gathers
+every key from the pool, for comparisons.
 The kernels come from the op registry, so `CONDUIT_KERNEL_DECODE_ATTENTION=reference` (or
 `..._EXTEND_ATTENTION`) swaps one for its reference for comparisons."""
 
@@ -39,10 +39,8 @@ class _Meta:
     max_extend: int
     num_splits: int
     num_decode: int = 0  # mixed steps: the leading rows of one token, which run the decode kernel
-    # rows with no cached prefix: (q_starts, extend_lens, longest), for the prefill kernel
-    fresh: tuple[torch.Tensor, torch.Tensor, int] | None = None
-    # the other non-decode rows: (rows, prefix_lens, extend_lens, q_starts, longest), for the extend kernel
-    cached: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None
+    # the non-decode rows: (rows, prefix_lens, extend_lens, q_starts, longest new part, any prefix)
+    prefill: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, bool] | None = None
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -67,14 +65,11 @@ class TritonAttentionBackend(AttentionBackend):
         else:
             n_dec = next((i for i, e in enumerate(ext) if e != 1), len(ext))
         rest = range(n_dec, len(ext)) if not decode else range(0)
-        fresh = [i for i in rest if prefix[i] == 0] if self.fresh_prefill else []
-        cached = [i for i in rest if not fresh or prefix[i] != 0]
-        # one host tensor, one copy: the step's columns, then the fresh and the cached rows' own. Each
-        # column starts 16-byte aligned (padded to an even length): Triton compiles a kernel variant per
+        # one host tensor, one copy: the step's columns, then the non-decode rows' own. Each column
+        # starts 16-byte aligned (padded to an even length): Triton compiles a kernel variant per
         # pointer alignment, and unaligned columns would compile new variants mid-run, a second each
         cols = [batch.rows_list, prefix, ext, starts, seq_lens]
-        cols += [[starts[i] for i in fresh], [ext[i] for i in fresh]]
-        cols += [[c[i] for i in cached] for c in (batch.rows_list, prefix, ext, starts)]
+        cols += [[c[i] for i in rest] for c in (batch.rows_list, prefix, ext, starts)]
         flat = [x for c in cols for x in c + [0] * (len(c) & 1)]
         dev = torch.tensor(flat, dtype=torch.int64).to(device, non_blocking=True)
         parts = [
@@ -83,10 +78,9 @@ class TritonAttentionBackend(AttentionBackend):
         rows, prefix_t, ext_t, starts_t, seq_t = parts[:5]
         max_len = max(seq_lens[:n_dec], default=1)
         splits = choose_num_splits(n_dec, self.num_kv_heads, max_len, device) if n_dec else 1
+        prefill = (*parts[5:], max(ext[i] for i in rest), any(prefix[i] for i in rest)) if rest else None
         batch.attn_meta = _Meta(
-            decode, rows, prefix_t, ext_t, starts_t, seq_t, max(ext, default=0), splits, n_dec,
-            (*parts[5:7], max(ext[i] for i in fresh)) if fresh else None,
-            (*parts[7:], max(ext[i] for i in cached)) if cached else None,
+            decode, rows, prefix_t, ext_t, starts_t, seq_t, max(ext, default=0), splits, n_dec, prefill
         )  # fmt: skip
 
     def _bind(self, device: torch.device) -> None:
@@ -103,8 +97,8 @@ class TritonAttentionBackend(AttentionBackend):
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
         super().__init__(num_heads, num_kv_heads, head_dim, scale)
         self.mixed_decode = envs.mixed_decode_kernel()  # mixed steps' leading decode rows: decode kernel
-        # rows with no cached prefix: the prefill kernel (whose tiles span whole power-of-two heads)
-        self.fresh_prefill = envs.fresh_prefill_kernel() and head_dim & (head_dim - 1) == 0
+        # non-decode rows: the prefill kernel (whose tiles span whole power-of-two heads)
+        self.prefill_kernel = envs.prefill_kernel() and head_dim & (head_dim - 1) == 0
 
     def prepare_decode_graph(self, batch: ForwardBatch, seq_lens: torch.Tensor, max_seq_len: int) -> None:
         """Split count fixed by the batch size and `max_seq_len`: the kernel reads lengths on the device."""
@@ -124,7 +118,8 @@ class TritonAttentionBackend(AttentionBackend):
         rope: Rope | None = None,
     ) -> torch.Tensor:
         cache, meta = batch.kv_cache, batch.attn_meta
-        q = self.rope_and_store(layer, q, k, v, batch, rope, write_kv=meta.fresh is not None)
+        prefill = meta.prefill is not None and self.prefill_kernel
+        q = self.rope_and_store(layer, q, k, v, batch, rope, write_kv=prefill)
         k_pool, v_pool = cache.k[layer], cache.v[layer]
         if meta.decode:
             return self.decode_fn(
@@ -139,13 +134,14 @@ class TritonAttentionBackend(AttentionBackend):
                 q[:n], k_pool, v_pool, batch.req_to_token, meta.rows[:n], meta.seq_lens[:n], self.scale,
                 num_splits=meta.num_splits, out=out[:n],
             )  # fmt: skip
-        if meta.fresh is not None:
-            starts, lens, longest = meta.fresh
-            self.prefill_fn(q, k, v, starts, lens, self.scale, max_len=longest, out=out)
-        if meta.cached is not None:
-            rows, prefix, ext, starts, longest = meta.cached
-            self.extend_fn(
-                q, k_pool, v_pool, batch.req_to_token, rows, prefix, ext, starts, self.scale,
-                max_extend=longest, out=out,
-            )  # fmt: skip
+        if meta.prefill is not None:
+            rows, prefix, ext, starts, longest, any_prefix = meta.prefill
+            if prefill:
+                cached = (k_pool, v_pool, batch.req_to_token, rows, prefix) if any_prefix else None
+                self.prefill_fn(q, k, v, starts, ext, self.scale, max_len=longest, out=out, cached=cached)
+            else:
+                self.extend_fn(
+                    q, k_pool, v_pool, batch.req_to_token, rows, prefix, ext, starts, self.scale,
+                    max_extend=longest, out=out,
+                )  # fmt: skip
         return out

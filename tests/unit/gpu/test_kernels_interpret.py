@@ -197,9 +197,11 @@ def rope_store_folded_norm_into_pools_bf16():
 
 
 @case
-def prefill_fresh_rows_gqa_bf16_strided():
-    """Rows with no cached prefix over their own keys (slices of one qkv output): a row longer than a
-    query block (keys left of the diagonal, unmasked), a row of one token, rows at offsets in the step."""
+def prefill_rows_gqa_bf16_strided_with_and_without_a_cached_prefix():
+    """The prefill kernel against its reference: new keys from the step's own k/v (slices of one qkv
+    output), a row longer than a query block (keys left of the diagonal, unmasked), a row of one token,
+    rows at offsets in the step; then the same rows behind cached prefixes (0, 70 and 5 tokens) read from
+    an fp8 pool through a page table."""
     from runtime.gpu.kernels.extend_attention import reference, triton
     from runtime.gpu.kernels.testing import close_ratio
 
@@ -209,9 +211,15 @@ def prefill_fresh_rows_gqa_bf16_strided():
     q, k, v = (t.reshape(total, -1, 32) for t in qkv.split([4 * 32, 2 * 32, 2 * 32], -1))
     starts, lens_t = torch.tensor([2, 152, 153]), torch.tensor(lens)
     canvas = torch.full((total, 4, 32), 7.0, dtype=torch.bfloat16)
-    got = triton.prefill_attention(q, k, v, starts, lens_t, 0.2, 150, out=canvas.clone())
-    want = reference.prefill_attention(q, k, v, starts, lens_t, 0.2, out=canvas.clone())
-    return close_ratio(got, want, *_tol(torch.bfloat16))
+    pools = [torch.randn(90, 2, 32, generator=g).to(torch.float8_e4m3fn) for _ in range(2)]
+    r2t = torch.randperm(90, generator=g)[:80].view(4, 20).repeat(1, 4)  # row 1: 70 slots, some repeated
+    cached = (*pools, r2t, torch.tensor([0, 1, 3]), torch.tensor([0, 70, 5]))
+    worst = 0.0
+    for c in (None, cached):
+        got = triton.prefill_attention(q, k, v, starts, lens_t, 0.2, 150, out=canvas.clone(), cached=c)
+        want = reference.prefill_attention(q, k, v, starts, lens_t, 0.2, out=canvas.clone(), cached=c)
+        worst = max(worst, close_ratio(got, want, *_tol(torch.bfloat16)))
+    return worst
 
 
 @case

@@ -115,36 +115,43 @@ def test_a_mixed_steps_leading_decode_rows_take_the_decode_kernel(monkeypatch) -
     assert num_decode(TritonAttentionBackend(4, 2, 16, 0.25), [1, 1, 7, 1]) == (False, 0)
 
 
-def test_prefill_rows_without_a_cached_prefix_take_the_prefill_kernel(monkeypatch) -> None:
-    """TritonAttentionBackend.prepare: of a mixed step's non-decode rows, those with no cached prefix go
-    to the prefill kernel and the rest to the extend kernel, each with its own columns;
-    CONDUIT_FRESH_PREFILL_KERNEL=0 sends them all to the extend kernel."""
+def test_prefill_rows_take_the_prefill_kernel_with_their_own_columns(monkeypatch) -> None:
+    """TritonAttentionBackend.prepare: a mixed step's non-decode rows get their own columns (each starting
+    16-byte aligned), their longest new part and whether any has a cached prefix; the backend sends them
+    to the prefill kernel, or to the extend kernel under CONDUIT_PREFILL_KERNEL=0 or at head dims that
+    are not powers of two."""
     import torch
 
     from runtime.gpu.attention.triton_backend import TritonAttentionBackend
     from runtime.gpu.forward_batch import ForwardBatch
 
-    prefix, ext = [5, 5, 0, 3, 0], [1, 1, 9, 4, 6]
-
-    def meta(backend: TritonAttentionBackend):
+    def meta(backend: TritonAttentionBackend, prefix: list[int], ext: list[int]):
         n, t = len(ext), sum(ext)
         batch = ForwardBatch(
             input_ids=torch.zeros(t, dtype=torch.int64), positions=torch.zeros(t, dtype=torch.int64),
-            out_loc=torch.zeros(t, dtype=torch.int64), rows=torch.arange(n), rows_list=[10, 11, 12, 13, 14],
+            out_loc=torch.zeros(t, dtype=torch.int64), rows=torch.arange(n), rows_list=list(range(10, 10 + n)),
             prefix_lens=prefix, extend_lens=ext, req_to_token=torch.zeros(15, 64, dtype=torch.int64),
             kv_cache=None, attn_backend=backend,
         )  # fmt: skip
         backend.prepare(batch)
         return batch.attn_meta
 
-    m = meta(TritonAttentionBackend(4, 2, 16, 0.25))
+    backend = TritonAttentionBackend(4, 2, 16, 0.25)
+    assert backend.prefill_kernel
+    m = meta(backend, [5, 5, 0, 3, 0], [1, 1, 9, 4, 6])
     assert m.num_decode == 2
-    starts, lens, longest = m.fresh
-    assert starts.tolist() == [2, 15] and lens.tolist() == [9, 6] and longest == 9
-    rows, pre, ex, st, longest = m.cached
-    assert (rows.tolist(), pre.tolist(), ex.tolist(), st.tolist(), longest) == ([13], [3], [4], [11], 4)
-    monkeypatch.setenv("CONDUIT_FRESH_PREFILL_KERNEL", "0")
-    m = meta(TritonAttentionBackend(4, 2, 16, 0.25))
-    assert m.fresh is None and m.cached[0].tolist() == [12, 13, 14] and m.cached[4] == 9
-    monkeypatch.delenv("CONDUIT_FRESH_PREFILL_KERNEL")
-    assert meta(TritonAttentionBackend(4, 2, 24, 0.25)).fresh is None  # head dim not a power of two
+    rows, prefix, ext, starts, longest, any_prefix = m.prefill
+    assert (rows.tolist(), prefix.tolist(), ext.tolist(), starts.tolist()) == (
+        [12, 13, 14],
+        [0, 3, 0],
+        [9, 4, 6],
+        [2, 11, 15],
+    )
+    assert (longest, any_prefix) == (9, True)
+    assert all(t.data_ptr() % 16 == 0 for t in m.prefill[:4])
+    assert meta(backend, [5, 0, 0], [1, 7, 2]).prefill[4:] == (7, False)
+    assert meta(backend, [5, 5], [1, 1]).prefill is None  # all decode
+    monkeypatch.setenv("CONDUIT_PREFILL_KERNEL", "0")
+    assert not TritonAttentionBackend(4, 2, 16, 0.25).prefill_kernel
+    monkeypatch.delenv("CONDUIT_PREFILL_KERNEL")
+    assert not TritonAttentionBackend(4, 2, 24, 0.25).prefill_kernel  # head dim not a power of two

@@ -44,13 +44,25 @@ def prefill_attention(
     scale: float,
     max_len: int | None = None,
     out: torch.Tensor | None = None,
+    cached: tuple[torch.Tensor, ...] | None = None,
 ) -> torch.Tensor:
-    """Rows with no cached prefix: row b's tokens are q[q_starts[b] : +lens[b]], and its keys are the
-    same tokens of the step's own k, v [T, Hkv, D] (rotated, as stored), causal. Only the rows' tokens
-    of `out` are written. Returns [T, Hq, D] in q's dtype."""
+    """`extend_attention` with the new keys taken from the step's own k, v [T, Hkv, D] (rotated, as
+    stored) instead of the pools: row b's new tokens are q[q_starts[b] : +lens[b]] and the same tokens of
+    k and v, causal among themselves. `cached` = (k_pool, v_pool, req_to_token, rows, prefix_lens): each
+    row's cached prefix, whose keys are the slots req_to_token[rows[b], :prefix_lens[b]], seen by all its
+    new tokens; None: no row has one. Only the rows' tokens of `out` are written. Returns [T, Hq, D] in
+    q's dtype."""
     out = torch.empty_like(q) if out is None else out
-    for start, n in zip(q_starts.tolist(), lens.tolist(), strict=True):
-        if n:
-            o = attend(q[start : start + n], k[start : start + n], v[start : start + n], scale, 0)
-            out[start : start + n] = o.to(q.dtype)
+    n_rows = len(lens)
+    prefixes = cached[4].tolist() if cached is not None else [0] * n_rows
+    rows = cached[3].tolist() if cached is not None else [0] * n_rows
+    for start, n, row, prefix in zip(q_starts.tolist(), lens.tolist(), rows, prefixes, strict=True):
+        if n == 0:
+            continue
+        keys, values = k[start : start + n], v[start : start + n]
+        if prefix:
+            slots = cached[2][row, :prefix]
+            keys = torch.cat([cached[0][slots].to(k.dtype), keys])
+            values = torch.cat([cached[1][slots].to(v.dtype), values])
+        out[start : start + n] = attend(q[start : start + n], keys, values, scale, prefix).to(q.dtype)
     return out

@@ -5,10 +5,11 @@ so every key, prefix or new, is read through req_to_token[row, pos] (any page si
 rule is one comparison, key position <= query position. A decode row is simply a row of one token, so
 mixed batches need no special case. Online softmax in float32.
 
-`prefill_attention` is the same attention for rows with no cached prefix, the common prefill: their keys
-are the step's own k/v in 16-bit (the qkv projection's output, rotated in place as it is stored), read
-as dense rows rather than gathered through the page table and upcast from an fp8 pool. The key blocks
-left of a query block's diagonal need no mask; only the diagonal blocks compare positions."""
+`prefill_attention` is the same attention with the new keys read from the step's own k/v in 16-bit (the
+qkv projection's output, rotated in place as it is stored): dense rows rather than gathered through the
+page table and upcast from an fp8 pool. Only a cached prefix, if any, is gathered from the pools. The
+new key blocks left of a query block's diagonal need no mask; only the diagonal blocks compare
+positions."""
 
 from __future__ import annotations
 
@@ -129,35 +130,28 @@ def extend_attention(
 
 
 @triton.jit
-def _attend_block(acc, m, denom, q, k_ptrs, v_ptrs, key_mask, causal, offs_m, offs_n, qk_scale,
+def _softmax_step(acc, m, denom, q, k, v, visible, qk_scale,
                   DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
-    """One key block of online softmax; MASKED: the diagonal block (causal rule and the row's end)."""
-    if MASKED:
-        k = tl.load(k_ptrs, mask=key_mask, other=0.0)
-    else:
-        k = tl.load(k_ptrs)
+    """One key block of online softmax; MASKED: only the keys `visible` ([M, N] or [1, N]) count."""
     qk = tl.dot(q, tl.trans(dot_operand(k, DOT_F32)), input_precision=DOT_PREC) * qk_scale
     if MASKED:
-        qk = tl.where(causal & (offs_n[None, :] <= offs_m[:, None]), qk, float("-inf"))
+        qk = tl.where(visible, qk, float("-inf"))
     m_new = tl.maximum(m, tl.max(qk, 1))
     alpha = tl.exp2(m - m_new)
     p = tl.exp2(qk - m_new[:, None])
     denom = denom * alpha + tl.sum(p, 1)
-    if MASKED:
-        v = tl.load(v_ptrs, mask=key_mask, other=0.0)
-    else:
-        v = tl.load(v_ptrs)
     pv = tl.dot(dot_operand(p.to(v.dtype), DOT_F32), dot_operand(v, DOT_F32), input_precision=DOT_PREC)
     return acc * alpha[:, None] + pv, m_new, denom
 
 
 @triton.jit
 def _prefill(
-    Q, K, V, Out, QStarts, Lens,
+    Q, K, V, Out, QStarts, Lens, KPool, VPool, ReqToToken, Rows, PrefixLens,
     qk_scale,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    stride_ks, stride_kph, stride_vs, stride_vph, stride_rt,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr,
+    HAS_PREFIX: tl.constexpr, DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr,
 ):  # fmt: skip
     mb = tl.program_id(0)
     b = tl.program_id(1)
@@ -166,31 +160,45 @@ def _prefill(
     if mb * BLOCK_M < n:
         start = tl.load(QStarts + b).to(tl.int64)
         kvh = h // GROUP
-        offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)  # new-token index within the row
         offs_d = tl.arange(0, HEAD_DIM)
         q_ptrs = Q + (start + offs_m)[:, None] * stride_qt + h * stride_qh + offs_d[None, :]
         q = dot_operand(tl.load(q_ptrs, mask=(offs_m < n)[:, None], other=0.0), DOT_F32)
-        k_base = K + start * stride_kt + kvh * stride_kh + offs_d[None, :]
-        v_base = V + start * stride_vt + kvh * stride_vh + offs_d[None, :]
         m = tl.full([BLOCK_M], float("-inf"), tl.float32)
         denom = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-        # keys left of the block's first query: every one visible to every query, all inside the row
+        if HAS_PREFIX:
+            # the cached prefix, gathered from the pools: every key visible to every query
+            prefix = tl.load(PrefixLens + b).to(tl.int32)
+            slot_row = ReqToToken + tl.load(Rows + b).to(tl.int64) * stride_rt
+            for s0 in range(0, prefix, BLOCK_N):
+                pos = s0 + tl.arange(0, BLOCK_N)
+                inside = pos < prefix
+                slot = tl.load(slot_row + pos, mask=inside, other=0).to(tl.int64)
+                k = tl.load(KPool + slot[:, None] * stride_ks + kvh * stride_kph + offs_d[None, :],
+                            mask=inside[:, None], other=0.0).to(Q.dtype.element_ty)  # fmt: skip
+                v = tl.load(VPool + slot[:, None] * stride_vs + kvh * stride_vph + offs_d[None, :],
+                            mask=inside[:, None], other=0.0).to(Q.dtype.element_ty)  # fmt: skip
+                acc, m, denom = _softmax_step(
+                    acc, m, denom, q, k, v, inside[None, :], qk_scale, DOT_PREC, DOT_F32, True
+                )  # fmt: skip
+        # the new keys, dense: those left of the block's first query are visible to every query
+        k_base = K + start * stride_kt + kvh * stride_kh + offs_d[None, :]
+        v_base = V + start * stride_vt + kvh * stride_vh + offs_d[None, :]
         diag = mb * BLOCK_M
         for s0 in range(0, diag, BLOCK_N):
             offs_n = s0 + tl.arange(0, BLOCK_N)
-            acc, m, denom = _attend_block(
-                acc, m, denom, q, k_base + offs_n[:, None] * stride_kt, v_base + offs_n[:, None] * stride_vt,
-                None, None, offs_m, offs_n, qk_scale, DOT_PREC, DOT_F32, False,
-            )  # fmt: skip
-        # the diagonal blocks: key `diag` is visible to every query of the block, so no row is all -inf
+            k = tl.load(k_base + offs_n[:, None] * stride_kt)
+            v = tl.load(v_base + offs_n[:, None] * stride_vt)
+            acc, m, denom = _softmax_step(acc, m, denom, q, k, v, None, qk_scale, DOT_PREC, DOT_F32, False)
+        # the diagonal blocks: new key `diag` is visible to every query of the block, so no row is all -inf
         for s0 in range(diag, tl.minimum(diag + BLOCK_M, n), BLOCK_N):
             offs_n = s0 + tl.arange(0, BLOCK_N)
             inside = offs_n < n
-            acc, m, denom = _attend_block(
-                acc, m, denom, q, k_base + offs_n[:, None] * stride_kt, v_base + offs_n[:, None] * stride_vt,
-                inside[:, None], inside[None, :], offs_m, offs_n, qk_scale, DOT_PREC, DOT_F32, True,
-            )  # fmt: skip
+            k = tl.load(k_base + offs_n[:, None] * stride_kt, mask=inside[:, None], other=0.0)
+            v = tl.load(v_base + offs_n[:, None] * stride_vt, mask=inside[:, None], other=0.0)
+            visible = inside[None, :] & (offs_n[None, :] <= offs_m[:, None])
+            acc, m, denom = _softmax_step(acc, m, denom, q, k, v, visible, qk_scale, DOT_PREC, DOT_F32, True)
         o = acc / denom[:, None]
         o_ptrs = Out + (start + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :]
         tl.store(o_ptrs, o.to(Out.dtype.element_ty), mask=(offs_m < n)[:, None])
@@ -212,6 +220,7 @@ def prefill_attention(
     scale: float,
     max_len: int | None = None,
     out: torch.Tensor | None = None,
+    cached: tuple[torch.Tensor, ...] | None = None,
 ) -> torch.Tensor:
     """Same contract as `reference.prefill_attention`; `max_len` (the longest row, known on the host)
     sizes the grid, None uses all of q's tokens. Head dims that are powers of two."""
@@ -225,15 +234,22 @@ def prefill_attention(
     max_len = num_tokens if max_len is None else max_len
     if batch == 0 or max_len == 0:  # nothing to attend (an empty grid is not a launch)
         return out
+    if cached is None:  # no pools to read: any tensors fill their slots in the launch
+        k_pool, v_pool, r2t, rows, prefix_lens = k, v, lens.view(1, -1), lens, lens
+    else:
+        k_pool, v_pool, r2t, rows, prefix_lens = cached
+        assert k_pool.stride(2) == 1 and v_pool.stride(2) == 1 and r2t.stride(1) == 1
     if q.dtype == torch.float32 or head_dim > 128:
         block_m, block_n, warps, stages = 32, 32, 4, 2
     else:
         block_m, block_n, warps, stages = PREFILL_LAUNCH["long" if max_len > PREFILL_LONG_ROW else "short"]
     grid = (triton.cdiv(max_len, block_m), batch, num_q_heads)
     _prefill[grid](
-        q, k, v, out, q_starts, lens, scale * LOG2E,
+        q, k, v, out, q_starts, lens, k_pool, v_pool, r2t, rows, prefix_lens, scale * LOG2E,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
+        k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1), r2t.stride(0),
         GROUP=num_q_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
-        DOT_PREC=dot_precision(q.dtype), DOT_F32=dot_f32(q), num_warps=warps, num_stages=stages,
+        HAS_PREFIX=cached is not None, DOT_PREC=dot_precision(q.dtype), DOT_F32=dot_f32(q), num_warps=warps,
+        num_stages=stages,
     )  # fmt: skip
     return out
