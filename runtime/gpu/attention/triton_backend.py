@@ -4,15 +4,14 @@
 needed for grid sizes (longest new part, longest row) come from the host lists, so no step syncs.
 An all-decode step (every row one new token) runs the split-KV decode kernel. In a mixed step the
 leading rows of one new token (the scheduler puts decodes first) run the decode kernel too, and the
-rest the extend kernel, each writing its own tokens of one output: the extend kernel would give each
-decode row one program per q head over a 64-query block (the kv head's KV read once per q head, 63 of
-64 query rows idle). `CONDUIT_MIXED_DECODE_KERNEL=0` sends a mixed step's decode rows through the
-extend kernel as before, for comparisons. The other rows run the prefill kernel, which reads their new
-tokens' keys from the step's own k/v (written back rotated as they are stored) and gathers only a cached
-prefix from the pool. `CONDUIT_PREFILL_KERNEL=0` sends them to the extend kernel, which gathers
+other rows the prefill kernel, each writing its own tokens of one output. The prefill kernel reads the
+rows' new keys from the step's own k/v (written back rotated as they are stored) and gathers only a
+cached prefix from the pool; a prefill kernel would give each decode row one program per q head over a
+64-query block (63 of 64 query rows idle). `CONDUIT_MIXED_DECODE_KERNEL=0` sends a mixed step's decode
+rows with the other rows, and `CONDUIT_PREFILL_KERNEL=0` sends those to the extend kernel, which gathers
 every key from the pool, for comparisons.
 The kernels come from the op registry, so `CONDUIT_KERNEL_DECODE_ATTENTION=reference` (or
-`..._EXTEND_ATTENTION`) swaps one for its reference for comparisons."""
+`..._EXTEND_ATTENTION`, `..._PREFILL_ATTENTION`) swaps one for its reference for comparisons."""
 
 from __future__ import annotations
 
@@ -32,14 +31,11 @@ from runtime.gpu.kernels.common import choose_num_splits
 class _Meta:
     decode: bool  # every row has exactly one new token, so q rows are batch rows
     rows: torch.Tensor  # [B] req_to_token rows
-    prefix_lens: torch.Tensor  # [B]
-    extend_lens: torch.Tensor  # [B]
-    q_starts: torch.Tensor  # [B] first token of each row in the flattened step
     seq_lens: torch.Tensor  # [B] prefix + extend
-    max_extend: int
     num_splits: int
     num_decode: int = 0  # mixed steps: the leading rows of one token, which run the decode kernel
-    # the non-decode rows: (rows, prefix_lens, extend_lens, q_starts, longest new part, any prefix)
+    # the non-decode rows: (rows, prefix_lens, extend_lens, q_starts (first token of each row in the
+    # flattened step), longest new part, any prefix)
     prefill: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, bool] | None = None
 
 
@@ -64,24 +60,21 @@ class TritonAttentionBackend(AttentionBackend):
             n_dec = len(ext) if decode else 0
         else:
             n_dec = next((i for i, e in enumerate(ext) if e != 1), len(ext))
-        rest = range(n_dec, len(ext)) if not decode else range(0)
-        # one host tensor, one copy: the step's columns, then the non-decode rows' own. Each column
-        # starts 16-byte aligned (padded to an even length): Triton compiles a kernel variant per
-        # pointer alignment, and unaligned columns would compile new variants mid-run, a second each
-        cols = [batch.rows_list, prefix, ext, starts, seq_lens]
-        cols += [[c[i] for i in rest] for c in (batch.rows_list, prefix, ext, starts)]
+        # one host tensor, one copy: every row's table row and length (the decode kernel's), then the
+        # non-decode rows' own columns. Each column starts 16-byte aligned (padded to an even length):
+        # Triton compiles a kernel variant per pointer alignment, and unaligned columns would compile new
+        # variants mid-run, a second each
+        cols = [batch.rows_list, seq_lens]
+        cols += [c[n_dec:] for c in (batch.rows_list, prefix, ext, starts)]
         flat = [x for c in cols for x in c + [0] * (len(c) & 1)]
         dev = torch.tensor(flat, dtype=torch.int64).to(device, non_blocking=True)
         parts = [
             p[: len(c)] for p, c in zip(dev.split([len(c) + (len(c) & 1) for c in cols]), cols, strict=True)
         ]
-        rows, prefix_t, ext_t, starts_t, seq_t = parts[:5]
         max_len = max(seq_lens[:n_dec], default=1)
         splits = choose_num_splits(n_dec, self.num_kv_heads, max_len, device) if n_dec else 1
-        prefill = (*parts[5:], max(ext[i] for i in rest), any(prefix[i] for i in rest)) if rest else None
-        batch.attn_meta = _Meta(
-            decode, rows, prefix_t, ext_t, starts_t, seq_t, max(ext, default=0), splits, n_dec, prefill
-        )  # fmt: skip
+        prefill = (*parts[2:], max(ext[n_dec:]), any(prefix[n_dec:])) if n_dec < len(ext) else None
+        batch.attn_meta = _Meta(decode, parts[0], parts[1], splits, n_dec, prefill)
 
     def _bind(self, device: torch.device) -> None:
         """The kernels from the registry, on the first step's device (tests may set them beforehand)."""
@@ -106,7 +99,7 @@ class TritonAttentionBackend(AttentionBackend):
         self._bind(device)
         b = batch.rows.shape[0]
         splits = choose_num_splits(b, self.num_kv_heads, max_seq_len, device)
-        batch.attn_meta = _Meta(True, batch.rows, seq_lens - 1, None, None, seq_lens, 1, splits)
+        batch.attn_meta = _Meta(True, batch.rows, seq_lens, splits)
 
     def forward(
         self,
