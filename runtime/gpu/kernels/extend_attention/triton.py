@@ -22,6 +22,21 @@ from runtime.gpu.kernels.triton_utils import dot_f32, dot_operand
 
 
 @triton.jit
+def _softmax_step(acc, m, denom, q, k, v, visible, qk_scale,
+                  DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
+    """One key block of online softmax; MASKED: only the keys `visible` ([M, N] or [1, N]) count."""
+    qk = tl.dot(q, tl.trans(dot_operand(k, DOT_F32)), input_precision=DOT_PREC) * qk_scale
+    if MASKED:
+        qk = tl.where(visible, qk, float("-inf"))
+    m_new = tl.maximum(m, tl.max(qk, 1))
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(qk - m_new[:, None])
+    denom = denom * alpha + tl.sum(p, 1)
+    pv = tl.dot(dot_operand(p.to(v.dtype), DOT_F32), dot_operand(v, DOT_F32), input_precision=DOT_PREC)
+    return acc * alpha[:, None] + pv, m_new, denom
+
+
+@triton.jit
 def _extend(
     Q, K, V, Out, ReqToToken, Rows, PrefixLens, ExtendLens, QStarts,
     qk_scale,
@@ -61,21 +76,12 @@ def _extend(
             k = tl.load(
                 K + slot[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0
             ).to(Q.dtype.element_ty)  # an fp8 KV pool is upcast to q's dtype
-            qk = tl.dot(q, tl.trans(dot_operand(k, DOT_F32)), input_precision=DOT_PREC) * qk_scale
-            # every query sees key 0, so no row of the first block is all -inf (no NaN)
-            qk = tl.where(mask_n[None, :] & (pos[None, :] <= q_pos[:, None]), qk, float("-inf"))
-            m_new = tl.maximum(m, tl.max(qk, 1))
-            alpha = tl.exp2(m - m_new)
-            p = tl.exp2(qk - m_new[:, None])
-            denom = denom * alpha + tl.sum(p, 1)
             v = tl.load(
                 V + slot[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0
             ).to(Q.dtype.element_ty)
-            pv = tl.dot(
-                dot_operand(p.to(v.dtype), DOT_F32), dot_operand(v, DOT_F32), input_precision=DOT_PREC
-            )
-            acc = acc * alpha[:, None] + pv
-            m = m_new
+            # every query sees key 0, so no row of the first block is all -inf (no NaN)
+            visible = mask_n[None, :] & (pos[None, :] <= q_pos[:, None])
+            acc, m, denom = _softmax_step(acc, m, denom, q, k, v, visible, qk_scale, DOT_PREC, DOT_F32, True)
 
         o = acc / denom[:, None]
         o_ptrs = Out + tok[:, None] * stride_ot + h * stride_oh + offs_d[None, :]
@@ -127,21 +133,6 @@ def extend_attention(
         BLOCK_N=block_n, DOT_PREC=dot_precision(q.dtype), DOT_F32=dot_f32(q), num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out
-
-
-@triton.jit
-def _softmax_step(acc, m, denom, q, k, v, visible, qk_scale,
-                  DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
-    """One key block of online softmax; MASKED: only the keys `visible` ([M, N] or [1, N]) count."""
-    qk = tl.dot(q, tl.trans(dot_operand(k, DOT_F32)), input_precision=DOT_PREC) * qk_scale
-    if MASKED:
-        qk = tl.where(visible, qk, float("-inf"))
-    m_new = tl.maximum(m, tl.max(qk, 1))
-    alpha = tl.exp2(m - m_new)
-    p = tl.exp2(qk - m_new[:, None])
-    denom = denom * alpha + tl.sum(p, 1)
-    pv = tl.dot(dot_operand(p.to(v.dtype), DOT_F32), dot_operand(v, DOT_F32), input_precision=DOT_PREC)
-    return acc * alpha[:, None] + pv, m_new, denom
 
 
 @triton.jit
