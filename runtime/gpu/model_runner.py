@@ -204,9 +204,10 @@ class ModelRunner:
         first burst of requests (a second or so each on the H200). The attention backend starts every
         per-row column 16-byte aligned, so each kernel compiles one variant per launch shape: here the
         decode kernel on a mixed step's leading rows (0-2 of them), and the prefill kernel on rows with
-        and without a cached prefix, in its short- and, where the model allows, long-row launch. On the H200 a machine's first server lost about 2 s to compiles at
-        its first steps before there was a warm-up (docs/PERF.md, eighth session). Rows 1-4 and the first
-        KV slots are scratch until requests take them: a request writes its KV before it reads it."""
+        and without a cached prefix, in its short- and, where the model allows, long-row launch. On the
+        H200 a machine's first server lost about 2 s to compiles at its first steps before there was a
+        warm-up (docs/PERF.md, eighth session). Rows 1-4 and the first KV slots are scratch until
+        requests take them: a request writes its KV before it reads it."""
         if self.cfg.max_reqs < 4 or self.cfg.num_kv_slots < 40:
             return
         # (decode rows, prefill rows: their cached prefix and new tokens)

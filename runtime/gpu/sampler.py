@@ -101,7 +101,7 @@ class Sampler:
             logits = logits.float()
         raw_logprobs = None
         if any(k is not None for k in k_asked):
-            raw_logprobs = torch.log_softmax(logits.float(), dim=-1)
+            raw_logprobs = torch.log_softmax(logits, dim=-1)  # float32: logprobs are not plain greedy
         params = self.table[rows_t]
         logits = self._penalize(logits, params, rows_t, states)
         if all(s.params.greedy for s in states):
