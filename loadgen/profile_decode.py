@@ -39,35 +39,11 @@ def _runner(
     return ModelRunner(cfg)
 
 
-def _steps(batch: int, ctx: int):
-    """Plans: the first registers every row with `ctx` cached slots and feeds one token, then decodes."""
-    params = SamplingParams(temperature=0)
-    base = [1 + i * (ctx + ROOM) for i in range(batch)]
-    added = [SeqStart(i + 1, params, [1], list(range(b, b + ctx)), []) for i, b in enumerate(base)]
-    rows = list(range(1, batch + 1))
-    pos, step = ctx - 1, 0
-    while True:
-        first = step == 0
-        loc = [b + pos for b in base]
-        yield StepPlan(
-            step,
-            added if first else [],
-            [],
-            rows,
-            [pos] * batch,
-            [1] * batch,
-            [not first] * batch,
-            [5] * batch if first else [],
-            loc,
-            [True] * batch,
-        )
-        pos, step = pos + 1, step + 1
-
-
-def _mixed_steps(batch: int, ctx: int, prompts: int, length: int):
-    """Plans of `prompts` fresh prompts of `length` tokens each, behind `batch` decode rows at `ctx`
-    (the scheduler puts decode rows first). The prompt rows are released and admitted again every step,
-    reusing their slots, so every step is the same prefill."""
+def _steps(batch: int, ctx: int, prompts: int = 0, length: int = 0):
+    """Plans: the first registers `batch` rows with `ctx` cached slots and feeds each one token, then they
+    decode. Behind them (the scheduler puts decode rows first), every step prefills `prompts` fresh
+    prompts of `length` tokens each: their rows are released and admitted again every step, reusing
+    their slots, so every step is the same prefill."""
     params = SamplingParams(temperature=0)
     base = [1 + i * (ctx + ROOM) for i in range(batch)]
     dec_rows = list(range(1, batch + 1))
@@ -143,7 +119,7 @@ def main() -> None:
         prompts, length = (int(x) for x in args.prefill.split("x"))
         for batch in batches:
             runner = _runner(batch, False, args.context_len, args.kv_cache_dtype, prompts, length)
-            ms, prof = _measure(runner, _mixed_steps(batch, args.context_len, prompts, length), 3, 5, 3)
+            ms, prof = _measure(runner, _steps(batch, args.context_len, prompts, length), 3, 5, 3)
             print(f"prefill {prompts}x{length} + {batch} decode rows: {ms:.3f} ms/step, "
                   f"{prompts * length / ms:.1f}k prompt tok/s", flush=True)  # fmt: skip
             _report(prof, steps=3)
