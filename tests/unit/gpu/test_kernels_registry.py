@@ -88,24 +88,31 @@ def test_named_finds_an_implementation_available_or_not() -> None:
         registry.named("mla_decode", "nope")
 
 
-def test_a_mixed_steps_leading_decode_rows_take_the_decode_kernel(monkeypatch) -> None:
-    """TritonAttentionBackend.prepare: the leading single-token rows of a mixed step are its decode rows
-    (the rest run the extend kernel); CONDUIT_MIXED_DECODE_KERNEL=0 sends them all to the extend kernel."""
+def _prepared_meta(backend, prefix: list[int], ext: list[int]):
+    """TritonAttentionBackend.prepare's metadata for a CPU step of rows 10.. with these columns."""
     import torch
 
-    from runtime.gpu.attention.triton_backend import TritonAttentionBackend
     from runtime.gpu.forward_batch import ForwardBatch
 
+    n, t = len(ext), sum(ext)
+    batch = ForwardBatch(
+        input_ids=torch.zeros(t, dtype=torch.int64), positions=torch.zeros(t, dtype=torch.int64),
+        out_loc=torch.zeros(t, dtype=torch.int64), rows=torch.arange(n), rows_list=list(range(10, 10 + n)),
+        prefix_lens=prefix, extend_lens=ext, req_to_token=torch.zeros(10 + n, 64, dtype=torch.int64),
+        kv_cache=None, attn_backend=backend,
+    )  # fmt: skip
+    backend.prepare(batch)
+    return batch.attn_meta
+
+
+def test_a_mixed_steps_leading_decode_rows_take_the_decode_kernel(monkeypatch) -> None:
+    """TritonAttentionBackend.prepare: the leading single-token rows of a mixed step are its decode rows
+    (the rest run the prefill kernel); CONDUIT_MIXED_DECODE_KERNEL=0 sends them with the rest."""
+    from runtime.gpu.attention.triton_backend import TritonAttentionBackend
+
     def num_decode(backend: TritonAttentionBackend, ext: list[int]) -> tuple[bool, int]:
-        n, t = len(ext), sum(ext)
-        batch = ForwardBatch(
-            input_ids=torch.zeros(t, dtype=torch.int64), positions=torch.zeros(t, dtype=torch.int64),
-            out_loc=torch.zeros(t, dtype=torch.int64), rows=torch.arange(n), rows_list=list(range(n)),
-            prefix_lens=[5] * n, extend_lens=ext, req_to_token=torch.zeros(n, 64, dtype=torch.int64),
-            kv_cache=None, attn_backend=backend,
-        )  # fmt: skip
-        backend.prepare(batch)
-        return batch.attn_meta.decode, batch.attn_meta.num_decode
+        meta = _prepared_meta(backend, [5] * len(ext), ext)
+        return meta.decode, meta.num_decode
 
     backend = TritonAttentionBackend(4, 2, 16, 0.25)
     assert num_decode(backend, [1, 1, 7, 1]) == (False, 2)
@@ -120,25 +127,11 @@ def test_prefill_rows_take_the_prefill_kernel_with_their_own_columns(monkeypatch
     16-byte aligned), their longest new part and whether any has a cached prefix; the backend sends them
     to the prefill kernel, or to the extend kernel under CONDUIT_PREFILL_KERNEL=0 or at head dims that
     are not powers of two."""
-    import torch
-
     from runtime.gpu.attention.triton_backend import TritonAttentionBackend
-    from runtime.gpu.forward_batch import ForwardBatch
-
-    def meta(backend: TritonAttentionBackend, prefix: list[int], ext: list[int]):
-        n, t = len(ext), sum(ext)
-        batch = ForwardBatch(
-            input_ids=torch.zeros(t, dtype=torch.int64), positions=torch.zeros(t, dtype=torch.int64),
-            out_loc=torch.zeros(t, dtype=torch.int64), rows=torch.arange(n), rows_list=list(range(10, 10 + n)),
-            prefix_lens=prefix, extend_lens=ext, req_to_token=torch.zeros(15, 64, dtype=torch.int64),
-            kv_cache=None, attn_backend=backend,
-        )  # fmt: skip
-        backend.prepare(batch)
-        return batch.attn_meta
 
     backend = TritonAttentionBackend(4, 2, 16, 0.25)
     assert backend.prefill_kernel
-    m = meta(backend, [5, 5, 0, 3, 0], [1, 1, 9, 4, 6])
+    m = _prepared_meta(backend, [5, 5, 0, 3, 0], [1, 1, 9, 4, 6])
     assert m.num_decode == 2
     rows, prefix, ext, starts, longest, any_prefix = m.prefill
     assert (rows.tolist(), prefix.tolist(), ext.tolist(), starts.tolist()) == (
@@ -149,8 +142,8 @@ def test_prefill_rows_take_the_prefill_kernel_with_their_own_columns(monkeypatch
     )
     assert (longest, any_prefix) == (9, True)
     assert all(t.data_ptr() % 16 == 0 for t in m.prefill[:4])
-    assert meta(backend, [5, 0, 0], [1, 7, 2]).prefill[4:] == (7, False)
-    assert meta(backend, [5, 5], [1, 1]).prefill is None  # all decode
+    assert _prepared_meta(backend, [5, 0, 0], [1, 7, 2]).prefill[4:] == (7, False)
+    assert _prepared_meta(backend, [5, 5], [1, 1]).prefill is None  # all decode
     monkeypatch.setenv("CONDUIT_PREFILL_KERNEL", "0")
     assert not TritonAttentionBackend(4, 2, 16, 0.25).prefill_kernel
     monkeypatch.delenv("CONDUIT_PREFILL_KERNEL")
