@@ -32,7 +32,8 @@ async def spawn_engine_actors(system: ActorSystem, cfg: ServerConfig, model_path
                               max_model_len=max_model_len, page_size=cfg.page_size, seed=cfg.seed,
                               attention_backend=cfg.attention_backend, cuda_graph=not cfg.disable_cuda_graph,
                               cuda_graph_max_bs=cfg.cuda_graph_max_bs, swa_replay_tokens=cfg.swa_replay_tokens,
-                              swa_replay_exact=cfg.swa_replay_exact, hf_overrides=cfg.hf_overrides)
+                              swa_replay_exact=cfg.swa_replay_exact, hf_overrides=cfg.hf_overrides,
+                              max_prefill_tokens=cfg.resolved_chunked_prefill_size())
     worker = await system.spawn(GpuWorkerActor(runner_cfg))
     multiple = getattr(worker.runner, "page_multiple", 1)  # V4: pages hold whole compression windows
     if cfg.page_size % multiple:

@@ -19,7 +19,7 @@ import structlog
 import torch
 
 from runtime import envs
-from runtime.gpu import loader, presets
+from runtime.gpu import compile_watch, loader, presets
 from runtime.gpu.attention import default_backend, get_attention_backend
 from runtime.gpu.cuda_graph import DecodeGraphs
 from runtime.gpu.forward_batch import ForwardBatch, token_positions
@@ -63,6 +63,9 @@ class RunnerConfig:
     # the hit to replay (None: the model's sliding window), or replay from position 0 (exact, slower).
     swa_replay_tokens: int | None = None
     swa_replay_exact: bool = False
+    # the scheduler's prefill token budget per step (the chunked-prefill size): the warm-up runs one
+    # step that large, so the first real one does not pay for its allocations and kernel variants
+    max_prefill_tokens: int | None = None
 
 
 def _resolve_dtype(cfg: RunnerConfig) -> torch.dtype:
@@ -101,6 +104,8 @@ class ModelRunner:
         self.dtype = _resolve_dtype(cfg)
         if cfg.cpu_threads and self.device.type == "cpu":
             torch.set_num_threads(cfg.cpu_threads)
+        if self.device.type == "cuda":
+            compile_watch.install()
         path = Path(presets.resolve(cfg.model_path))
         self.config = loader.load_config(path, cfg.hf_overrides)
         self.vocab_size: int = self.config.vocab_size
@@ -149,6 +154,8 @@ class ModelRunner:
             self.graphs = DecodeGraphs(self, min(cfg.cuda_graph_max_bs or cfg.max_reqs, cfg.max_reqs))
         if self.device.type == "cuda" and not hasattr(self.model, "make_kv_cache"):
             self.warm_up_mixed_steps()
+        if self.device.type == "cuda":
+            compile_watch.mark_serving()
 
     def _load_model(self, path: Path) -> torch.nn.Module:
         # Build on the meta device so no time goes into random init that loading overwrites.
@@ -204,20 +211,27 @@ class ModelRunner:
         first burst of requests (a second or so each on the H200). The attention backend starts every
         per-row column 16-byte aligned, so each kernel compiles one variant per launch shape: here the
         decode kernel on a mixed step's leading rows (0-2 of them), and the prefill kernel on rows with
-        and without a cached prefix, in its short- and, where the model allows, long-row launch. On the
-        H200 a machine's first server lost about 2 s to compiles at its first steps before there was a
-        warm-up (docs/PERF.md, eighth session). Rows 1-4 and the first KV slots are scratch until
-        requests take them: a request writes its KV before it reads it."""
+        and without a cached prefix, in its short- and, where the model allows, long-row launch; last,
+        one step as large as the scheduler's prefill budget (`_full_step_shape`). On the H200 a
+        machine's first server lost about 2 s to compiles at its first steps before there was a
+        warm-up (docs/PERF.md, eighth session). The rows and the first KV slots it uses are scratch
+        until requests take them: a request writes its KV before it reads it."""
         if self.cfg.max_reqs < 4 or self.cfg.num_kv_slots < 40:
             return
-        # (decode rows, prefill rows: their cached prefix and new tokens)
-        shapes = [(n_dec, [(0, 16)] + [(1, 16)] * (n_ext - 1)) for n_dec in (0, 1, 2) for n_ext in (1, 2)]
+        # (decode rows, their cached prefixes, prefill rows: their cached prefix and new tokens)
+        shapes = [
+            (n_dec, [1] * n_dec, [(0, 16)] + [(1, 16)] * (n_ext - 1))
+            for n_dec in (0, 1, 2)
+            for n_ext in (1, 2)
+        ]
         long_row = 2 * 1024 + 1  # past the prefill kernel's short-row launch
         if self.cfg.max_model_len > long_row + 1 and self.cfg.num_kv_slots > long_row + 8:
-            shapes += [(0, [(0, long_row)]), (0, [(1, long_row)])]
-        for n_dec, prefills in shapes:
+            shapes += [(0, [], [(0, long_row)]), (0, [], [(1, long_row)])]
+        if full := self._full_step_shape():
+            shapes.append(full)
+        for n_dec, dec_prefix, prefills in shapes:
             rows = list(range(1, n_dec + len(prefills) + 1))
-            prefix = [1] * n_dec + [p for p, _ in prefills]
+            prefix = dec_prefix + [p for p, _ in prefills]
             ext = [1] * n_dec + [e for _, e in prefills]
             plan = StepPlan(
                 step=-1, added=[], released=[], rows=rows, prefix_lens=prefix, extend_lens=ext,
@@ -227,6 +241,24 @@ class ModelRunner:
             self.forward_logits(plan)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+    def _full_step_shape(self) -> tuple[int, list[int], list[tuple[int, int]]] | None:
+        """The warm-up's largest step, as a mixed step of a serving run looks: two decode rows with long
+        contexts (the decode kernel's multi-split launch) beside `max_prefill_tokens` of prefill in rows
+        of up to 1024 tokens, the first continuing a cached prefix. None when it would not fit or adds
+        nothing over the warm-up's other shapes. On the H200 the first 16K-token step of a run took 1.4 s
+        against 0.4 s for the next ones before this step was warmed (docs/PERF.md, eleventh session)."""
+        cfg = self.cfg
+        total = min(cfg.max_prefill_tokens or 0, cfg.num_kv_slots - 16)
+        row_len = min(1024, cfg.max_model_len - 2)
+        if total <= 2 * 1024 + 1 or row_len < 64:
+            return None
+        n_rows = min(-(-total // row_len), cfg.max_reqs - 2)
+        if n_rows < 2:
+            return None
+        sizes = [row_len] * (n_rows - 1) + [min(row_len, total - row_len * (n_rows - 1))]
+        dec_prefix = min(2048, cfg.max_model_len - 2)
+        return 2, [dec_prefix] * 2, [(1, sizes[0] - 1)] + [(0, n) for n in sizes[1:]]
 
     # ------------------------------------------------------------------ step
 

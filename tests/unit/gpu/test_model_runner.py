@@ -44,11 +44,20 @@ def test_overlapped_decode_with_use_last_matches_greedy_generate(tiny):
         assert got[r] == greedy_reference(ref, p, 6)
 
 
-def test_the_mixed_step_warm_up_leaves_serving_unchanged(tmp_path):
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        dict(num_kv_slots=256, max_reqs=4, max_model_len=64),
+        # with the long-row steps and a full-size step (rows 1-5, 2,600 prefill tokens)
+        dict(num_kv_slots=4096, max_reqs=8, max_model_len=2100, max_prefill_tokens=2600),
+    ],
+    ids=["small", "full_step"],
+)
+def test_the_mixed_step_warm_up_leaves_serving_unchanged(tmp_path, cfg):
     """warm_up_mixed_steps (run at start on CUDA) scribbles on scratch rows and slots only: requests that
     then take those rows and slots generate what transformers does."""
     ref = save_tiny_llama(tmp_path, num_key_value_heads=2)
-    runner = ModelRunner(RunnerConfig(str(tmp_path), num_kv_slots=256, max_reqs=4, max_model_len=64))
+    runner = ModelRunner(RunnerConfig(str(tmp_path), **cfg))
     runner.warm_up_mixed_steps()
     assert runner.req_to_token[1:5].any()  # it ran (a CPU runner does not warm up by itself)
     prompts = {1: [3, 14, 15, 92, 65], 2: [35, 89, 79, 32, 38, 46, 26, 43]}
@@ -63,6 +72,31 @@ def test_the_mixed_step_warm_up_leaves_serving_unchanged(tmp_path):
             got[r].append(t)
             lens[r] += 1
     assert got == {r: greedy_reference(ref, p, 4) for r, p in prompts.items()}
+
+
+def test_the_full_size_warm_up_step_is_a_serving_mixed_step_within_the_limits():
+    """Two decode rows with long contexts beside the prefill budget in rows of at most 1024 tokens, the
+    first continuing a cached prefix; inside the rows, slots and model length; none when it adds
+    nothing over the small shapes."""
+
+    def shape(**kw):
+        cfg = RunnerConfig("unused", **kw)
+        return ModelRunner._full_step_shape(type("R", (), {"cfg": cfg})())
+
+    n_dec, dec_prefix, prefills = shape(
+        num_kv_slots=600000, max_reqs=256, max_model_len=8192, max_prefill_tokens=16384
+    )
+    assert (n_dec, dec_prefix) == (2, [2048, 2048])
+    assert prefills[0] == (1, 1023) and all(p == 0 for p, _ in prefills[1:])
+    assert sum(e for _, e in prefills) == 16383 and max(p + e for p, e in prefills) == 1024
+    # few rows: each as long as the model allows; the budget is cut to what the rows hold
+    n_dec, dec_prefix, prefills = shape(
+        num_kv_slots=600000, max_reqs=4, max_model_len=600, max_prefill_tokens=8192
+    )
+    assert dec_prefix == [598, 598] and len(prefills) == 2 and max(p + e for p, e in prefills) <= 598
+    assert shape(num_kv_slots=600000, max_reqs=256, max_model_len=8192, max_prefill_tokens=2048) is None
+    assert shape(num_kv_slots=2000, max_reqs=256, max_model_len=8192, max_prefill_tokens=16384) is None
+    assert shape(num_kv_slots=600000, max_reqs=256, max_model_len=8192) is None
 
 
 def test_unsampled_prefill_chunk_returns_no_tokens_and_logprobs_only_when_asked(tiny):

@@ -225,8 +225,10 @@ def prefill_attention(
     max_len = num_tokens if max_len is None else max_len
     if batch == 0 or max_len == 0:  # nothing to attend (an empty grid is not a launch)
         return out
-    if cached is None:  # no pools to read: any tensors fill their slots in the launch
-        k_pool, v_pool, r2t, rows, prefix_lens = k, v, lens.view(1, -1), lens, lens
+    if cached is None:  # no pools to read: any tensors fill their slots in the launch (a table whose
+        # row stride does not change with the batch: Triton specialises ints, and len(lens) as the
+        # stride compiled a new variant mid-run whenever the count of rows went past 1 or 16)
+        k_pool, v_pool, r2t, rows, prefix_lens = k, v, lens.view(-1, 1), lens, lens
     else:
         k_pool, v_pool, r2t, rows, prefix_lens = cached
         assert k_pool.stride(2) == 1 and v_pool.stride(2) == 1 and r2t.stride(1) == 1
