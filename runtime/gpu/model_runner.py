@@ -345,12 +345,16 @@ class ModelRunner:
         sample_rows = rows[sample]
         last_rows = rows[use_last]
         last_pos = starts[use_last]
-        sizes = [num_tokens] * 4 + [len(last_idx)] * 2 + [len(last_rows)] * 2 + [len(rows)]
-        packed = torch.cat([ids, positions, torch.tensor(plan.out_loc, dtype=torch.int64), tok_row])
-        packed = torch.cat([packed, last_idx, sample_rows, last_rows, last_pos, rows])
-        packed = packed.to(self.device, non_blocking=True)
+        # one host tensor, one copy. Each column starts 16-byte aligned (padded to an even length), as
+        # in the attention backend: Triton compiles a variant per pointer alignment, so with the columns
+        # packed end to end an odd token count changed the alignment of the positions the RoPE kernel
+        # reads and compiled a new variant mid-run (docs/PERF.md, eleventh session)
+        cols = [ids, positions, torch.tensor(plan.out_loc, dtype=torch.int64), tok_row]
+        cols += [last_idx, sample_rows, last_rows, last_pos, rows]
+        padded = [torch.nn.functional.pad(c, (0, len(c) & 1)) for c in cols]
+        parts = torch.cat(padded).to(self.device, non_blocking=True).split([len(c) for c in padded])
         ids_d, pos_d, loc_d, tok_row_d, last_idx_d, sample_rows_d, last_rows_d, last_pos_d, rows_d = (
-            packed.split(sizes)
+            p[: len(c)] for p, c in zip(parts, cols, strict=True)
         )
         if len(last_rows):
             ids_d = ids_d.clone()

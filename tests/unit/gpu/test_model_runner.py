@@ -99,6 +99,21 @@ def test_the_full_size_warm_up_step_is_a_serving_mixed_step_within_the_limits():
     assert shape(num_kv_slots=600000, max_reqs=256, max_model_len=8192) is None
 
 
+def test_a_steps_token_columns_start_16_byte_aligned_whatever_the_token_count(tiny):
+    """Triton compiles a kernel variant per pointer alignment: positions and slots packed end to end
+    behind an odd number of ids would change alignment with the step's token count."""
+    _, runner = tiny
+    pb = PlanBuilder(list(range(1000, 1100)))
+    plan = pb.plan(
+        [1, 2], [0, 0], [3, 4], list(range(7)), added=[seq_start(1, [1, 2, 3]), seq_start(2, [4] * 4)]
+    )
+    batch, last_idx, sample_rows = runner._build_batch(plan)
+    cols = [batch.input_ids, batch.positions, batch.out_loc, batch.rows, last_idx, sample_rows]
+    assert [t.data_ptr() % 16 for t in cols] == [0] * len(cols)
+    assert batch.positions.tolist() == [0, 1, 2, 0, 1, 2, 3] and batch.out_loc.tolist() == plan.out_loc
+    assert batch.rows.tolist() == [1, 2] and last_idx.tolist() == [2, 6]
+
+
 def test_unsampled_prefill_chunk_returns_no_tokens_and_logprobs_only_when_asked(tiny):
     _, runner = tiny
     pb = PlanBuilder(list(range(500, 2000)))
