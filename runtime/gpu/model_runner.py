@@ -245,9 +245,9 @@ class ModelRunner:
     def _full_step_shape(self) -> tuple[int, list[int], list[tuple[int, int]]] | None:
         """The warm-up's largest step, as a mixed step of a serving run looks: two decode rows with long
         contexts (the decode kernel's multi-split launch) beside `max_prefill_tokens` of prefill in rows
-        of up to 1024 tokens, the first continuing a cached prefix. None when it would not fit or adds
-        nothing over the warm-up's other shapes. On the H200 the first 16K-token step of a run took 1.4 s
-        against 0.4 s for the next ones before this step was warmed (docs/PERF.md, eleventh session)."""
+        of up to 1024 tokens, the first continuing a cached prefix. It leaves the first full-size step of
+        a run its own work only: no first allocations of its activations, no launch shape seen for the
+        first time. None when it would not fit or adds nothing over the warm-up's other shapes."""
         cfg = self.cfg
         total = min(cfg.max_prefill_tokens or 0, cfg.num_kv_slots - 16)
         row_len = min(1024, cfg.max_model_len - 2)
