@@ -134,6 +134,9 @@ async def _benchmark(args, session, cfg, prompts, rng) -> tuple[list[RequestResu
     async for i, p in paced(enumerate(items), args.request_rate, rng, duration=args.duration):
         if sem:
             await sem.acquire()
+            if args.duration is not None and time.perf_counter() - t0 >= args.duration:
+                sem.release()  # the concurrency limit held this arrival past the run's end: not sent
+                break
         tasks.append(asyncio.create_task(one(p, i, t0)))
     await asyncio.gather(*tasks)
     duration = time.perf_counter() - t0

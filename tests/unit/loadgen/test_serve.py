@@ -82,7 +82,9 @@ def test_duration_bounds_the_run(fake_server, tmp_path):
     )
     assert rc == 0
     assert 3 <= doc["metrics"]["completed"] <= 60
-    assert max(r["start_s"] for r in doc["requests"]) < 0.5
+    # nothing arrives after 0.5 s, even when the concurrency limit holds an arrival back; a request's
+    # start_s is taken as it is sent, an event-loop turn after its arrival (0.5008 s once on CI)
+    assert max(r["start_s"] for r in doc["requests"]) < 0.5 + 0.05
 
 
 def test_random_ids_dataset_sends_token_ids(fake_server, tmp_path):
