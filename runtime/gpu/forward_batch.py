@@ -45,3 +45,14 @@ def token_positions(prefix_lens: list[int], extend_lens: list[int]) -> tuple[tor
     starts = torch.cumsum(ext, 0) - ext
     positions = torch.repeat_interleave(torch.tensor(prefix_lens, dtype=torch.int64) - starts, ext)
     return positions + torch.arange(len(positions)), starts
+
+
+def columns_to_device(cols: list[torch.Tensor | list[int]], device: torch.device) -> list[torch.Tensor]:
+    """A step's int64 columns on `device` through one host tensor and one non-blocking copy, each column
+    starting 16-byte aligned (padded to an even length). Triton compiles a kernel variant per pointer
+    alignment: columns packed end to end would shift with the lengths before them and compile new
+    variants mid-run, a second each (docs/PERF.md, eighth and eleventh sessions)."""
+    host = [torch.as_tensor(c, dtype=torch.int64) for c in cols]
+    padded = [torch.nn.functional.pad(c, (0, len(c) & 1)) for c in host]
+    parts = torch.cat(padded).to(device, non_blocking=True).split([len(c) for c in padded])
+    return [p[: len(c)] for p, c in zip(parts, host, strict=True)]

@@ -22,7 +22,7 @@ from runtime import envs
 from runtime.gpu import compile_watch, loader, presets
 from runtime.gpu.attention import default_backend, get_attention_backend
 from runtime.gpu.cuda_graph import DecodeGraphs
-from runtime.gpu.forward_batch import ForwardBatch, token_positions
+from runtime.gpu.forward_batch import ForwardBatch, columns_to_device, token_positions
 from runtime.gpu.kernels.fp8_gemm.linear import precompile as precompile_fp8_gemms
 from runtime.gpu.kv_cache import KVCache
 from runtime.gpu.layers import RotaryEmbedding
@@ -345,16 +345,11 @@ class ModelRunner:
         sample_rows = rows[sample]
         last_rows = rows[use_last]
         last_pos = starts[use_last]
-        # one host tensor, one copy. Each column starts 16-byte aligned (padded to an even length), as
-        # in the attention backend: Triton compiles a variant per pointer alignment, so with the columns
-        # packed end to end an odd token count changed the alignment of the positions the RoPE kernel
-        # reads and compiled a new variant mid-run (docs/PERF.md, eleventh session)
-        cols = [ids, positions, torch.tensor(plan.out_loc, dtype=torch.int64), tok_row]
-        cols += [last_idx, sample_rows, last_rows, last_pos, rows]
-        padded = [torch.nn.functional.pad(c, (0, len(c) & 1)) for c in cols]
-        parts = torch.cat(padded).to(self.device, non_blocking=True).split([len(c) for c in padded])
+        # aligned columns: with them packed end to end, an odd token count shifted the positions the
+        # RoPE kernel reads and compiled a new variant mid-run
+        cols = [ids, positions, plan.out_loc, tok_row, last_idx, sample_rows, last_rows, last_pos, rows]
         ids_d, pos_d, loc_d, tok_row_d, last_idx_d, sample_rows_d, last_rows_d, last_pos_d, rows_d = (
-            p[: len(c)] for p, c in zip(parts, cols, strict=True)
+            columns_to_device(cols, self.device)
         )
         if len(last_rows):
             ids_d = ids_d.clone()

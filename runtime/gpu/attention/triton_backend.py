@@ -22,7 +22,7 @@ import torch
 
 from runtime import envs
 from runtime.gpu.attention.base import AttentionBackend, Rope
-from runtime.gpu.forward_batch import ForwardBatch
+from runtime.gpu.forward_batch import ForwardBatch, columns_to_device
 from runtime.gpu.kernels import registry
 from runtime.gpu.kernels.common import choose_num_splits
 
@@ -60,17 +60,10 @@ class TritonAttentionBackend(AttentionBackend):
             n_dec = len(ext) if decode else 0
         else:
             n_dec = next((i for i, e in enumerate(ext) if e != 1), len(ext))
-        # one host tensor, one copy: every row's table row and length (the decode kernel's), then the
-        # non-decode rows' own columns. Each column starts 16-byte aligned (padded to an even length):
-        # Triton compiles a kernel variant per pointer alignment, and unaligned columns would compile new
-        # variants mid-run, a second each
+        # every row's table row and length (the decode kernel's), then the non-decode rows' own columns
         cols = [batch.rows_list, seq_lens]
         cols += [c[n_dec:] for c in (batch.rows_list, prefix, ext, starts)]
-        flat = [x for c in cols for x in c + [0] * (len(c) & 1)]
-        dev = torch.tensor(flat, dtype=torch.int64).to(device, non_blocking=True)
-        parts = [
-            p[: len(c)] for p, c in zip(dev.split([len(c) + (len(c) & 1) for c in cols]), cols, strict=True)
-        ]
+        parts = columns_to_device(cols, device)
         max_len = max(seq_lens[:n_dec], default=1)
         splits = choose_num_splits(n_dec, self.num_kv_heads, max_len, device) if n_dec else 1
         prefill = (*parts[2:], max(ext[n_dec:]), any(prefix[n_dec:])) if n_dec < len(ext) else None
