@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -200,8 +201,11 @@ def bench(
     variants: list[tuple[str, ...]],
     points: list[tuple],
     ab_points: list[tuple] | None = None,
+    rounds: int = 1,
 ) -> None:
-    from runtime.gpu.kernels.mla_decode.tilelang import schedule
+    """Time every (implementation, entry, schedule) at every point. With `rounds` > 1 the runs of a
+    point are timed round-robin, each round starting one run later, and the median is reported: the
+    GPU's clock falls as it warms under a long run, so a fixed order favours whoever goes first."""
 
     print(
         f"{'impl':<8} {'schedule':<13} {'entry':<5} {'h_q':>3} {'B':>4} {'ctx':>6} {'us':>8} {'TFLOP/s':>8} {'TB/s':>6} {'FlashMLA':>10} {'ratio':>6}"
@@ -215,45 +219,70 @@ def bench(
         flops = 2 * c.kv_tokens * hq * (2 * R + DPE)
         nbytes = (c.kv_tokens * (R + DPE) + batch * hq * (2 * R + DPE)) * c.pool.element_size()
         anchor = FLASH_MLA.get((hq, batch, ctx))
-        runs = [(n, v) for n in names for v in (variants if n == "tilelang" else [None])]
-        if ab_points is not None and (hq, batch, ctx) not in ab_points:
-            runs = [(n, v) for n, v in runs if v in (None, _DEFAULT_OPTS)]
-        seen = set()
-        for name, opts in runs:
-            _use(name, opts)
-            for entry in entries:
-                if name == "triton" and entry == "table":
+        lines = _point_runs(
+            names, entries, variants, hq, ab_points is not None and (hq, batch, ctx) not in ab_points
+        )
+        times: dict[tuple, list[float]] = {line: [] for line in lines}
+        errors: dict[tuple, str] = {}
+        for r in range(rounds):
+            for line in lines[r % len(lines) :] + lines[: r % len(lines)]:
+                if line in errors:
                     continue
-                shown = opts
-                if opts is not None:
-                    shown = schedule(opts, 1 if entry == "op" else 64)  # what this entry point runs
-                    if (entry, shown) in seen or (_diagnostic(opts) and (entry, hq) != ("op", 128)):
-                        continue  # the same kernel as an earlier line / not compiled
-                    seen.add((entry, shown))
+                name, entry, opts, _ = line
                 try:
+                    _use(name, opts)
                     _run(name, entry, c)  # compile / warm up outside the graph
-                    ms = bench_ms(
-                        lambda name=name, entry=entry, c=c: _run(name, entry, c), c.q.device, graph=True
-                    )
-                    fl, bw = flops / (ms * 1e-3), nbytes / (ms * 1e-3)
-                    mine = bw if hq == 16 else fl
-                    ref = (
-                        ""
-                        if anchor is None
-                        else (f"{anchor / 1e12:.2f} TB/s" if hq == 16 else f"{anchor / 1e12:.0f} TF")
-                    )
-                    ratio = "" if anchor is None else f"{100 * mine / anchor:.0f}%"
-                    print(
-                        f"{name:<8} {_label(shown):<13} {entry:<5} {hq:>3} {batch:>4} {ctx:>6} {ms * 1e3:8.1f} {fl / 1e12:8.1f} "
-                        f"{bw / 1e12:6.2f} {ref:>10} {ratio:>6}",
-                        flush=True,
+                    times[line].append(
+                        bench_ms(
+                            lambda name=name, entry=entry, c=c: _run(name, entry, c), c.q.device, graph=True
+                        )
                     )
                 except Exception as e:  # noqa: BLE001
-                    print(
-                        f"{name:<8} {_label(shown):<13} {entry:<5} {hq:>3} {batch:>4} {ctx:>6} ERROR {type(e).__name__}: {str(e)[:300]}"
-                    )
+                    errors[line] = f"ERROR {type(e).__name__}: {str(e)[:300]}"
+        for line in lines:
+            name, entry, _, shown = line
+            head = f"{name:<8} {_label(shown):<13} {entry:<5} {hq:>3} {batch:>4} {ctx:>6}"
+            if line in errors:
+                print(f"{head} {errors[line]}")
+                continue
+            ms = statistics.median(times[line])
+            fl, bw = flops / (ms * 1e-3), nbytes / (ms * 1e-3)
+            mine = bw if hq == 16 else fl
+            ref = (
+                ""
+                if anchor is None
+                else (f"{anchor / 1e12:.2f} TB/s" if hq == 16 else f"{anchor / 1e12:.0f} TF")
+            )
+            ratio = "" if anchor is None else f"{100 * mine / anchor:.0f}%"
+            print(
+                f"{head} {ms * 1e3:8.1f} {fl / 1e12:8.1f} {bw / 1e12:6.2f} {ref:>10} {ratio:>6}", flush=True
+            )
         del c
         torch.cuda.empty_cache()
+
+
+def _point_runs(
+    names: list[str], entries: list[str], variants: list[tuple[str, ...]], hq: int, default_only: bool
+) -> list[tuple]:
+    """The distinct (impl, entry, opts, schedule shown) lines of one point, in the given order."""
+    from runtime.gpu.kernels.mla_decode.tilelang import schedule
+
+    runs = [(n, v) for n in names for v in (variants if n == "tilelang" else [None])]
+    if default_only:
+        runs = [(n, v) for n, v in runs if v in (None, _DEFAULT_OPTS)]
+    lines, seen = [], set()
+    for name, opts in runs:
+        for entry in entries:
+            if name == "triton" and entry == "table":
+                continue
+            shown = opts
+            if opts is not None:
+                shown = schedule(opts, 1 if entry == "op" else 64)  # what this entry point runs
+                if (entry, shown) in seen or (_diagnostic(opts) and (entry, hq) != ("op", 128)):
+                    continue  # the same kernel as an earlier line / not compiled
+                seen.add((entry, shown))
+            lines.append((name, entry, opts, shown))
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -273,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--ab-points", nargs="*", default=None, help="where non-default variants run (default: all)"
     )
+    p.add_argument(
+        "--rounds", type=int, default=1, help="time each point's runs round-robin this often (median)"
+    )
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         sys.stderr.write("needs a CUDA device\n")
@@ -290,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         prewarm(a.compile_workers, variants)
     failures = 0 if a.no_check else check(a.impls, variants)
     if not a.no_bench:
-        bench(a.impls, a.entries, variants, points, ab_points)
+        bench(a.impls, a.entries, variants, points, ab_points, a.rounds)
     return 1 if failures else 0
 
 

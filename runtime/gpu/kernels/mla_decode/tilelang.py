@@ -39,10 +39,11 @@ Schedule options (`_kernel`'s `opts`; `DEFAULT_OPTS` is the one measured best, d
 - "chunked" (per-part ready/free barriers) and "early_p" (P to WG1 before WG0's own PV half): timed,
   no gain worth a default. With seesaw, per-64-column ready barriers, issuing the next pair's QK^T
   ahead of the last PV and reordering the producer were timed too (4% slower, equal, equal) and
-  removed.
-Measured on the H200 at h_q = 128: the seesaw math alone (no loads) runs at 624-650 TFLOP/s, with
-the loads 480-510: the two 72 KB KV buffers (all that fits beside Q) leave one tile pair of
-prefetch, and the loads overlap the math only partly. That is the remaining gap to FlashMLA.
+  removed; so were the variants listed in docs/PERF.md (TMA multicast in a 2-CTA cluster among them).
+The seesaw's hand-offs between WG0 and WG1 are named barriers (see M0_READY) and its KV copies carry an
+evict-first hint. Measured on the H200 at h_q = 128: the seesaw math alone (no loads) runs at 624-650
+TFLOP/s, with the loads 500-535: the two 72 KB KV buffers (all that fits beside Q) leave one tile pair
+of prefetch, and the loads overlap the math only partly. That is the remaining gap to FlashMLA.
 
 Kernels are compiled on first use per (heads, dims, dtypes, page, split or not, scale, schedule); batch,
 pool size, table shape and split count are dynamic, so a serving run compiles a handful of variants."""
@@ -60,6 +61,12 @@ from runtime.gpu.kernels.registry import tilelang_importable as _importable
 
 BLOCK_H = 64  # q heads per CTA: the wgmma M tile (fewer heads are zero-padded)
 BLOCK_N = 64  # tokens per KV tile
+# The seesaw's four per-pair hand-offs between its consumer warpgroups are hardware named barriers
+# (bar.arrive by the writer, bar.sync by the reader, 256 threads), as in FlashMLA: 1.5-3% faster at
+# h_q = 128 than mbarriers (H200, timed round-robin; PERF.md). They need no phase: a writer cannot
+# arrive for pair i + 1 before the reader's sync of pair i, since each warpgroup waits for the other
+# once per pair in between. TileLang's own syncs in this kernel use ids 0, 3 and 4.
+M0_READY, M1_READY, P0_READY, P1_READY = 8, 9, 10, 11
 LN2 = 0.6931471805599453
 DEFAULT_OPTS: tuple[str, ...] = ("seesaw", "tma")  # the schedule measured best on the H200 (PERF.md)
 
@@ -494,13 +501,25 @@ def _kernel(
     def fill_half(
         KV, slots, dst, col0, width, dst2, col2, width2, ready, free, parity, lane_row, lane_col, full, base
     ):
-        """Producer: one half of a KV buffer, one or two parts, once its readers freed it."""
+        """Producer: one half of a KV buffer, one or two parts, once its readers freed it. The bulk copies
+        carry FlashMLA's evict-first L2 hint (each tile is read by a row's head blocks at about the same
+        time, then never again): +0.3-1% at h_q = 128 (+4.5% at 1K), timed round-robin."""
         T.barrier_wait(free[0], parity ^ 1)
         if use_tma and full:  # a whole tile inside one page: bulk copies, swizzled by the TMA unit
             if load:
-                T.tma_copy(KV[base : base + BLOCK_N, col0 : col0 + width], dst, barrier=ready[0])
+                T.tma_copy(
+                    KV[base : base + BLOCK_N, col0 : col0 + width],
+                    dst,
+                    barrier=ready[0],
+                    eviction_policy="evict_first",
+                )
                 if width2 > 0:
-                    T.tma_copy(KV[base : base + BLOCK_N, col2 : col2 + width2], dst2, barrier=ready[0])
+                    T.tma_copy(
+                        KV[base : base + BLOCK_N, col2 : col2 + width2],
+                        dst2,
+                        barrier=ready[0],
+                        eviction_policy="evict_first",
+                    )
             T.barrier_arrive(ready[0])
         else:
             gather_copies(KV, slots, dst, col0, width, lane_row, lane_col)
@@ -607,10 +626,6 @@ def _kernel(
             free1_l = T.alloc_barrier(arrive_count=256)  # WG1 (S_B) and WG0 (P_B V_B-left)
             free1_r = T.alloc_barrier(arrive_count=128)  # WG1 (S_B, P_B V_B-right)
             q_ready = T.alloc_barrier(arrive_count=256)  # both halves of Q are in shared
-            m0_ready = T.alloc_barrier(arrive_count=128)  # WG0 -> WG1: m0_shared, scale0_shared
-            m1_ready = T.alloc_barrier(arrive_count=128)  # WG1 -> WG0: m1_shared, scale1_shared
-            p0_ready = T.alloc_barrier(arrive_count=128)  # WG0 -> WG1: P0_shared
-            p1_ready = T.alloc_barrier(arrive_count=128)  # WG1 -> WG0: P1_shared
             sums_ready = T.alloc_barrier(arrive_count=256)  # both row sums; both done with Q
             bufs = (
                 (kv0_l, kv0_r, k0_tail, rdy0_l, rdy0_r, free0_l, free0_r),
@@ -652,7 +667,7 @@ def _kernel(
                         scale0[h_i] = T.exp2((m0_prev[h_i] - m0[h_i]) * sm_scale)
                     T.copy(m0, m0_shared)
                     T.copy(scale0, scale0_shared)
-                    T.barrier_arrive(m0_ready)
+                    T.named_barrier_arrive(M0_READY, 256)
                     exp_scores(s0, m0, sum0_i)
                     for h_i in T.Parallel(BLOCK_H):
                         sum0[h_i] = sum0[h_i] * scale0[h_i] + sum0_i[h_i]
@@ -661,11 +676,11 @@ def _kernel(
                     T.copy(s0, p0)
                     T.wgmma_gemm(p0, kv0_l, o0)
                     # P_A at the max after B, for WG1 (its O half is already at that max)
-                    T.barrier_wait(m1_ready, parity)
+                    T.sync_threads(M1_READY, 256)
                     for h_i, n_i in T.Parallel(BLOCK_H, BLOCK_N):
                         P0_shared[h_i, n_i] = T.cast(s0[h_i, n_i] * scale1_shared[h_i], dtype)
                     T.fence_proxy_async()
-                    T.barrier_arrive(p0_ready)
+                    T.named_barrier_arrive(P0_READY, 256)
                     T.wait_wgmma(0)
                     T.barrier_arrive(free0_l[0])
                     for h_i in T.Parallel(BLOCK_H):
@@ -673,7 +688,7 @@ def _kernel(
                         m0[h_i] = m1_shared[h_i]
                     for h_i, d_i in T.Parallel(BLOCK_H, half):
                         o0[h_i, d_i] *= scale1_shared[h_i]
-                    T.barrier_wait(p1_ready, parity)
+                    T.sync_threads(P1_READY, 256)
                     T.wgmma_gemm(P1_shared, kv1_l, o0)
                     T.wait_wgmma(0)
                     T.barrier_arrive(free1_l[0])
@@ -704,7 +719,7 @@ def _kernel(
                     T.wgmma_gemm(Q_l, kv1_l, s1, transpose_B=True)
                     T.wait_wgmma(0)
                     T.barrier_arrive(free1_l[0])
-                    T.barrier_wait(m0_ready, parity)
+                    T.sync_threads(M0_READY, 256)
                     for h_i in T.Parallel(BLOCK_H):
                         m1_prev[h_i] = m0_shared[h_i]
                         m1[h_i] = m0_shared[h_i]
@@ -714,7 +729,7 @@ def _kernel(
                         both1[h_i] = scale0_shared[h_i] * scale1[h_i]
                     T.copy(m1, m1_shared)
                     T.copy(scale1, scale1_shared)
-                    T.barrier_arrive(m1_ready)
+                    T.named_barrier_arrive(M1_READY, 256)
                     exp_scores(s1, m1, sum1_i)
                     for h_i in T.Parallel(BLOCK_H):
                         sum1[h_i] = sum1[h_i] * both1[h_i] + sum1_i[h_i]
@@ -723,9 +738,9 @@ def _kernel(
                     T.copy(s1, p1)
                     T.copy(s1, P1_shared)
                     T.fence_proxy_async()
-                    T.barrier_arrive(p1_ready)
+                    T.named_barrier_arrive(P1_READY, 256)
                     T.wgmma_gemm(p1, kv1_r, o1)
-                    T.barrier_wait(p0_ready, parity)
+                    T.sync_threads(P0_READY, 256)
                     T.wgmma_gemm(P0_shared, kv0_r, o1)
                     T.wait_wgmma(1)
                     T.barrier_arrive(free1_r[0])
