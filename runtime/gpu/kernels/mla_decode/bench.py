@@ -222,6 +222,8 @@ def bench(
         lines = _point_runs(
             names, entries, variants, hq, ab_points is not None and (hq, batch, ctx) not in ab_points
         )
+        if not lines:  # e.g. only diagnostics, which run at h_q 128 through the op entry alone
+            continue
         times: dict[tuple, list[float]] = {line: [] for line in lines}
         errors: dict[tuple, str] = {}
         for r in range(rounds):
