@@ -23,14 +23,22 @@ CTX = 1024
 ROOM = 64  # decode positions per row past the context
 
 
+def _layout(batch: int, ctx: int, page: int) -> tuple[int, int]:
+    """(first row's first slot, slots per row): rows hold whole pages, back to back after page 0 (its
+    slot 0 is the padding slot), so a row's pages are contiguous and page-aligned."""
+    return (page if page > 1 else 1), -(-(ctx + ROOM) // page) * page
+
+
 def _runner(
-    batch: int, graph: bool, ctx: int, kv_cache_dtype: str, prefill: int = 0, length: int = 0
+    batch: int, graph: bool, ctx: int, kv_cache_dtype: str, prefill: int = 0, length: int = 0, page: int = 1
 ) -> ModelRunner:
+    first, stride = _layout(batch, ctx, page)
     cfg = RunnerConfig(
         "llama-3.1-8b",
         device="cuda",
         load_format="dummy",
-        num_kv_slots=batch * (ctx + ROOM) + prefill * length + 8,
+        num_kv_slots=first + batch * stride + prefill * length + 8 + page,
+        page_size=page,
         max_reqs=batch + prefill,
         max_model_len=max(ctx + ROOM, length),
         cuda_graph=graph,
@@ -39,16 +47,17 @@ def _runner(
     return ModelRunner(cfg)
 
 
-def _steps(batch: int, ctx: int, prompts: int = 0, length: int = 0):
+def _steps(batch: int, ctx: int, prompts: int = 0, length: int = 0, page: int = 1):
     """Plans: the first registers `batch` rows with `ctx` cached slots and feeds each one token, then they
     decode. Behind them (the scheduler puts decode rows first), every step prefills `prompts` fresh
     prompts of `length` tokens each: their rows are released and admitted again every step, reusing
     their slots, so every step is the same prefill."""
     params = SamplingParams(temperature=0)
-    base = [1 + i * (ctx + ROOM) for i in range(batch)]
+    first, stride = _layout(batch, ctx, page)
+    base = [first + i * stride for i in range(batch)]
     dec_rows = list(range(1, batch + 1))
     pre_rows = list(range(batch + 1, batch + prompts + 1))
-    pre_base = 1 + batch * (ctx + ROOM)
+    pre_base = first + batch * stride
     ids = [(7 * i) % 30000 + 1 for i in range(prompts * length)]
     pre_loc = list(range(pre_base, pre_base + prompts * length))
     pos, step = ctx - 1, 0
@@ -113,13 +122,15 @@ def main() -> None:
     parser.add_argument("--context-len", type=int, default=CTX, help="cached tokens per row")
     parser.add_argument("--kv-cache-dtype", default="auto", help="auto (bf16) or fp8_e4m3")
     parser.add_argument("--prefill", default="", help="PROMPTSxLENGTH: profile a prefill step (eager)")
+    parser.add_argument("--page-size", type=int, default=1, help="the KV pool's (rows hold whole pages)")
     args = parser.parse_args()
     batches = [int(b) for b in args.batch_sizes.split(",")]
     if args.prefill:
         prompts, length = (int(x) for x in args.prefill.split("x"))
         for batch in batches:
-            runner = _runner(batch, False, args.context_len, args.kv_cache_dtype, prompts, length)
-            ms, prof = _measure(runner, _steps(batch, args.context_len, prompts, length), 3, 5, 3)
+            runner = _runner(batch, False, args.context_len, args.kv_cache_dtype, prompts, length, args.page_size)
+            plans = _steps(batch, args.context_len, prompts, length, args.page_size)
+            ms, prof = _measure(runner, plans, 3, 5, 3)
             print(f"prefill {prompts}x{length} + {batch} decode rows: {ms:.3f} ms/step, "
                   f"{prompts * length / ms:.1f}k prompt tok/s", flush=True)  # fmt: skip
             _report(prof, steps=3)
@@ -129,8 +140,8 @@ def main() -> None:
     graphs = {"on": (True,), "off": (False,), "both": (True, False)}[args.cuda_graph]
     for batch in batches:
         for graph in graphs:
-            runner = _runner(batch, graph, args.context_len, args.kv_cache_dtype)
-            ms, prof = _measure(runner, _steps(batch, args.context_len), 6, 20, 5)
+            runner = _runner(batch, graph, args.context_len, args.kv_cache_dtype, page=args.page_size)
+            ms, prof = _measure(runner, _steps(batch, args.context_len, page=args.page_size), 6, 20, 5)
             print(f"B={batch} graph={graph}: {ms:.3f} ms/step", flush=True)
             _report(prof)
             del runner

@@ -51,6 +51,12 @@ def mixed_decode_kernel() -> bool:
     return os.environ.get("CONDUIT_MIXED_DECODE_KERNEL", "1") != "0"
 
 
+def decode_tma_pages() -> bool:
+    """$CONDUIT_DECODE_TMA=0 has the fp8 decode kernel gather every tile token by token even when the pool's
+    pages hold whole 64-token tiles (kernels/decode_attention/tilelang.py), for before/after runs."""
+    return os.environ.get("CONDUIT_DECODE_TMA", "1") != "0"
+
+
 def prefill_kernel() -> bool:
     """$CONDUIT_PREFILL_KERNEL=0 sends prefill rows through the extend kernel (every key gathered from the
     pool) instead of the prefill kernel (new keys read from the step's own k/v;

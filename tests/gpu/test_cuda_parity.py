@@ -88,3 +88,33 @@ def test_cuda_seeded_sampling_is_reproducible_across_batches(tmp_path):
             toks.append(out.tokens[0])
         results.append(toks)
     assert results[0] == results[1]
+
+
+def test_cuda_fp8_kv_pages_of_64_match_pages_of_1(tmp_path):
+    """--kv-cache-dtype fp8_e4m3 --page-size 64 at head dim 128: the decode kernel copies whole pages by
+    TMA (a row's partial last page is gathered). The same prompts on a page-1 pool (every tile gathered)
+    give the same logits, and both stay near transformers' bf16-cache logits."""
+    from runtime.gpu.kernels.decode_attention import tilelang
+
+    if not tilelang.available(torch.device("cuda")):
+        pytest.skip("the TileLang fp8 decode kernel runs on Hopper")
+    ref = save_tiny_llama(
+        tmp_path, hidden_size=512, num_attention_heads=4, num_key_value_heads=2, intermediate_size=256,
+        num_hidden_layers=2, **{k: v for k, v in LLAMA3.items() if k != "num_key_value_heads"},
+    ).cuda()  # fmt: skip
+    g = torch.Generator().manual_seed(1)
+    # 200 tokens: decode reads two whole pages, then a partial third; 70: one whole page and a tail
+    seqs = torch.randint(3, ref.config.vocab_size, (3, 200), generator=g).tolist()
+    logits = {}
+    for page in (1, 64):
+        runner = ModelRunner(
+            RunnerConfig(
+                str(tmp_path), device="cuda", kv_cache_dtype="fp8_e4m3", page_size=page, num_kv_slots=4096,
+                max_reqs=8, max_model_len=512,
+            )
+        )  # fmt: skip
+        logits[page] = prefill_then_decode(runner, seqs, split=70)
+    torch.testing.assert_close(logits[64], logits[1], atol=1e-3, rtol=1e-3)
+    expected = torch.stack(reference(ref, seqs, split=70))
+    cos = torch.nn.functional.cosine_similarity(logits[64], expected, dim=-1)
+    assert cos.min() > 0.99

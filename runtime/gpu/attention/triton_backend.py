@@ -110,7 +110,7 @@ class TritonAttentionBackend(AttentionBackend):
         if meta.decode:
             return self.decode_fn(
                 q, k_pool, v_pool, batch.req_to_token, meta.rows, meta.seq_lens, self.scale,
-                num_splits=meta.num_splits,
+                num_splits=meta.num_splits, page_size=self.page_size,
             )  # fmt: skip
         # each kernel writes its own rows' tokens of one output
         out = torch.empty_like(q)
@@ -118,7 +118,7 @@ class TritonAttentionBackend(AttentionBackend):
         if n:  # the decode rows' tokens are q's first n
             self.decode_fn(
                 q[:n], k_pool, v_pool, batch.req_to_token, meta.rows[:n], meta.seq_lens[:n], self.scale,
-                num_splits=meta.num_splits, out=out[:n],
+                num_splits=meta.num_splits, out=out[:n], page_size=self.page_size,
             )  # fmt: skip
         if meta.prefill is not None:
             rows, prefix, ext, starts, longest, any_prefix = meta.prefill

@@ -83,7 +83,7 @@ def sweep_tilelang(variants: list[str], page_size: int) -> None:
         for sp in splits:
             fns = [("triton", "-", functools.partial(kernel.decode_attention, *args, num_splits=sp))]
             fns += [
-                ("tilelang", v, functools.partial(_tilelang_call, tilelang, args, sp, v)) for v in variants
+                ("tilelang", v, functools.partial(_tilelang_call, tilelang, args, sp, v, page_size)) for v in variants
             ]
             for impl, st, fn in fns:
                 err = close_ratio(fn().float(), want, *TOLERANCE[torch.bfloat16])
@@ -99,12 +99,12 @@ def sweep_tilelang(variants: list[str], page_size: int) -> None:
             )
 
 
-def _tilelang_call(tilelang, args, num_splits: int, variant: str) -> torch.Tensor:
+def _tilelang_call(tilelang, args, num_splits: int, variant: str, page_size: int) -> torch.Tensor:
     stages, ahead, blocks, *opts = variant.split(":")
     persistent = "persistent" in opts
     opts = [o for o in opts if o != "persistent"]
     mid_o, mid_lse = tilelang.stage1(
-        *args, num_splits, int(stages), int(ahead), tuple(opts), int(blocks), persistent
+        *args, num_splits, int(stages), int(ahead), tuple(opts), int(blocks), persistent, page_size=page_size
     )
     return kernel.merge_splits(mid_o, mid_lse, args[5], torch.empty_like(args[0]), tilelang.BLOCK_N)
 
@@ -126,7 +126,7 @@ def main() -> None:
         "--tilelang",
         default=None,
         help="fp8: time the TileLang stage 1 variants STAGES:AHEAD:BLOCKS[:OPT] (ring depth, slot lookahead, "
-        "CTAs per SM, a diagnostic such as no_load, or persistent), e.g. 4:2:2,3:2:3,4:2:2:no_load, against Triton's default",
+        "CTAs per SM, a diagnostic such as no_load or gather, or persistent), e.g. 4:2:2,3:2:3,4:2:2:no_load, against Triton's default",
     )
     args_cli = parser.parse_args()
     if args_cli.compiled:

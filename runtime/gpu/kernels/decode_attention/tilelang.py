@@ -8,7 +8,10 @@ needs the e4m3 tile converted to float16 in shared memory first. Here:
 - The producer (threads 128-255) looks each tile's slots up `ahead` tiles early and gathers the tokens'
   K and V rows (128 B each at head dim 128) with cp.async, 16 bytes a thread, into a ring of `stages`
   64-token buffers. Tokens past the split's end re-read its last token (their scores are -inf), so a
-  ragged tail never reads a slot the row does not own.
+  ragged tail never reads a slot the row does not own. With pages of a multiple of 64 tokens and head
+  dim 128, a whole tile is one page: its K and V arrive by two TMA bulk copies ([64 slots x 128 B], 1 KB
+  apart in the pool), swizzled by the TMA unit the way the warps read them; only a row's partial last
+  tile is gathered.
 - Four consumer warps (threads 0-127) each own 16 tokens of every tile (`gqa_fp8_warp.cuh`): they load
   their bytes of K and V into registers (the ring slot is free again right after), convert e4m3 pairs
   straight into mma operands and run S = q K^T and O += P V on mma.sync (the GQA group's q heads as the
@@ -29,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from runtime import envs
 from runtime.gpu.kernels.common import LOG2E, num_sms
 from runtime.gpu.kernels.registry import is_hopper as _hopper
 from runtime.gpu.kernels.registry import tilelang_importable as _importable
@@ -82,16 +86,22 @@ def _kernel(
     blocks_per_sm: int = BLOCKS_PER_SM,
     ctas: int = 0,
     direct: bool = False,
+    page: int = 1,
 ):
     """Compile one variant; `sm_scale` is the softmax scale times log2(e). Batch, pool size, table shape
     and split count are dynamic; `ctas` > 0: that many persistent CTAs, 0: a CTA per work item. `direct`
-    (one split): the output itself goes to Out in q's dtype, MidO and MidLse are not written. Diagnostics (`opts`; wrong results, for timing): "no_load" skips the
-    K/V copies, "no_compute" the consumer's math."""
+    (one split): the output itself goes to Out in q's dtype, MidO and MidLse are not written. `page`: the
+    pool's page size (64: whole tiles by TMA at head dim 128; 1: any layout). Diagnostics (`opts`; wrong
+    results, for timing): "no_load" skips the K/V copies, "no_compute" the consumer's math; "gather"
+    gathers every tile even when pages allow TMA."""
     import tilelang
     import tilelang.language as T
+    from tilelang.layout import make_full_bank_swizzled_layout
 
-    assert set(opts) <= {"no_load", "no_compute"}, opts
+    assert set(opts) <= {"no_load", "no_compute", "gather"}, opts
     load = "no_load" not in opts
+    # TMA's 128-byte swizzle is the warps' chunk ^ (row % 8) only for 128-byte rows
+    use_tma = page % BLOCK_N == 0 and head_dim == 128 and "gather" not in opts
     compute = "no_compute" not in opts
     num_q_heads = num_kv_heads * group
     kv_dtype = "float8_e4m3fn"
@@ -120,6 +130,25 @@ def _kernel(
         for r in T.unroll(row_passes):
             pos = T.min(tile_start + r * rows_per_pass + lane_row, last)
             slots[j, r] = T.cast(Table[row, pos], "int64")
+
+    @T.macro
+    def gather(K, V, k_ring, v_ring, s, slots, j, kvh, lane_row, lane_chunk):
+        """A tile's K and V rows by cp.async, 16 bytes a thread, into ring slot s in the warps' swizzle
+        (applied here; with TMA the ring's layout annotation applies it)."""
+        for r in T.unroll(row_passes):
+            tok = r * rows_per_pass + lane_row
+            col = lane_chunk * 16 if use_tma else (lane_chunk ^ (tok % chunks)) * 16
+            if load:
+                T.ptx_cp_async(
+                    T.access_ptr(k_ring[s, tok, col], "w", 16),
+                    T.access_ptr(K[slots[j, r], kvh, lane_chunk * 16], "r", 16),
+                    16,
+                )
+                T.ptx_cp_async(
+                    T.access_ptr(v_ring[s, tok, col], "w", 16),
+                    T.access_ptr(V[slots[j, r], kvh, lane_chunk * 16], "r", 16),
+                    16,
+                )
 
     @T.macro
     def locate(item, Rows, SeqLens, at):
@@ -170,6 +199,10 @@ def _kernel(
             at = T.alloc_local([7], "int32")
             done = T.alloc_var("int32", init=0)  # tiles of earlier items: the ring's running position
             tx = T.get_thread_binding()
+            if use_tma:  # the TMA unit writes 128-byte swizzled rows; the gather's addresses follow
+                T.annotate_layout(
+                    {k_ring: make_full_bank_swizzled_layout(k_ring), v_ring: make_full_bank_swizzled_layout(v_ring)}
+                )
 
             if tx < 128:  # consumers: gqa_fp8_warp.cuh, a warp per 16 tokens of each tile
                 T.set_max_nreg(consumer_regs, 1)
@@ -237,21 +270,20 @@ def _kernel(
                             if t < num_tiles:
                                 s = (done + t) % stages
                                 T.barrier_wait(free[s], (((done + t) // stages) & 1) ^ 1)
-                                for r in T.unroll(row_passes):
-                                    tok = r * rows_per_pass + lane_row
-                                    col = (lane_chunk ^ (tok % chunks)) * 16  # the swizzle the warps read
+                                if use_tma and start + t * BLOCK_N + BLOCK_N <= at[4]:
+                                    # a whole page: its slots are consecutive from the tile's first
+                                    base = slots[j, 0] - lane_row
                                     if load:
-                                        T.ptx_cp_async(
-                                            T.access_ptr(k_ring[s, tok, col], "w", 16),
-                                            T.access_ptr(K[slots[j, r], kvh, lane_chunk * 16], "r", 16),
-                                            16,
-                                        )
-                                        T.ptx_cp_async(
-                                            T.access_ptr(v_ring[s, tok, col], "w", 16),
-                                            T.access_ptr(V[slots[j, r], kvh, lane_chunk * 16], "r", 16),
-                                            16,
-                                        )
-                                T.cp_async_barrier_noinc(ready[s])
+                                        # no L2 evict-first hint (MLA's): it made these reads 1-5%
+                                        # slower than the gather at 32-64 tiles a row (docs/PERF.md)
+                                        page_k = K[base : base + BLOCK_N, kvh, 0:head_dim]
+                                        page_v = V[base : base + BLOCK_N, kvh, 0:head_dim]
+                                        T.tma_copy(page_k, k_ring[s, :, :], barrier=ready[s])
+                                        T.tma_copy(page_v, v_ring[s, :, :], barrier=ready[s])
+                                    T.barrier_arrive(ready[s])
+                                else:
+                                    gather(K, V, k_ring, v_ring, s, slots, j, kvh, lane_row, lane_chunk)
+                                    T.cp_async_barrier_noinc(ready[s])
                                 lookup(Table, row, slots, j, start + (t + ahead) * BLOCK_N, last, lane_row)
                     done = done + num_tiles
 
@@ -276,10 +308,12 @@ def stage1(
     blocks_per_sm: int = BLOCKS_PER_SM,
     persistent: bool = PERSISTENT,
     out: torch.Tensor | None = None,
+    page_size: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`triton.stage1`'s contract (partial outputs [B, Hq, splits, D] and their base-2 LSE, float32) for
     what `supported` covers; split boundaries are multiples of BLOCK_N (tell stage 2). With `out` (one
-    split, heads dense): the attention output goes straight to `out`, and the partials are not written."""
+    split, heads dense): the attention output goes straight to `out`, and the partials are not written.
+    `page_size`: the pool's (whole pages of 64 tokens arrive by TMA)."""
     batch, num_q_heads, head_dim = q.shape
     direct = out is not None
     assert not direct or (num_splits == 1 and out.stride(1) == head_dim and out.stride(2) == 1)
@@ -293,6 +327,7 @@ def stage1(
         num_kv_heads, num_q_heads // num_kv_heads, head_dim, _TL_DTYPE[q.dtype], _TL_DTYPE[req_to_token.dtype],
         _TL_DTYPE[rows.dtype], _TL_DTYPE[seq_lens.dtype], float(scale * LOG2E), stages, ahead, opts, blocks_per_sm,
         ctas if persistent and batch * num_kv_heads * num_splits > ctas else 0, direct,
+        BLOCK_N if page_size % BLOCK_N == 0 else 1,
     )  # fmt: skip
     mid_o = torch.empty(batch, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(batch, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
@@ -311,6 +346,7 @@ def decode_attention(
     scale: float,
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
+    page_size: int = 1,
 ) -> torch.Tensor:
     """`reference.decode_attention`'s contract. An fp8 pool that `supported` covers runs this stage 1:
     with one split it writes the output itself, otherwise Triton's stage 2 merges the splits. Anything
@@ -321,4 +357,5 @@ def decode_attention(
     args = (q, k_pool, v_pool, req_to_token, rows, seq_lens, scale)
     if not supported(q, k_pool):
         return triton.decode_attention(*args, num_splits, out)
-    return triton.split_kv(stage1, BLOCK_N, *args, num_splits, out, direct=True)
+    paged = functools.partial(stage1, page_size=page_size if envs.decode_tma_pages() else 1)
+    return triton.split_kv(paged, BLOCK_N, *args, num_splits, out, direct=True)

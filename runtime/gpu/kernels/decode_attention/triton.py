@@ -210,9 +210,11 @@ def decode_attention(
     scale: float,
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
+    page_size: int = 1,
 ) -> torch.Tensor:
     """Same contract as `reference.decode_attention`. `num_splits` None: chosen from the batch and
-    req_to_token's width (an upper bound on lengths, so no sync); pass a fixed one under CUDA graphs."""
+    req_to_token's width (an upper bound on lengths, so no sync); pass a fixed one under CUDA graphs.
+    Slots are looked up per token, so `page_size` changes nothing here."""
     assert q.shape[1] % k_pool.shape[1] == 0 and q.stride(2) == 1 and k_pool.stride(2) == 1
     assert v_pool.stride(2) == 1 and req_to_token.stride(1) == 1
     args = (q, k_pool, v_pool, req_to_token, rows, seq_lens, scale)
