@@ -9,7 +9,9 @@ from runtime.gpu.model_runner import ModelRunner, RunnerConfig
 from runtime.gpu.testing import PlanBuilder, reference_logits, save_tiny_llama, seq_start, shuffled_slots
 from runtime.gpu.testing import random_prompt as prompt
 
-TOL = 1e-4
+# float32 logits; the real SmolLM2's (|logit| up to ~25) once differed by 1.03e-4 from transformers' in a
+# full-suite run (a different summation order in a CPU GEMM), so the bound leaves that room
+TOL = 2e-4
 LLAMA3_ROPE = dict(
     rope_theta=500000.0,
     rope_scaling=dict(
