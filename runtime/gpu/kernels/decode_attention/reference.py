@@ -32,8 +32,8 @@ def decode_attention(
     page_size: int = 1,
 ) -> torch.Tensor:
     """q: [B, Hq, D], one token per row; row b attends the KV slots req_to_token[rows[b], :seq_lens[b]]
-    of k_pool/v_pool ([num_slots, Hkv, D]). Returns [B, Hq, D] in q's dtype. `num_splits` and `page_size` (the pool's)
-    are ignored."""
+    of k_pool/v_pool ([num_slots, Hkv, D]). Returns [B, Hq, D] in q's dtype. `num_splits` and
+    `page_size` (the pool's) are ignored."""
     out = torch.empty_like(q) if out is None else out
     for b, (row, n) in enumerate(zip(rows.tolist(), seq_lens.tolist(), strict=True)):
         slots = req_to_token[row, :n]
