@@ -81,7 +81,13 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         help="KV pool size in tokens (default: 32768 on cpu, 262144 on cuda)",
     )
-    g.add_argument("--page-size", type=int, default=d.page_size, help="tokens per KV page")
+    g.add_argument(
+        "--page-size",
+        type=int,
+        default=d.page_size,
+        help="tokens per KV page (the prefix cache matches whole pages). 64 lets Hopper kernels copy whole "
+        "pages by TMA: DeepSeek MLA decode, and Llama decode over an fp8 KV cache (docs/PERF.md)",
+    )
     g.add_argument(
         "--chunked-prefill-size",
         type=int,
