@@ -274,8 +274,8 @@ def _kernel(
                                     # a whole page: its slots are consecutive from the tile's first
                                     base = slots[j, 0] - lane_row
                                     if load:
-                                        # no L2 evict-first hint (MLA's): it made these reads 1-5%
-                                        # slower than the gather at 32-64 tiles a row (docs/PERF.md)
+                                        # no L2 evict-first hint (MLA's): with it these reads were
+                                        # up to 5% slower than the gather at 32+ tiles a row (PERF.md)
                                         page_k = K[base : base + BLOCK_N, kvh, 0:head_dim]
                                         page_v = V[base : base + BLOCK_N, kvh, 0:head_dim]
                                         T.tma_copy(page_k, k_ring[s, :, :], barrier=ready[s])
