@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
+import statistics
 
 import torch
 import triton
@@ -65,9 +66,12 @@ def print_compiled(fp8: bool) -> None:
 TILELANG_SHAPES = [(256, 1024), (256, 1536), (64, 4096), (128, 2048), (32, 8192), (8, 1024)]
 
 
-def sweep_tilelang(variants: list[str], page_size: int) -> None:
+def sweep_tilelang(variants: list[str], page_size: int, rounds: int = 1) -> None:
     """fp8 pools: each TileLang stage-1 variant at its best split count, and the Triton kernel's default
-    launch on the same case (its best split count), per layer of the Llama-3.1-8B shape."""
+    launch on the same case (its best split count), per layer of the Llama-3.1-8B shape. With `rounds`
+    > 1 a case's runs are timed round-robin, each round starting one run later, and the median is
+    kept: the GPU's clock falls as it warms, so a fixed order favours whoever goes first (PERF.md,
+    thirteenth session)."""
     from runtime.gpu.kernels.decode_attention import tilelang
 
     for batch, ctx in TILELANG_SHAPES:
@@ -79,15 +83,24 @@ def sweep_tilelang(variants: list[str], page_size: int) -> None:
         want = reference(*args).float()
         kv_gb = 2 * batch * ctx * 8 * 128 / 1e9
         splits = sorted({1, 2, 4, 8, choose_num_splits(batch, 8, ctx, args[0].device)})
-        rows = []
+        runs = []  # (impl, variant, splits, fn, error / tolerance), each checked once
         for sp in splits:
             fns = [("triton", "-", functools.partial(kernel.decode_attention, *args, num_splits=sp))]
             fns += [
-                ("tilelang", v, functools.partial(_tilelang_call, tilelang, args, sp, v, page_size)) for v in variants
+                ("tilelang", v, functools.partial(_tilelang_call, tilelang, args, sp, v, page_size))
+                for v in variants
             ]
             for impl, st, fn in fns:
-                err = close_ratio(fn().float(), want, *TOLERANCE[torch.bfloat16])
-                rows.append((triton.testing.do_bench(fn, rep=40), impl, st, sp, err))
+                runs.append((impl, st, sp, fn, close_ratio(fn().float(), want, *TOLERANCE[torch.bfloat16])))
+        times: list[list[float]] = [[] for _ in runs]
+        for r in range(rounds):
+            order = list(range(len(runs)))
+            for i in order[r % len(runs) :] + order[: r % len(runs)]:
+                times[i].append(triton.testing.do_bench(runs[i][3], rep=40))
+        rows = [
+            (statistics.median(t), impl, st, sp, err)
+            for t, (impl, st, sp, _, err) in zip(times, runs, strict=True)
+        ]
         best = {}
         for r in rows:
             key = (r[1], r[2])
@@ -123,6 +136,9 @@ def main() -> None:
         "--compiled", action="store_true", help="print what stage 1 compiles to (default launch), then exit"
     )
     parser.add_argument(
+        "--rounds", type=int, default=1, help="--tilelang: time each case's runs round-robin this often (median)"
+    )
+    parser.add_argument(
         "--tilelang",
         default=None,
         help="fp8: time the TileLang stage 1 variants STAGES:AHEAD:BLOCKS[:OPT] (ring depth, slot lookahead, "
@@ -132,7 +148,7 @@ def main() -> None:
     if args_cli.compiled:
         return print_compiled(args_cli.kv_dtype == "fp8")
     if args_cli.tilelang:
-        return sweep_tilelang(args_cli.tilelang.split(","), args_cli.page_size)
+        return sweep_tilelang(args_cli.tilelang.split(","), args_cli.page_size, args_cli.rounds)
     shapes = SHAPES
     if args_cli.batch_sizes:
         wanted = {int(b) for b in args_cli.batch_sizes.split(",")}
