@@ -96,9 +96,10 @@ def run(args) -> int:
 
 
 def summary(results: dict[str, list[str]]) -> str:
-    """Output throughput of every run, the mean per variant and its ratio to the first variant's."""
-    rows = {name: [report.load_json(p)["metrics"]["output_throughput"] for p in paths]
-            for name, paths in results.items()}  # fmt: skip
+    """Output throughput of every run, the mean per variant and its ratio to the first variant's; then,
+    where nvidia-smi was sampled, each run's mean SM clock under load (throughput follows it)."""
+    docs = {name: [report.load_json(p) for p in paths] for name, paths in results.items()}
+    rows = {name: [d["metrics"]["output_throughput"] for d in ds] for name, ds in docs.items()}
     means = {name: sum(v) / len(v) for name, v in rows.items()}
     base = next(iter(means.values()))
     lines = [f"{'output tok/s':<16}{'rounds':>30}{'mean':>12}{'x first':>9}"]
@@ -106,4 +107,10 @@ def summary(results: dict[str, list[str]]) -> str:
         per_round = " ".join(f"{v:,.1f}" for v in values)
         ratio = f"{means[name] / base:.3f}" if base else "-"
         lines.append(f"{name[:16]:<16}{per_round:>30}{means[name]:>12,.1f}{ratio:>9}")
+    if any(d.get("gpu") for ds in docs.values() for d in ds):
+        lines.append(f"{'SM clock (MHz)':<16}{'rounds':>30}")
+        for name, ds in docs.items():
+            clocks = [f"{next(iter(d['gpu'].values()))['sm_clock_mhz']['mean']:,.0f}" if d.get("gpu") else "-"
+                      for d in ds]  # fmt: skip
+            lines.append(f"{name[:16]:<16}{' '.join(clocks):>30}")
     return "\n".join(lines)

@@ -64,12 +64,13 @@ def failure_summary(results: list[RequestResult], limit: int = 3) -> list[str]:
 
 
 def results_json(config: dict, server_models, started_at: float, metrics: Metrics,
-                 results: list[RequestResult]) -> dict:  # fmt: skip
+                 results: list[RequestResult], gpu: dict | None = None) -> dict:  # fmt: skip
     return {
         "config": config,
         "server_models": server_models,
         "started_at": started_at,  # time.time() at the benchmark start; request times are offsets from it
         "metrics": metrics.to_json(),
+        "gpu": gpu,  # per GPU, its SM clock and power under load in the run (gpu_clock.py); None: no nvidia-smi
         "requests": [r.to_json() for r in results],
     }
 

@@ -14,7 +14,7 @@ import msgspec
 import numpy as np
 from tqdm import tqdm
 
-from loadgen import datasets, metrics, report
+from loadgen import datasets, gpu_clock, metrics, report
 from loadgen.arrival import paced
 from loadgen.backends import RequestConfig, connect_error, error_message, send
 from loadgen.errors import LoadgenError
@@ -86,7 +86,8 @@ async def run(args) -> int:
                 print(f"warning: warmup request failed: {r.error}", file=sys.stderr)
                 break
         try:
-            results, duration = await _benchmark(args, session, cfg, prompts, rng)
+            with gpu_clock.GpuSampler() as gpu:  # the clock a power-capped GPU ran at (gpu_clock.py)
+                results, duration = await _benchmark(args, session, cfg, prompts, rng)
         finally:
             if cfg.ws:
                 await cfg.ws.close()
@@ -98,10 +99,12 @@ async def run(args) -> int:
     m = metrics.compute(results, duration)
     extra = {"Backend": args.backend, "Dataset": args.dataset_name, "Request rate": args.request_rate,
              "Max concurrency": args.max_concurrency or "-", "Model": cfg.model}  # fmt: skip
+    if gpu_clock.describe(gpu.summary):
+        extra["GPU clock, power"] = gpu_clock.describe(gpu.summary)
     print(report.table(m, extra={k: str(v) for k, v in extra.items()}))
     if args.out:
         config = {k: v for k, v in vars(args).items() if k != "func"} | {"base_url": url, "model": cfg.model}
-        report.write_json(args.out, report.results_json(config, models, started_at, m, results))
+        report.write_json(args.out, report.results_json(config, models, started_at, m, results, gpu.summary))
         print(f"wrote {args.out}", file=sys.stderr)
     if args.plot:
         from loadgen.plot import plot
