@@ -23,6 +23,7 @@ serve: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check runtime loadgen tests
+	$(PY) -m ruff format --check runtime loadgen tests
 	$(PY) -m pytest -q $(ARGS)
 
 lint: $(STAMP)

@@ -73,7 +73,12 @@ class GpuSampler:
     def __enter__(self) -> GpuSampler:
         exe = shutil.which(self.command)
         if exe is not None:
-            args = [exe, f"--query-gpu={QUERY}", "--format=csv,noheader,nounits", f"--loop-ms={self.interval_ms}"]
+            args = [
+                exe,
+                f"--query-gpu={QUERY}",
+                "--format=csv,noheader,nounits",
+                f"--loop-ms={self.interval_ms}",
+            ]
             self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         return self
 

@@ -128,7 +128,9 @@ def main() -> None:
     if args.prefill:
         prompts, length = (int(x) for x in args.prefill.split("x"))
         for batch in batches:
-            runner = _runner(batch, False, args.context_len, args.kv_cache_dtype, prompts, length, args.page_size)
+            runner = _runner(
+                batch, False, args.context_len, args.kv_cache_dtype, prompts, length, args.page_size
+            )
             plans = _steps(batch, args.context_len, prompts, length, args.page_size)
             ms, prof = _measure(runner, plans, 3, 5, 3)
             print(f"prefill {prompts}x{length} + {batch} decode rows: {ms:.3f} ms/step, "

@@ -57,7 +57,9 @@ def load(path: Path) -> list[dict]:
 
 def report(groups: dict[str, Group], idle: float) -> str:
     total = sum(g.device_s for g in groups.values())
-    lines = [f"{'steps':<24}{'count':>8}{'device s':>11}{'share':>8}{'mean ms':>10}{'decode rows':>13}{'prefill':>10}"]
+    lines = [
+        f"{'steps':<24}{'count':>8}{'device s':>11}{'share':>8}{'mean ms':>10}{'decode rows':>13}{'prefill':>10}"
+    ]
     for name, g in sorted(groups.items(), key=lambda kv: -kv[1].device_s):
         lines.append(
             f"{name:<24}{g.steps:>8}{g.device_s:>11.2f}{100 * g.device_s / max(total, 1e-9):>7.1f}%"

@@ -64,8 +64,9 @@ async def launch(cfg: ServerConfig) -> Running:
         if cfg.placement == "single":
             await spawn_engine_actors(system, cfg, model_path, info.max_model_len)
         else:
-            args = EngineArgs(cfg, system.placement, str(system.sock_dir), model_path, info.max_model_len,
-                              system.node)
+            args = EngineArgs(
+                cfg, system.placement, str(system.sock_dir), model_path, info.max_model_len, system.node
+            )
             await system.start_child("engine", "runtime.actors.engine_process", msgspec.msgpack.encode(args))
             await system.wait_ready("engine", ENGINE_START_TIMEOUT_S)
     except BaseException:
@@ -113,7 +114,9 @@ class Engine:
     def _call(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
-    def generate(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | None = None) -> list[Output]:
+    def generate(
+        self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | None = None
+    ) -> list[Output]:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = params or SamplingParams()

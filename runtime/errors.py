@@ -45,12 +45,16 @@ class EngineFailed(ConduitError):
     type = "server_error"
 
 
-def error_from_status(status: int, message: str, *, type: str | None = None, param: str | None = None,
-                      code: str | None = None) -> ConduitError:
+def error_from_status(
+    status: int, message: str, *, type: str | None = None, param: str | None = None, code: str | None = None
+) -> ConduitError:
     """Rebuild the exception for a `RequestFailed` message that crossed the mailbox."""
     cls = {400: InvalidRequest, 404: NotFound, 429: Overloaded, 503: Overloaded}.get(status, EngineFailed)
-    err = cls(message, param=param, code=code) if cls is not Overloaded else cls(message, status=status,
-                                                                                   param=param, code=code)
+    err = (
+        cls(message, param=param, code=code)
+        if cls is not Overloaded
+        else cls(message, status=status, param=param, code=code)
+    )
     if type:
         err.type = type
     return err

@@ -13,7 +13,9 @@ from runtime import envs
 def setup_logging(level: str | None = None, fmt: str | None = None) -> None:
     level_no = getattr(logging, (level or envs.log_level()).upper(), logging.INFO)
     fmt = fmt or envs.log_format()
-    renderer = structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
+    renderer = (
+        structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
+    )
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

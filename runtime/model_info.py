@@ -36,8 +36,10 @@ def resolve_model_path(cfg: ServerConfig) -> str:
             return str(presets.preset_dir(cfg.model))
         path = Path(cfg.model)
         if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"--model {cfg.model}: no config.json there (expected a Hugging Face model "
-                                    "directory; convert a GGUF file with `conduit convert`)")
+            raise FileNotFoundError(
+                f"--model {cfg.model}: no config.json there (expected a Hugging Face model "
+                "directory; convert a GGUF file with `conduit convert`)"
+            )
         return str(path)
     from runtime.gpu.convert import default_model_path
 

@@ -47,5 +47,7 @@ class Actor:
         if rid is not None:
             await self.send(
                 "client",
-                RequestFailed(rid=rid, status=500, message=f"{self.name} failed: {exc}", error_type="server_error"),
+                RequestFailed(
+                    rid=rid, status=500, message=f"{self.name} failed: {exc}", error_type="server_error"
+                ),
             )

@@ -59,8 +59,11 @@ class EngineClient(Actor):
         """Yield the request's deltas, the last one with `finish_reason` set; raise ConduitError if it
         fails. Closing the iterator early (or cancelling its task) aborts the request in the engine."""
         if not self.healthy:
-            raise Overloaded(f"engine is unhealthy: {self.error or (self.stats and self.stats.error)}",
-                             status=503, retry_after=5.0)
+            raise Overloaded(
+                f"engine is unhealthy: {self.error or (self.stats and self.stats.error)}",
+                status=503,
+                retry_after=5.0,
+            )
         if req.rid in self._streams:
             raise ValueError(f"request id {req.rid} is already running")
         queue: asyncio.Queue[TextDelta | ConduitError] = asyncio.Queue()
@@ -116,8 +119,11 @@ class EngineClient(Actor):
         elif isinstance(msg, RequestFailed):
             q = self._streams.get(msg.rid)
             if q is not None:
-                q.put_nowait(error_from_status(msg.status, msg.message, type=msg.error_type, param=msg.param,
-                                               code=msg.code))
+                q.put_nowait(
+                    error_from_status(
+                        msg.status, msg.message, type=msg.error_type, param=msg.param, code=msg.code
+                    )
+                )
         elif isinstance(msg, EngineStats):
             self.stats = msg
         elif isinstance(msg, CacheFlushed):

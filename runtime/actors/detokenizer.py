@@ -48,8 +48,14 @@ class DetokenizerActor(Actor):
         if isinstance(msg, TrackRequest):
             # the prompt's tail seeds the window (already "read"), so only output text is ever emitted
             tail = list(msg.prompt_tail)
-            self.states[msg.rid] = DecodeState(list(msg.stop), msg.skip_special_tokens, msg.logprobs, tail,
-                                               prefix_offset=0, read_offset=len(tail))
+            self.states[msg.rid] = DecodeState(
+                list(msg.stop),
+                msg.skip_special_tokens,
+                msg.logprobs,
+                tail,
+                prefix_offset=0,
+                read_offset=len(tail),
+            )
         elif isinstance(msg, TokenBatch):
             await self._on_batch(msg)
 
@@ -77,9 +83,12 @@ class DetokenizerActor(Actor):
             st.text += self._decode_new(st)
             if finish is not None and st.read_offset < len(st.ids):
                 # flush whatever the window still holds (e.g. a dangling partial character)
-                rest = self.tokenizer.decode(st.ids[st.prefix_offset :], skip_special_tokens=st.skip_special_tokens)
-                prev = self.tokenizer.decode(st.ids[st.prefix_offset : st.read_offset],
-                                             skip_special_tokens=st.skip_special_tokens)
+                rest = self.tokenizer.decode(
+                    st.ids[st.prefix_offset :], skip_special_tokens=st.skip_special_tokens
+                )
+                prev = self.tokenizer.decode(
+                    st.ids[st.prefix_offset : st.read_offset], skip_special_tokens=st.skip_special_tokens
+                )
                 st.text += rest[len(prev) :]
             end = len(st.text)
             if st.stop:
@@ -99,9 +108,20 @@ class DetokenizerActor(Actor):
             delta = st.text[st.sent : end]
             st.sent = max(st.sent, end)
             if delta or finish is not None or batch.tokens[i]:
-                items.append(TextDelta(rid, delta, list(batch.tokens[i]), finish, batch.prompt_tokens[i],
-                                       batch.completion_tokens[i], batch.cached_tokens[i], lps, tokens_text,
-                                       top_text))
+                items.append(
+                    TextDelta(
+                        rid,
+                        delta,
+                        list(batch.tokens[i]),
+                        finish,
+                        batch.prompt_tokens[i],
+                        batch.completion_tokens[i],
+                        batch.cached_tokens[i],
+                        lps,
+                        tokens_text,
+                        top_text,
+                    )
+                )
             if finish is not None:
                 del self.states[rid]
         if items:

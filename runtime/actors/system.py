@@ -128,7 +128,9 @@ class ActorSystem:
         interpreter, not a fork or multiprocessing spawn: the caller's __main__ is never re-imported. The
         child announces itself with NodeReady; its death is reported to `on_node_failed` subscribers."""
         self.ready.setdefault(node, asyncio.get_running_loop().create_future())
-        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", module, stdin=asyncio.subprocess.PIPE)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", module, stdin=asyncio.subprocess.PIPE
+        )
         proc.stdin.write(payload)
         await proc.stdin.drain()
         proc.stdin.close()

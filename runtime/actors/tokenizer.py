@@ -40,13 +40,20 @@ class TokenizerActor(Actor):
             try:
                 tokenized = self.tokenize(msg)
             except InvalidRequest as e:
-                await self.send("client", RequestFailed(rid=msg.rid, status=400, message=e.message, param=e.param))
+                await self.send(
+                    "client", RequestFailed(rid=msg.rid, status=400, message=e.message, param=e.param)
+                )
                 return
             await self.send(
                 "detokenizer",
-                TrackRequest(rid=msg.rid, prompt_tokens=len(tokenized.input_ids), stop=msg.params.stop,
-                             skip_special_tokens=msg.params.skip_special_tokens, logprobs=msg.params.logprobs,
-                             prompt_tail=tokenized.input_ids[-PROMPT_TAIL:]),
+                TrackRequest(
+                    rid=msg.rid,
+                    prompt_tokens=len(tokenized.input_ids),
+                    stop=msg.params.stop,
+                    skip_special_tokens=msg.params.skip_special_tokens,
+                    logprobs=msg.params.logprobs,
+                    prompt_tail=tokenized.input_ids[-PROMPT_TAIL:],
+                ),
             )
             await self.send("scheduler", tokenized)
         elif isinstance(msg, AbortRequest):
@@ -57,8 +64,9 @@ class TokenizerActor(Actor):
         if msg.prompt_ids is not None:
             bad = next((t for t in msg.prompt_ids if not 0 <= t < self.info.vocab_size), None)
             if bad is not None:
-                raise InvalidRequest(f"token id {bad} is outside the vocabulary [0, {self.info.vocab_size})",
-                                     param="prompt")
+                raise InvalidRequest(
+                    f"token id {bad} is outside the vocabulary [0, {self.info.vocab_size})", param="prompt"
+                )
             return list(msg.prompt_ids), "prompt"
         if msg.messages is not None:
             if not self.tokenizer.chat_template:
@@ -78,14 +86,26 @@ class TokenizerActor(Actor):
         if len(ids) >= limit:
             raise InvalidRequest(
                 f"This model's maximum context length is {limit} tokens, but the prompt has {len(ids)} tokens",
-                param=field, )
+                param=field,
+            )
         max_tokens = msg.params.max_tokens
         if max_tokens is None:
             max_tokens = limit - len(ids)
         elif len(ids) + max_tokens > limit:
             raise InvalidRequest(
                 f"max_tokens={max_tokens} plus the prompt's {len(ids)} tokens exceeds the maximum context "
-                f"length of {limit} tokens", param="max_tokens")
-        stop_ids = ([] if msg.params.ignore_eos else list(self.info.eos_token_ids)) + list(msg.params.stop_token_ids)
-        return TokenizedRequest(rid=msg.rid, input_ids=ids, params=msg.params, stop_ids=stop_ids,
-                                max_new_tokens=max_tokens, priority=msg.priority, arrival=msg.arrival)
+                f"length of {limit} tokens",
+                param="max_tokens",
+            )
+        stop_ids = ([] if msg.params.ignore_eos else list(self.info.eos_token_ids)) + list(
+            msg.params.stop_token_ids
+        )
+        return TokenizedRequest(
+            rid=msg.rid,
+            input_ids=ids,
+            params=msg.params,
+            stop_ids=stop_ids,
+            max_new_tokens=max_tokens,
+            priority=msg.priority,
+            arrival=msg.arrival,
+        )

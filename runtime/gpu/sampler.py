@@ -96,7 +96,9 @@ class Sampler:
         anything else computes in float32."""
         states = [self.rows[r] for r in rows]
         k_asked = [s.params.logprobs for s in states]
-        plain_greedy = all(s.params.greedy and not s.penalized for s in states) and all(k is None for k in k_asked)
+        plain_greedy = all(s.params.greedy and not s.penalized for s in states) and all(
+            k is None for k in k_asked
+        )
         if not plain_greedy:
             logits = logits.float()
         raw_logprobs = None

@@ -102,13 +102,18 @@ class _EngineCollector(Collector):
             "conduit_radix_cache_evictable_tokens", "Cached tokens no request uses", value=s.evictable_tokens
         )
         yield GaugeMetricFamily(
-            "conduit_radix_cache_protected_tokens", "Cached tokens locked by running requests", value=s.protected_tokens
+            "conduit_radix_cache_protected_tokens",
+            "Cached tokens locked by running requests",
+            value=s.protected_tokens,
         )
         yield CounterMetricFamily("conduit_scheduler_steps", "Steps planned by the scheduler", value=s.steps)
         for name, doc, value in (
             ("conduit_scheduler_plan_seconds", "Scheduler time planning steps", s.plan_s),
-            ("conduit_scheduler_wait_seconds", "Scheduler time idle with steps in flight (waiting for the worker)",
-             s.wait_s),
+            (
+                "conduit_scheduler_wait_seconds",
+                "Scheduler time idle with steps in flight (waiting for the worker)",
+                s.wait_s,
+            ),
             ("conduit_scheduler_output_seconds", "Scheduler time processing step outputs", s.output_s),
             ("conduit_gpu_busy_seconds", "Device time inside steps (CUDA)", s.gpu_busy_s),
             ("conduit_gpu_idle_seconds", "Device idle time between consecutive steps (CUDA)", s.gpu_idle_s),

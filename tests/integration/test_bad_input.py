@@ -11,8 +11,9 @@ import pytest
 
 def post(server, path: str, body: bytes | dict, method: str = "POST") -> tuple[int, dict]:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    req = urllib.request.Request(server.url + path, data=data, method=method,
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        server.url + path, data=data, method=method, headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
             return r.status, json.loads(r.read())
@@ -32,7 +33,13 @@ CASES = [
     ("max_tokens zero", CHAT, {"messages": OK_MSGS, "max_tokens": 0}, 400, "max_tokens"),
     ("max_tokens beyond context", CHAT, {"messages": OK_MSGS, "max_tokens": 10_000_000}, 400, "max_tokens"),
     ("temperature wrong type", CHAT, {"messages": OK_MSGS, "temperature": "hot"}, 400, "temperature"),
-    ("prompt longer than context", "/v1/completions", {"prompt": "hello " * 9000, "max_tokens": 4}, 400, "prompt"),
+    (
+        "prompt longer than context",
+        "/v1/completions",
+        {"prompt": "hello " * 9000, "max_tokens": 4},
+        400,
+        "prompt",
+    ),
     ("unknown model", CHAT, {"model": "gpt-9", "messages": OK_MSGS}, 404, "model"),
 ]
 

@@ -11,8 +11,12 @@ PROMPTS = [f"Write a sentence about the number {i}." for i in range(32)]
 
 
 async def stream_chat(session: aiohttp.ClientSession, url: str, prompt: str, max_tokens: int) -> str:
-    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
-            "stream": True}
+    body = {
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+    }
     text = []
     async with session.post(f"{url}/v1/chat/completions", json=body) as r:
         assert r.status == 200, await r.text()

@@ -28,6 +28,10 @@ def reference(smollm2_path):
 def test_server_greedy_text_equals_transformers_generate(server, reference):
     client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=120)
     for prompt, expected in zip(PROMPTS, reference, strict=True):
-        r = client.chat.completions.create(model="SmolLM2-135M-Instruct", temperature=0, max_tokens=MAX_TOKENS,
-                                           messages=[{"role": "user", "content": prompt}])
+        r = client.chat.completions.create(
+            model="SmolLM2-135M-Instruct",
+            temperature=0,
+            max_tokens=MAX_TOKENS,
+            messages=[{"role": "user", "content": prompt}],
+        )
         assert r.choices[0].message.content == expected

@@ -15,9 +15,28 @@ OUT_LEN = 8
 
 def run_loadgen(server, tmp_path, *args: str) -> dict:
     out = tmp_path / "run.json"
-    cmd = [sys.executable, "-m", "loadgen", "serve", "--base-url", server.url, "--num-prompts", str(N),
-           "--random-input-len", "48", "--random-output-len", str(OUT_LEN), "--random-range-ratio", "0.5",
-           "--warmup-requests", "0", "--disable-tqdm", "--out", str(out), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "loadgen",
+        "serve",
+        "--base-url",
+        server.url,
+        "--num-prompts",
+        str(N),
+        "--random-input-len",
+        "48",
+        "--random-output-len",
+        str(OUT_LEN),
+        "--random-range-ratio",
+        "0.5",
+        "--warmup-requests",
+        "0",
+        "--disable-tqdm",
+        "--out",
+        str(out),
+        *args,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
@@ -25,8 +44,10 @@ def run_loadgen(server, tmp_path, *args: str) -> dict:
 
 
 def max_overlap(requests: list[dict]) -> int:
-    events = sorted([(r["start_s"], 1) for r in requests] + [(r["end_s"], -1) for r in requests],
-                    key=lambda e: (e[0], e[1]))
+    events = sorted(
+        [(r["start_s"], 1) for r in requests] + [(r["end_s"], -1) for r in requests],
+        key=lambda e: (e[0], e[1]),
+    )
     live = peak = 0
     for _, d in events:
         live += d
@@ -37,12 +58,21 @@ def max_overlap(requests: list[dict]) -> int:
 @pytest.mark.parametrize("backend", ["completions", "chat", "ws"])
 def test_loadgen_reports_every_metric_and_matches_the_server(server, smollm2_path, tmp_path, backend):
     before = server.metrics()
-    result = run_loadgen(server, tmp_path, "--backend", backend, "--max-concurrency", "4",
-                         "--tokenizer", str(smollm2_path))
+    result = run_loadgen(
+        server, tmp_path, "--backend", backend, "--max-concurrency", "4", "--tokenizer", str(smollm2_path)
+    )
     after = server.metrics()
     m = result["metrics"]
-    for key in ("completed", "failed", "duration_s", "request_throughput", "input_throughput",
-                "output_throughput", "total_throughput", "concurrency"):
+    for key in (
+        "completed",
+        "failed",
+        "duration_s",
+        "request_throughput",
+        "input_throughput",
+        "output_throughput",
+        "total_throughput",
+        "concurrency",
+    ):
         assert key in m, key
     for lat in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
         assert set(m[lat]) == {"mean", "median", "p90", "p99", "max"}, m[lat]
@@ -66,8 +96,21 @@ def test_loadgen_against_a_closed_port_reports_cleanly(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.run([sys.executable, "-m", "loadgen", "serve", "--base-url",
-                           f"http://127.0.0.1:{port}", "--num-prompts", "2", "--disable-tqdm"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "loadgen",
+            "serve",
+            "--base-url",
+            f"http://127.0.0.1:{port}",
+            "--num-prompts",
+            "2",
+            "--disable-tqdm",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr and "refused" in (proc.stdout + proc.stderr).lower()

@@ -30,8 +30,12 @@ def test_chat_answers_paris(client):
 
 
 def test_streaming_chat_matches_non_streaming_and_reports_usage(client):
-    kw = dict(model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "Name three colors."}],
-              max_tokens=16, temperature=0)
+    kw = dict(
+        model="SmolLM2-135M-Instruct",
+        messages=[{"role": "user", "content": "Name three colors."}],
+        max_tokens=16,
+        temperature=0,
+    )
     full = client.chat.completions.create(**kw)
     chunks = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -43,30 +47,41 @@ def test_streaming_chat_matches_non_streaming_and_reports_usage(client):
 
 
 def test_completions_stream_and_non_stream(client):
-    r = client.completions.create(model="SmolLM2-135M-Instruct", prompt="The sky is", max_tokens=8,
-                                  temperature=0)
+    r = client.completions.create(
+        model="SmolLM2-135M-Instruct", prompt="The sky is", max_tokens=8, temperature=0
+    )
     assert r.usage.completion_tokens == 8 and r.choices[0].finish_reason == "length"
-    streamed = client.completions.create(model="SmolLM2-135M-Instruct", prompt="The sky is", max_tokens=8,
-                                         temperature=0, stream=True)
+    streamed = client.completions.create(
+        model="SmolLM2-135M-Instruct", prompt="The sky is", max_tokens=8, temperature=0, stream=True
+    )
     assert "".join(c.choices[0].text for c in streamed if c.choices) == r.choices[0].text
 
 
 def test_token_id_prompt_n_seed_stop_and_logprobs(client):
-    ids = client.completions.create(model="SmolLM2-135M-Instruct", prompt=[504, 3437, 314], max_tokens=4,
-                                    temperature=0)
+    ids = client.completions.create(
+        model="SmolLM2-135M-Instruct", prompt=[504, 3437, 314], max_tokens=4, temperature=0
+    )
     assert ids.usage.prompt_tokens == 3
-    sampled = client.completions.create(model="SmolLM2-135M-Instruct", prompt="Once upon a time", n=2,
-                                        max_tokens=12, temperature=1.0, seed=7)
-    again = client.completions.create(model="SmolLM2-135M-Instruct", prompt="Once upon a time", n=2,
-                                      max_tokens=12, temperature=1.0, seed=7)
+    sampled = client.completions.create(
+        model="SmolLM2-135M-Instruct", prompt="Once upon a time", n=2, max_tokens=12, temperature=1.0, seed=7
+    )
+    again = client.completions.create(
+        model="SmolLM2-135M-Instruct", prompt="Once upon a time", n=2, max_tokens=12, temperature=1.0, seed=7
+    )
     assert [c.text for c in sampled.choices] == [c.text for c in again.choices]
     assert sorted(c.index for c in sampled.choices) == [0, 1]
-    stopped = client.completions.create(model="SmolLM2-135M-Instruct", prompt="1, 2, 3, 4,", max_tokens=20,
-                                        temperature=0, stop=[" 7"])
+    stopped = client.completions.create(
+        model="SmolLM2-135M-Instruct", prompt="1, 2, 3, 4,", max_tokens=20, temperature=0, stop=[" 7"]
+    )
     assert stopped.choices[0].finish_reason == "stop" and " 7" not in stopped.choices[0].text
-    lp = client.chat.completions.create(model="SmolLM2-135M-Instruct", max_tokens=3, temperature=0,
-                                        messages=[{"role": "user", "content": "Hi"}], logprobs=True,
-                                        top_logprobs=2)
+    lp = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct",
+        max_tokens=3,
+        temperature=0,
+        messages=[{"role": "user", "content": "Hi"}],
+        logprobs=True,
+        top_logprobs=2,
+    )
     content = lp.choices[0].logprobs.content
     assert len(content) == lp.usage.completion_tokens
     assert all(c.logprob <= 0 and len(c.top_logprobs) == 2 for c in content)
@@ -75,7 +90,10 @@ def test_token_id_prompt_n_seed_stop_and_logprobs(client):
 
 def test_extensions_sglang_and_vllm_clients_send(client):
     r = client.completions.create(
-        model="SmolLM2-135M-Instruct", prompt="Hello", max_tokens=6, temperature=0,
+        model="SmolLM2-135M-Instruct",
+        prompt="Hello",
+        max_tokens=6,
+        temperature=0,
         extra_body={"ignore_eos": True, "min_tokens": 6, "top_k": 1, "min_p": 0.1, "repetition_penalty": 1.1},
     )
     assert r.usage.completion_tokens == 6

@@ -33,8 +33,11 @@ async def _stream_until_killed(url: str, engine_pid: int) -> list[dict]:
 
 def test_engine_death_fails_in_flight_requests_and_health(launch_server):
     with launch_server() as server:
-        engine = [p for p in psutil.Process(server.proc.pid).children(recursive=True)
-                  if "runtime.actors.engine_process" in " ".join(p.cmdline())]
+        engine = [
+            p
+            for p in psutil.Process(server.proc.pid).children(recursive=True)
+            if "runtime.actors.engine_process" in " ".join(p.cmdline())
+        ]
         assert len(engine) == 1
         events = asyncio.run(_stream_until_killed(server.url, engine[0].pid))
         assert events[-1] == {"done": True}
@@ -45,7 +48,9 @@ def test_engine_death_fails_in_flight_requests_and_health(launch_server):
             async with aiohttp.ClientSession() as s:
                 async with s.get(f"{server.url}/health") as h:
                     health = h.status
-                async with s.post(f"{server.url}/v1/completions", json={"prompt": "hi", "max_tokens": 2}) as r:
+                async with s.post(
+                    f"{server.url}/v1/completions", json={"prompt": "hi", "max_tokens": 2}
+                ) as r:
                     body = await r.json()
                     assert body["error"]["message"]
                     return health, r.status

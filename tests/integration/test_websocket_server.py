@@ -10,14 +10,39 @@ import aiohttp
 async def _run(url: str) -> dict[str, list[dict]]:
     frames: dict[str, list[dict]] = {"a": [], "b": [], "c": []}
     async with aiohttp.ClientSession() as session, session.ws_connect(f"{url}/v1/ws") as ws:
-        await ws.send_json({"type": "generate", "id": "a", "endpoint": "chat",
-                            "request": {"messages": [{"role": "user", "content": "What is the capital of France?"}],
-                                        "max_tokens": 16, "temperature": 0}})
-        await ws.send_json({"type": "generate", "id": "b", "endpoint": "completions",
-                            "request": {"prompt": "One, two, three,", "max_tokens": 12, "temperature": 0}})
-        await ws.send_json({"type": "generate", "id": "c", "endpoint": "completions",
-                            "request": {"prompt": "A long story:", "max_tokens": 2000, "temperature": 0,
-                                        "ignore_eos": True}})
+        await ws.send_json(
+            {
+                "type": "generate",
+                "id": "a",
+                "endpoint": "chat",
+                "request": {
+                    "messages": [{"role": "user", "content": "What is the capital of France?"}],
+                    "max_tokens": 16,
+                    "temperature": 0,
+                },
+            }
+        )
+        await ws.send_json(
+            {
+                "type": "generate",
+                "id": "b",
+                "endpoint": "completions",
+                "request": {"prompt": "One, two, three,", "max_tokens": 12, "temperature": 0},
+            }
+        )
+        await ws.send_json(
+            {
+                "type": "generate",
+                "id": "c",
+                "endpoint": "completions",
+                "request": {
+                    "prompt": "A long story:",
+                    "max_tokens": 2000,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                },
+            }
+        )
         finals = 0
         while finals < 3:
             msg = await asyncio.wait_for(ws.receive_json(), 120)

@@ -48,12 +48,19 @@ class LlamaAttention(nn.Module):
     def forward(self, x: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         return self.o_proj(self._attend(x, positions, batch, None, 0.0))
 
-    def forward_folded(self, h: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch, eps: float) -> None:
+    def forward_folded(
+        self, h: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch, eps: float
+    ) -> None:
         """h += o_proj(attention(norm(h))), the norm folded into qkv_proj (module docstring)."""
         h.addmm_(self._attend(h, positions, batch, h, eps), self.o_proj.weight.t())
 
     def _attend(
-        self, x: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch, rms_x: torch.Tensor | None, eps: float
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        batch: ForwardBatch,
+        rms_x: torch.Tensor | None,
+        eps: float,
     ) -> torch.Tensor:
         q, k, v = self.qkv_proj(x)
         q = q.view(-1, self.num_heads, self.head_dim)

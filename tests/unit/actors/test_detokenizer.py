@@ -39,8 +39,16 @@ def run(tokenizer, stop: list[str], steps: list[list[str]], finish_last: str = "
     prompt = [ID["▁The"], ID["▁answer"], ID["▁is"]]
 
     async def main():
-        await actor.handle(TrackRequest(rid="r", prompt_tokens=3, stop=stop, skip_special_tokens=True,
-                                        logprobs=None, prompt_tail=prompt))
+        await actor.handle(
+            TrackRequest(
+                rid="r",
+                prompt_tokens=3,
+                stop=stop,
+                skip_special_tokens=True,
+                logprobs=None,
+                prompt_tail=prompt,
+            )
+        )
         for i, toks in enumerate(steps):
             finish = finish_last if i == len(steps) - 1 else None
             ids = [ID[t] for t in toks]

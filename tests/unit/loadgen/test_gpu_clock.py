@@ -43,11 +43,13 @@ def test_parse_and_summarize_keep_loaded_samples_per_gpu():
 def fake_smi(tmp_path, monkeypatch):
     """A stand-in nvidia-smi on PATH: one CSV line per GPU every 20 ms until SIGINT, like --loop-ms."""
     exe = tmp_path / "nvidia-smi"
-    exe.write_text(textwrap.dedent("""\
+    exe.write_text(
+        textwrap.dedent("""\
         #!/bin/sh
         trap 'exit 0' INT
         while true; do echo "0, 1650, 660.0"; echo "1, 1700, 640.0"; sleep 0.02; done
-    """))
+    """)
+    )
     exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     return exe

@@ -18,7 +18,9 @@ def test_layer_times_reports_every_layer_of_a_prefill_and_a_decode_step(tmp_path
     out = capsys.readouterr().out
     prefill, per_row, batched = out.split("decode batch 3")
     assert prefill.startswith("prefill 16 new tokens on a 32-token context")
-    assert per_row.startswith(" at context 17, request by request") and batched.startswith(" at context 19, batched")
+    assert per_row.startswith(" at context 17, request by request") and batched.startswith(
+        " at context 19, batched"
+    )
     for part in (prefill, per_row, batched):
         layer_lines = [line for line in part.splitlines() if line.strip().startswith("layer")]
         assert len(layer_lines) >= 3 and all(float(line.split()[-2]) > 0 for line in layer_lines)

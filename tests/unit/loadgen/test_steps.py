@@ -50,7 +50,9 @@ def test_moe_weights_count_the_experts_a_step_reaches(tmp_path):
     runner = ModelRunner(RunnerConfig(str(tmp_path / "v3"), num_kv_slots=64, max_reqs=2, max_model_len=32))
     w = WeightCount.of(runner.model, runner.config)
     c = runner.config
-    assert w.moe_layers and all(e == c.n_routed_experts and k == c.num_experts_per_tok for e, k, _, _ in w.moe_layers)
+    assert w.moe_layers and all(
+        e == c.n_routed_experts and k == c.num_experts_per_tok for e, k, _, _ in w.moe_layers
+    )
     experts = sum(e * size for e, _, size, _ in w.moe_layers)
     assert w.total_bytes == w.dense_bytes + experts
     one = w.dense_bytes + sum(k * size for _, k, size, _ in w.moe_layers)
@@ -83,7 +85,9 @@ def test_expert_reach_hooks_one_eager_step_and_counts_distinct_experts(tmp_path)
     c = runner.config
 
     def prefill(step: int, n: int) -> StepPlan:
-        start = [SeqStart(1, SamplingParams(temperature=0.0), list(range(3, 3 + n)), [], [])] if step == 1 else []
+        start = (
+            [SeqStart(1, SamplingParams(temperature=0.0), list(range(3, 3 + n)), [], [])] if step == 1 else []
+        )
         return StepPlan(step=step, added=start, released=[], rows=[1], prefix_lens=[0], extend_lens=[n],
                         use_last=[False], input_ids=list(range(3, 3 + n)), out_loc=list(range(1, n + 1)),
                         sample=[True])  # fmt: skip
@@ -110,7 +114,11 @@ def test_steps_times_deepseek_v4_decode_and_prefill_on_whole_window_pages(tmp_pa
     args = ["steps", "--model-path", str(tmp_path), "--device", "cpu", "--context-len", "40", "--steps", "2",
             "--warmup-steps", "1", "--prefill-tokens", "24", "--prefill-context", "16"]  # fmt: skip
     assert main([*args, "--batch-sizes", "1,3", "--page-size", "8"]) == 0
-    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith(("decode", "prefill"))]
+    rows = [
+        line.split()
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith(("decode", "prefill"))
+    ]
     assert [r[0] for r in rows] == ["decode", "decode", "prefill"] and all(float(r[5]) > 0 for r in rows)
     assert main([*args, "--batch-sizes", "1"]) == 2
     assert "needs --page-size a multiple of 8" in capsys.readouterr().err

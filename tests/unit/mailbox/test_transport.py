@@ -11,10 +11,21 @@ from runtime.mailbox.messages import Envelope, SamplingParams, StepPlan, TokenBa
 
 
 def test_messages_round_trip_through_msgpack_frames():
-    plan = StepPlan(3, [], [2], [1, 2], [0, 5], [5, 1], [False, True], [1, 2, 3, 4, 5], [9, 10, 11, 12, 13, 14],
-                    [True, True])
-    req = TokenizedRequest(rid="x", input_ids=[1, 2], params=SamplingParams(stop=["\n"], top_k=5),
-                           stop_ids=[0], max_new_tokens=4)
+    plan = StepPlan(
+        3,
+        [],
+        [2],
+        [1, 2],
+        [0, 5],
+        [5, 1],
+        [False, True],
+        [1, 2, 3, 4, 5],
+        [9, 10, 11, 12, 13, 14],
+        [True, True],
+    )
+    req = TokenizedRequest(
+        rid="x", input_ids=[1, 2], params=SamplingParams(stop=["\n"], top_k=5), stop_ids=[0], max_new_tokens=4
+    )
     for msg in (plan, req):
         frame = transport.encode(Envelope("worker", msg))
         decoded = msgspec.msgpack.decode(frame[4:], type=Envelope)

@@ -136,7 +136,10 @@ def main() -> None:
         "--compiled", action="store_true", help="print what stage 1 compiles to (default launch), then exit"
     )
     parser.add_argument(
-        "--rounds", type=int, default=1, help="--tilelang: time each case's runs round-robin this often (median)"
+        "--rounds",
+        type=int,
+        default=1,
+        help="--tilelang: time each case's runs round-robin this often (median)",
     )
     parser.add_argument(
         "--tilelang",

@@ -201,7 +201,10 @@ def _kernel(
             tx = T.get_thread_binding()
             if use_tma:  # the TMA unit writes 128-byte swizzled rows; the gather's addresses follow
                 T.annotate_layout(
-                    {k_ring: make_full_bank_swizzled_layout(k_ring), v_ring: make_full_bank_swizzled_layout(v_ring)}
+                    {
+                        k_ring: make_full_bank_swizzled_layout(k_ring),
+                        v_ring: make_full_bank_swizzled_layout(v_ring),
+                    }
                 )
 
             if tx < 128:  # consumers: gqa_fp8_warp.cuh, a warp per 16 tokens of each tile
