@@ -58,6 +58,15 @@ def bench_ms(fn: Callable[[], object], device: torch.device, graph: bool = False
     return (time.perf_counter() - t0) / n * 1e3
 
 
+def round_robin(n: int, rounds: int) -> Iterator[int]:
+    """The order to time n runs `rounds` times: 0..n-1, each round starting one run later. The GPU's
+    clock falls as it warms under a long run, so a fixed order favours whoever goes first (PERF.md,
+    thirteenth session); the caller keeps each run's median."""
+    for r in range(rounds):
+        for i in range(n):
+            yield (r + i) % n
+
+
 def ceilings(device: torch.device, small: bool) -> tuple[float, float]:
     """(copy bytes/s counting read + write, bf16 matmul FLOP/s)."""
     n = (64 if small else 2048) << 20

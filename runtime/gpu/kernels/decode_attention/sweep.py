@@ -16,6 +16,7 @@ import statistics
 import torch
 import triton
 
+from runtime.gpu.kernels.bench import round_robin
 from runtime.gpu.kernels.common import choose_num_splits
 from runtime.gpu.kernels.decode_attention import triton as kernel
 from runtime.gpu.kernels.decode_attention.reference import decode_attention as reference
@@ -93,10 +94,8 @@ def sweep_tilelang(variants: list[str], page_size: int, rounds: int = 1) -> None
             for impl, st, fn in fns:
                 runs.append((impl, st, sp, fn, close_ratio(fn().float(), want, *TOLERANCE[torch.bfloat16])))
         times: list[list[float]] = [[] for _ in runs]
-        for r in range(rounds):
-            order = list(range(len(runs)))
-            for i in order[r % len(runs) :] + order[: r % len(runs)]:
-                times[i].append(triton.testing.do_bench(runs[i][3], rep=40))
+        for i in round_robin(len(runs), rounds):
+            times[i].append(triton.testing.do_bench(runs[i][3], rep=40))
         rows = [
             (statistics.median(t), impl, st, sp, err)
             for t, (impl, st, sp, _, err) in zip(times, runs, strict=True)

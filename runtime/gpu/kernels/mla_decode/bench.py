@@ -26,7 +26,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import torch
 
-from runtime.gpu.kernels.bench import bench_ms
+from runtime.gpu.kernels.bench import bench_ms, round_robin
 from runtime.gpu.kernels.mla_decode import reference
 from runtime.gpu.kernels.mla_decode.testing import mla_case
 from runtime.gpu.kernels.testing import TOLERANCE, close_ratio
@@ -226,21 +226,19 @@ def bench(
             continue
         times: dict[tuple, list[float]] = {line: [] for line in lines}
         errors: dict[tuple, str] = {}
-        for r in range(rounds):
-            for line in lines[r % len(lines) :] + lines[: r % len(lines)]:
-                if line in errors:
-                    continue
-                name, entry, opts, _ = line
-                try:
-                    _use(name, opts)
-                    _run(name, entry, c)  # compile / warm up outside the graph
-                    times[line].append(
-                        bench_ms(
-                            lambda name=name, entry=entry, c=c: _run(name, entry, c), c.q.device, graph=True
-                        )
-                    )
-                except Exception as e:  # noqa: BLE001
-                    errors[line] = f"ERROR {type(e).__name__}: {str(e)[:300]}"
+        for i in round_robin(len(lines), rounds):
+            line = lines[i]
+            if line in errors:
+                continue
+            name, entry, opts, _ = line
+            try:
+                _use(name, opts)
+                _run(name, entry, c)  # compile / warm up outside the graph
+                times[line].append(
+                    bench_ms(lambda name=name, entry=entry, c=c: _run(name, entry, c), c.q.device, graph=True)
+                )
+            except Exception as e:  # noqa: BLE001
+                errors[line] = f"ERROR {type(e).__name__}: {str(e)[:300]}"
         for line in lines:
             name, entry, _, shown = line
             head = f"{name:<8} {_label(shown):<13} {entry:<5} {hq:>3} {batch:>4} {ctx:>6}"
