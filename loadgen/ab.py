@@ -26,7 +26,7 @@ import copy
 import shlex
 from pathlib import Path
 
-from loadgen import report
+from loadgen import gpu_clock, report
 from loadgen.errors import LoadgenError
 from loadgen.launch import conduit_serve, free_port, launch
 
@@ -110,7 +110,7 @@ def summary(results: dict[str, list[str]]) -> str:
     if any(d.get("gpu") for ds in docs.values() for d in ds):
         lines.append(f"{'SM clock (MHz)':<16}{'rounds':>30}")
         for name, ds in docs.items():
-            clocks = [f"{next(iter(d['gpu'].values()))['sm_clock_mhz']['mean']:,.0f}" if d.get("gpu") else "-"
-                      for d in ds]  # fmt: skip
+            gpus = [gpu_clock.first_gpu(d.get("gpu")) for d in ds]
+            clocks = [f"{g['sm_clock_mhz']['mean']:,.0f}" if g else "-" for g in gpus]
             lines.append(f"{name[:16]:<16}{' '.join(clocks):>30}")
     return "\n".join(lines)

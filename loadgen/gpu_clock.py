@@ -51,11 +51,16 @@ def summarize(samples: dict[int, list[tuple[float, float]]]) -> dict | None:
     return out or None
 
 
+def first_gpu(summary: dict | None) -> dict | None:
+    """The first GPU's entry of `summarize`'s dict (the one a single-GPU server runs on), or None."""
+    return next(iter(summary.values())) if summary else None
+
+
 def describe(summary: dict | None) -> str | None:
     """One line for the end-of-run table: the first GPU's loaded clock and power."""
-    if not summary:
+    g = first_gpu(summary)
+    if g is None:
         return None
-    g = next(iter(summary.values()))
     c, p = g["sm_clock_mhz"], g["power_w"]
     return f"{c['mean']:.0f} MHz ({c['min']:.0f}-{c['max']:.0f}), {p['mean']:.0f} W"
 

@@ -23,7 +23,7 @@ CTX = 1024
 ROOM = 64  # decode positions per row past the context
 
 
-def _layout(batch: int, ctx: int, page: int) -> tuple[int, int]:
+def _layout(ctx: int, page: int) -> tuple[int, int]:
     """(first row's first slot, slots per row): rows hold whole pages, back to back after page 0 (its
     slot 0 is the padding slot), so a row's pages are contiguous and page-aligned."""
     return (page if page > 1 else 1), -(-(ctx + ROOM) // page) * page
@@ -32,7 +32,7 @@ def _layout(batch: int, ctx: int, page: int) -> tuple[int, int]:
 def _runner(
     batch: int, graph: bool, ctx: int, kv_cache_dtype: str, prefill: int = 0, length: int = 0, page: int = 1
 ) -> ModelRunner:
-    first, stride = _layout(batch, ctx, page)
+    first, stride = _layout(ctx, page)
     cfg = RunnerConfig(
         "llama-3.1-8b",
         device="cuda",
@@ -53,7 +53,7 @@ def _steps(batch: int, ctx: int, prompts: int = 0, length: int = 0, page: int = 
     prompts of `length` tokens each: their rows are released and admitted again every step, reusing
     their slots, so every step is the same prefill."""
     params = SamplingParams(temperature=0)
-    first, stride = _layout(batch, ctx, page)
+    first, stride = _layout(ctx, page)
     base = [first + i * stride for i in range(batch)]
     dec_rows = list(range(1, batch + 1))
     pre_rows = list(range(batch + 1, batch + prompts + 1))

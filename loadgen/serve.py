@@ -99,8 +99,8 @@ async def run(args) -> int:
     m = metrics.compute(results, duration)
     extra = {"Backend": args.backend, "Dataset": args.dataset_name, "Request rate": args.request_rate,
              "Max concurrency": args.max_concurrency or "-", "Model": cfg.model}  # fmt: skip
-    if gpu_clock.describe(gpu.summary):
-        extra["GPU clock, power"] = gpu_clock.describe(gpu.summary)
+    if clock := gpu_clock.describe(gpu.summary):
+        extra["GPU clock, power"] = clock
     print(report.table(m, extra={k: str(v) for k, v in extra.items()}))
     if args.out:
         config = {k: v for k, v in vars(args).items() if k != "func"} | {"base_url": url, "model": cfg.model}

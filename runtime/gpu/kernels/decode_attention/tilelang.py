@@ -46,6 +46,9 @@ BLOCKS_PER_SM = 2  # CTAs an SM should hold (caps registers at 65536 / (256 x th
 # B=64-256 on the H200, where a CTA per item spends its start-up (row, length and slot loads) idle. With
 # no more items than CTAs there is nothing to walk: those launches keep a CTA per item (docs/PERF.md).
 PERSISTENT = True
+# Whole 64-token pages by TMA where the pool's pages allow (docs/PERF.md, fourteenth session);
+# CONDUIT_DECODE_TMA=0 gathers them instead, for before/after runs. Read once, not per launch.
+TMA_PAGES = envs.decode_tma_pages()
 
 _TL_DTYPE = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.int32: "int32", torch.int64: "int64"}
 
@@ -360,5 +363,5 @@ def decode_attention(
     args = (q, k_pool, v_pool, req_to_token, rows, seq_lens, scale)
     if not supported(q, k_pool):
         return triton.decode_attention(*args, num_splits, out)
-    paged = functools.partial(stage1, page_size=page_size if envs.decode_tma_pages() else 1)
+    paged = functools.partial(stage1, page_size=page_size if TMA_PAGES else 1)
     return triton.split_kv(paged, BLOCK_N, *args, num_splits, out, direct=True)
