@@ -9,10 +9,12 @@ by keeping samples drawing at least LOADED_FRACTION of the run's peak power."""
 
 from __future__ import annotations
 
+import ipaddress
 import shutil
 import signal
 import subprocess
 from statistics import mean
+from urllib.parse import urlsplit
 
 QUERY = "index,clocks.sm,power.draw"
 LOADED_FRACTION = 0.5  # of the highest power seen on that GPU in the window
@@ -65,18 +67,31 @@ def describe(summary: dict | None) -> str | None:
     return f"{c['mean']:.0f} MHz ({c['min']:.0f}-{c['max']:.0f}), {p['mean']:.0f} W"
 
 
+def is_local(url: str) -> bool:
+    """Whether the server at `url` runs on this machine (a loopback host), so that this machine's GPUs
+    are the ones it ran on; a remote server's clock cannot be sampled from here."""
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class GpuSampler:
     """`with GpuSampler() as s: ...` samples every `interval_ms` in a background nvidia-smi; afterwards
     `s.summary` holds `summarize`'s dict, or None when there is no nvidia-smi or it printed nothing."""
 
-    def __init__(self, interval_ms: int = 500, command: str = "nvidia-smi") -> None:
+    def __init__(self, interval_ms: int = 500, command: str = "nvidia-smi", enabled: bool = True) -> None:
         self.interval_ms = interval_ms
         self.command = command
+        self.enabled = enabled
         self.proc: subprocess.Popen | None = None
         self.summary: dict | None = None
 
     def __enter__(self) -> GpuSampler:
-        exe = shutil.which(self.command)
+        exe = shutil.which(self.command) if self.enabled else None
         if exe is not None:
             args = [
                 exe,

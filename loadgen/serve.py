@@ -86,7 +86,8 @@ async def run(args) -> int:
                 print(f"warning: warmup request failed: {r.error}", file=sys.stderr)
                 break
         try:
-            with gpu_clock.GpuSampler() as gpu:  # the clock a power-capped GPU ran at (gpu_clock.py)
+            # the clock a power-capped GPU ran at (gpu_clock.py), where the server is on this machine
+            with gpu_clock.GpuSampler(enabled=gpu_clock.is_local(url)) as gpu:
                 results, duration = await _benchmark(args, session, cfg, prompts, rng)
         finally:
             if cfg.ws:

@@ -71,6 +71,16 @@ def test_sampler_without_nvidia_smi_gives_none(monkeypatch):
     assert s.proc is None and s.summary is None
 
 
+def test_only_a_server_on_this_machine_is_sampled(fake_smi):
+    assert gpu_clock.is_local("http://127.0.0.1:30000") and gpu_clock.is_local("http://localhost:8000/")
+    assert gpu_clock.is_local("http://[::1]:8000") and gpu_clock.is_local("http://127.0.0.2:8000")
+    assert not gpu_clock.is_local("http://10.0.0.5:30000")
+    assert not gpu_clock.is_local("https://api.example.com")
+    with gpu_clock.GpuSampler(enabled=False) as s:  # a remote server: this machine's GPUs say nothing
+        pass
+    assert s.proc is None and s.summary is None
+
+
 # 20 chunks 25 ms apart: the benchmark lasts about half a second, time for the stand-in to print
 @pytest.mark.parametrize("fake_server", [{"chunk_delay": 0.025}], indirect=True)
 def test_serve_writes_the_clock_into_the_results(fake_server, fake_smi, tmp_path, capsys):
