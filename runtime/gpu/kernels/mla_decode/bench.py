@@ -12,8 +12,14 @@
    = `mla_decode_paged(..., block_table, page=64)`, FlashMLA's inputs.
 
 Accounting as FlashMLA's and TileLang's benchmarks: FLOPs = 2 sum(seqlen) h_q (576 + 512), bytes = KV +
-Q + O. Times are medians of CUDA-graph replays (`kernels.bench.bench_ms`). Each check or point runs
-under its own try, so one failure does not hide the rest."""
+Q + O. Each check or point runs under its own try, so one failure does not hide the rest.
+
+Timers (`--timers`, each a column of runs, round-robin with the rest):
+- `graph`: the median of CUDA-graph replays (`kernels.bench.bench_ms`, triton's do_bench_cudagraph): about
+  100 ms of back-to-back launches, so the GPU runs at its power-capped clock under sustained load.
+- `do_bench`: the median of triton's do_bench, the method FlashMLA's reference figures were measured
+  with: every launch follows a 256 MB cache-clearing write, so L2 starts cold, and the GPU is not under
+  continuous tensor-core load. Only this timer compares like with like against FLASH_MLA."""
 
 from __future__ import annotations
 
@@ -202,13 +208,14 @@ def bench(
     points: list[tuple],
     ab_points: list[tuple] | None = None,
     rounds: int = 1,
+    timers: tuple[str, ...] = ("graph",),
 ) -> None:
     """Time every (implementation, entry, schedule) at every point. With `rounds` > 1 the runs of a
     point are timed round-robin, each round starting one run later, and the median is reported: the
     GPU's clock falls as it warms under a long run, so a fixed order favours whoever goes first."""
 
     print(
-        f"{'impl':<8} {'schedule':<13} {'entry':<5} {'h_q':>3} {'B':>4} {'ctx':>6} {'us':>8} {'TFLOP/s':>8} {'TB/s':>6} {'FlashMLA':>10} {'ratio':>6}"
+        f"{'impl':<8} {'schedule':<13} {'entry':<5} {'timer':<8} {'h_q':>3} {'B':>4} {'ctx':>6} {'us':>8} {'TFLOP/s':>8} {'TB/s':>6} {'FlashMLA':>10} {'ratio':>6}"
     )
     for hq, batch, ctx in points:
         try:
@@ -219,9 +226,13 @@ def bench(
         flops = 2 * c.kv_tokens * hq * (2 * R + DPE)
         nbytes = (c.kv_tokens * (R + DPE) + batch * hq * (2 * R + DPE)) * c.pool.element_size()
         anchor = FLASH_MLA.get((hq, batch, ctx))
-        lines = _point_runs(
-            names, entries, variants, hq, ab_points is not None and (hq, batch, ctx) not in ab_points
-        )
+        lines = [
+            (*run, timer)
+            for run in _point_runs(
+                names, entries, variants, hq, ab_points is not None and (hq, batch, ctx) not in ab_points
+            )
+            for timer in timers
+        ]
         if not lines:  # e.g. only diagnostics, which run at h_q 128 through the op entry alone
             continue
         times: dict[tuple, list[float]] = {line: [] for line in lines}
@@ -230,18 +241,22 @@ def bench(
             line = lines[i]
             if line in errors:
                 continue
-            name, entry, opts, _ = line
+            name, entry, opts, _, timer = line
             try:
                 _use(name, opts)
                 _run(name, entry, c)  # compile / warm up outside the graph
                 times[line].append(
-                    bench_ms(lambda name=name, entry=entry, c=c: _run(name, entry, c), c.q.device, graph=True)
+                    bench_ms(
+                        lambda name=name, entry=entry, c=c: _run(name, entry, c),
+                        c.q.device,
+                        graph=timer == "graph",
+                    )
                 )
             except Exception as e:  # noqa: BLE001
                 errors[line] = f"ERROR {type(e).__name__}: {str(e)[:300]}"
         for line in lines:
-            name, entry, _, shown = line
-            head = f"{name:<8} {_label(shown):<13} {entry:<5} {hq:>3} {batch:>4} {ctx:>6}"
+            name, entry, _, shown, timer = line
+            head = f"{name:<8} {_label(shown):<13} {entry:<5} {timer:<8} {hq:>3} {batch:>4} {ctx:>6}"
             if line in errors:
                 print(f"{head} {errors[line]}")
                 continue
@@ -305,6 +320,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--rounds", type=int, default=1, help="time each point's runs round-robin this often (median)"
     )
+    p.add_argument(
+        "--timers", nargs="*", choices=("graph", "do_bench"), default=["graph"],
+        help="graph: CUDA-graph replays under sustained load; do_bench: FlashMLA's method (module doc)",
+    )  # fmt: skip
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         sys.stderr.write("needs a CUDA device\n")
@@ -322,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         prewarm(a.compile_workers, variants)
     failures = 0 if a.no_check else check(a.impls, variants)
     if not a.no_bench:
-        bench(a.impls, a.entries, variants, points, ab_points, a.rounds)
+        bench(a.impls, a.entries, variants, points, ab_points, a.rounds, tuple(a.timers))
     return 1 if failures else 0
 
 
