@@ -42,8 +42,10 @@ Schedule options (`_kernel`'s `opts`; `DEFAULT_OPTS` is the one measured best, d
   removed; so were the variants listed in docs/PERF.md (TMA multicast in a 2-CTA cluster among them).
 The seesaw's hand-offs between WG0 and WG1 are named barriers (see M0_READY) and its KV copies carry an
 evict-first hint. Measured on the H200 at h_q = 128: the seesaw math alone (no loads) runs at 624-650
-TFLOP/s, with the loads 500-535: the two 72 KB KV buffers (all that fits beside Q) leave one tile pair
-of prefetch, and the loads overlap the math only partly. That is the remaining gap to FlashMLA.
+TFLOP/s, with the loads 515-537: the two 72 KB KV buffers (all that fits beside Q) leave one tile pair
+of prefetch, and each half is refilled only after its last reader of the pair, so the next pair waits
+for part of the copy's latency (a clock64 timeline of the waits is in PERF.md). That is the remaining
+gap to FlashMLA.
 
 Kernels are compiled on first use per (heads, dims, dtypes, page, split or not, scale, schedule); batch,
 pool size, table shape and split count are dynamic, so a serving run compiles a handful of variants."""
@@ -490,11 +492,13 @@ def _kernel(
     # S_B and O[:, 256:]. Each WG multiplies its own P (registers, bf16) by its V half and the other
     # WG's P (shared) by the same half of the other tile, so both warpgroups do the same FLOPs and
     # one's softmax runs while the other's GEMMs keep the tensor cores busy. The running max passes
-    # WG0 -> WG1 (m after A) and back (m after B); WG0 rescales its P_A to the later max before
-    # publishing it. Each KV buffer has a left half (value columns 0-255) and a right half (256-511
-    # and the rope tail), each with its own ready / free barrier, so the left half of A's buffer
-    # refills as soon as WG0's own P_A V_A-left is done (half a pair earlier than a whole buffer
-    # would). Shared memory: Q without its rope tail (kept in registers per WG, an RS wgmma) makes
+    # WG0 -> WG1 (m after A) and back (m after B). WG0 publishes P_A at its own max right after its
+    # softmax, and WG1 multiplies it first (its O half brought to that max), then takes its own max:
+    # so A's right half, which WG0's next QK^T needs, is freed half a pair earlier than if WG1 waited
+    # for P_A at the later max (+1.5-3.3% at h_q = 128, timed round-robin; PERF.md, fifteenth session).
+    # Each KV buffer has a left half (value columns 0-255) and a right half (256-511 and the rope
+    # tail), each with its own ready / free barrier, so the left half of A's buffer refills as soon as
+    # WG0's own P_A V_A-left is done (half a pair earlier than a whole buffer would). Shared memory: Q without its rope tail (kept in registers per WG, an RS wgmma) makes
     # room for the two P tiles next to two 72 KB KV buffers.
 
     @T.macro
@@ -671,16 +675,16 @@ def _kernel(
                     exp_scores(s0, m0, sum0_i)
                     for h_i in T.Parallel(BLOCK_H):
                         sum0[h_i] = sum0[h_i] * scale0[h_i] + sum0_i[h_i]
+                    # P_A at the max after A, published at once: WG1 brings its O half to that max
+                    # and multiplies P_A first, which frees A's right half for the next pair early
+                    T.copy(s0, P0_shared)
+                    T.fence_proxy_async()
+                    T.named_barrier_arrive(P0_READY, 256)
                     for h_i, d_i in T.Parallel(BLOCK_H, half):
                         o0[h_i, d_i] *= scale0[h_i]
                     T.copy(s0, p0)
                     T.wgmma_gemm(p0, kv0_l, o0)
-                    # P_A at the max after B, for WG1 (its O half is already at that max)
                     T.sync_threads(M1_READY, 256)
-                    for h_i, n_i in T.Parallel(BLOCK_H, BLOCK_N):
-                        P0_shared[h_i, n_i] = T.cast(s0[h_i, n_i] * scale1_shared[h_i], dtype)
-                    T.fence_proxy_async()
-                    T.named_barrier_arrive(P0_READY, 256)
                     T.wait_wgmma(0)
                     T.barrier_arrive(free0_l[0])
                     for h_i in T.Parallel(BLOCK_H):
@@ -723,10 +727,18 @@ def _kernel(
                     for h_i in T.Parallel(BLOCK_H):
                         m1_prev[h_i] = m0_shared[h_i]
                         m1[h_i] = m0_shared[h_i]
+                    # O half to the max after A, then P_A V_A-right (under this WG's max and scales),
+                    # which frees A's right half half a pair before this WG's own PV
+                    for h_i, d_i in T.Parallel(BLOCK_H, half):
+                        o1[h_i, d_i] *= scale0_shared[h_i]
+                    T.sync_threads(P0_READY, 256)
+                    T.wgmma_gemm(P0_shared, kv0_r, o1)
                     T.reduce_max(s1, m1, dim=1, clear=False)
                     for h_i in T.Parallel(BLOCK_H):
                         scale1[h_i] = T.exp2((m1_prev[h_i] - m1[h_i]) * sm_scale)
                         both1[h_i] = scale0_shared[h_i] * scale1[h_i]
+                    T.wait_wgmma(0)  # before M1: WG0 rewrites P0_shared once it has the max after B
+                    T.barrier_arrive(free0_r[0])
                     T.copy(m1, m1_shared)
                     T.copy(scale1, scale1_shared)
                     T.named_barrier_arrive(M1_READY, 256)
@@ -734,18 +746,14 @@ def _kernel(
                     for h_i in T.Parallel(BLOCK_H):
                         sum1[h_i] = sum1[h_i] * both1[h_i] + sum1_i[h_i]
                     for h_i, d_i in T.Parallel(BLOCK_H, half):
-                        o1[h_i, d_i] *= both1[h_i]
+                        o1[h_i, d_i] *= scale1[h_i]
                     T.copy(s1, p1)
                     T.copy(s1, P1_shared)
                     T.fence_proxy_async()
                     T.named_barrier_arrive(P1_READY, 256)
                     T.wgmma_gemm(p1, kv1_r, o1)
-                    T.sync_threads(P0_READY, 256)
-                    T.wgmma_gemm(P0_shared, kv0_r, o1)
-                    T.wait_wgmma(1)
-                    T.barrier_arrive(free1_r[0])
                     T.wait_wgmma(0)
-                    T.barrier_arrive(free0_r[0])
+                    T.barrier_arrive(free1_r[0])
                 T.copy(sum1, sum1_shared)
                 T.barrier_arrive(sums_ready)
                 T.barrier_wait(sums_ready, 0)
