@@ -498,8 +498,9 @@ def _kernel(
     # for P_A at the later max (+1.5-3.3% at h_q = 128, timed round-robin; PERF.md, fifteenth session).
     # Each KV buffer has a left half (value columns 0-255) and a right half (256-511 and the rope
     # tail), each with its own ready / free barrier, so the left half of A's buffer refills as soon as
-    # WG0's own P_A V_A-left is done (half a pair earlier than a whole buffer would). Shared memory: Q without its rope tail (kept in registers per WG, an RS wgmma) makes
-    # room for the two P tiles next to two 72 KB KV buffers.
+    # WG0's own P_A V_A-left is done (half a pair earlier than a whole buffer would). Shared memory: Q
+    # without its rope tail (kept in registers per WG, an RS wgmma) makes room for the two P tiles next
+    # to two 72 KB KV buffers.
 
     @T.macro
     def fill_half(
