@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -61,10 +62,25 @@ def bench_ms(fn: Callable[[], object], device: torch.device, graph: bool = False
 def round_robin(n: int, rounds: int) -> Iterator[int]:
     """The order to time n runs `rounds` times: 0..n-1, each round starting one run later. The GPU's
     clock falls as it warms under a long run, so a fixed order favours whoever goes first (PERF.md,
-    thirteenth session); the caller keeps each run's median."""
+    thirteenth session)."""
     for r in range(rounds):
         for i in range(n):
             yield (r + i) % n
+
+
+def round_robin_medians(timings: Sequence[Callable[[], float]], rounds: int) -> list[float | Exception]:
+    """Each timing's median over `rounds` calls made in `round_robin` order. A timing that raises is not
+    called again and its exception stands in for its median."""
+    times: list[list[float]] = [[] for _ in timings]
+    failed: dict[int, Exception] = {}
+    for i in round_robin(len(timings), rounds):
+        if i in failed:
+            continue
+        try:
+            times[i].append(timings[i]())
+        except Exception as e:  # noqa: BLE001
+            failed[i] = e
+    return [failed[i] if i in failed else statistics.median(t) for i, t in enumerate(times)]
 
 
 def ceilings(device: torch.device, small: bool) -> tuple[float, float]:

@@ -11,12 +11,11 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
-import statistics
 
 import torch
 import triton
 
-from runtime.gpu.kernels.bench import round_robin
+from runtime.gpu.kernels.bench import round_robin_medians
 from runtime.gpu.kernels.common import choose_num_splits
 from runtime.gpu.kernels.decode_attention import triton as kernel
 from runtime.gpu.kernels.decode_attention.reference import decode_attention as reference
@@ -93,13 +92,13 @@ def sweep_tilelang(variants: list[str], page_size: int, rounds: int = 1) -> None
             ]
             for impl, st, fn in fns:
                 runs.append((impl, st, sp, fn, close_ratio(fn().float(), want, *TOLERANCE[torch.bfloat16])))
-        times: list[list[float]] = [[] for _ in runs]
-        for i in round_robin(len(runs), rounds):
-            times[i].append(triton.testing.do_bench(runs[i][3], rep=40))
-        rows = [
-            (statistics.median(t), impl, st, sp, err)
-            for t, (impl, st, sp, _, err) in zip(times, runs, strict=True)
-        ]
+        medians = round_robin_medians(
+            [functools.partial(triton.testing.do_bench, fn, rep=40) for _, _, _, fn, _ in runs], rounds
+        )
+        for ms in medians:
+            if isinstance(ms, Exception):
+                raise ms
+        rows = [(ms, impl, st, sp, err) for ms, (impl, st, sp, _, err) in zip(medians, runs, strict=True)]
         best = {}
         for r in rows:
             key = (r[1], r[2])

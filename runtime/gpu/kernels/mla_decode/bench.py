@@ -24,15 +24,15 @@ Timers (`--timers`, each a column of runs, round-robin with the rest):
 from __future__ import annotations
 
 import argparse
+import functools
 import multiprocessing
-import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 
 import torch
 
-from runtime.gpu.kernels.bench import bench_ms, round_robin
+from runtime.gpu.kernels.bench import bench_ms, round_robin_medians
 from runtime.gpu.kernels.mla_decode import reference
 from runtime.gpu.kernels.mla_decode.testing import mla_case
 from runtime.gpu.kernels.testing import TOLERANCE, close_ratio
@@ -235,32 +235,12 @@ def bench(
         ]
         if not lines:  # e.g. only diagnostics, which run at h_q 128 through the op entry alone
             continue
-        times: dict[tuple, list[float]] = {line: [] for line in lines}
-        errors: dict[tuple, str] = {}
-        for i in round_robin(len(lines), rounds):
-            line = lines[i]
-            if line in errors:
-                continue
-            name, entry, opts, _, timer = line
-            try:
-                _use(name, opts)
-                _run(name, entry, c)  # compile / warm up outside the graph
-                times[line].append(
-                    bench_ms(
-                        lambda name=name, entry=entry, c=c: _run(name, entry, c),
-                        c.q.device,
-                        graph=timer == "graph",
-                    )
-                )
-            except Exception as e:  # noqa: BLE001
-                errors[line] = f"ERROR {type(e).__name__}: {str(e)[:300]}"
-        for line in lines:
-            name, entry, _, shown, timer = line
+        medians = round_robin_medians([functools.partial(_time, line, c) for line in lines], rounds)
+        for (name, entry, _, shown, timer), ms in zip(lines, medians, strict=True):
             head = f"{name:<8} {_label(shown):<13} {entry:<5} {timer:<8} {hq:>3} {batch:>4} {ctx:>6}"
-            if line in errors:
-                print(f"{head} {errors[line]}")
+            if isinstance(ms, Exception):
+                print(f"{head} ERROR {type(ms).__name__}: {str(ms)[:300]}")
                 continue
-            ms = statistics.median(times[line])
             fl, bw = flops / (ms * 1e-3), nbytes / (ms * 1e-3)
             mine = bw if hq == 16 else fl
             ref = (
@@ -274,6 +254,14 @@ def bench(
             )
         del c
         torch.cuda.empty_cache()
+
+
+def _time(line: tuple, c) -> float:
+    """One timing of a point's line (impl, entry, opts, schedule shown, timer), in ms."""
+    name, entry, opts, _, timer = line
+    _use(name, opts)
+    _run(name, entry, c)  # compile / warm up outside the graph
+    return bench_ms(lambda: _run(name, entry, c), c.q.device, graph=timer == "graph")
 
 
 def _point_runs(
