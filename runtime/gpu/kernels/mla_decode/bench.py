@@ -33,7 +33,6 @@ from concurrent.futures import ProcessPoolExecutor
 import torch
 
 from runtime.gpu.kernels.bench import bench_ms, round_robin_medians
-from runtime.gpu.kernels.common import num_sms
 from runtime.gpu.kernels.mla_decode import reference
 from runtime.gpu.kernels.mla_decode.testing import mla_case
 from runtime.gpu.kernels.testing import TOLERANCE, close_ratio
@@ -89,11 +88,6 @@ def _tl_keys(variants: list[tuple[str, ...]]) -> list[tuple]:
                 splits = (False, True)
             for split in splits:
                 sched = schedule(opts, page)
-                grid_g = 0
-                if "balanced" in sched:  # one kernel for every split count, CTAs per head block fixed
-                    if split:
-                        continue
-                    grid_g = num_sms(torch.device("cuda")) // -(-hq // 64)
                 keys.add(
                     (
                         hq,
@@ -107,7 +101,6 @@ def _tl_keys(variants: list[tuple[str, ...]]) -> list[tuple]:
                         split,
                         float(SCALE * LOG2E),
                         sched,
-                        grid_g,
                     )
                 )
     return sorted(keys)
@@ -166,17 +159,7 @@ def _run(name: str, entry: str, c, num_splits=None):
     if entry == "op":
         return op(*c.args(), num_splits=num_splits, return_lse=True)
     rows = torch.arange(c.q.shape[0], device=c.q.device)
-    args = (c.q, c.pool[:, 0], c.block_table, rows, c.seq_lens, c.scale, R, c.page_size, num_splits)
-    if name == "tilelang":
-        from runtime.gpu.kernels.mla_decode import tilelang as tl
-
-        if "balanced" in tl.schedule(tl.DEFAULT_OPTS, c.page_size):
-            # the work split is made once per batch, outside the timing, as FlashMLA's metadata is
-            if getattr(c, "balanced_plan", None) is None:
-                hb = -(-c.q.shape[1] // tl.BLOCK_H)
-                c.balanced_plan = tl.balanced_plan(c.seq_lens, num_sms(c.q.device) // hb)
-            return paged(*args, plan=c.balanced_plan)
-    return paged(*args)
+    return paged(c.q, c.pool[:, 0], c.block_table, rows, c.seq_lens, c.scale, R, c.page_size, num_splits)
 
 
 def check(names: list[str], variants: list[tuple[str, ...]]) -> int:

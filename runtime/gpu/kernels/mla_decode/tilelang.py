@@ -101,7 +101,7 @@ def schedule(opts: tuple[str, ...], page: int) -> tuple[str, ...]:
     """The options that apply at this page size, sorted (one compiled variant per distinct schedule):
     TMA needs whole 64-token tiles in a page, and the seesaw schedule only pays with TMA."""
     tiled = page % BLOCK_N == 0
-    return tuple(sorted(o for o in opts if o not in ("tma", "seesaw", "balanced") or tiled))
+    return tuple(sorted(o for o in opts if o not in ("tma", "seesaw") or tiled))
 
 
 def choose_num_splits(batch: int, head_blocks: int, max_tokens: int, device: torch.device) -> int:
@@ -137,7 +137,6 @@ def _kernel(
     split: bool,
     sm_scale: float,
     opts: tuple[str, ...] = DEFAULT_OPTS,
-    grid_g: int = 0,
 ):
     """Compile one variant (see the module doc). `sm_scale` is the softmax scale times log2(e).
 
@@ -151,16 +150,12 @@ def _kernel(
     import tilelang.language as T
 
     assert d_v % 128 == 0 and d_pe % 8 == 0 and d_pe <= 64, (d_v, d_pe)
-    assert set(opts) <= {"early_p", "chunked", "seesaw", "tma", "balanced", "no_load", "no_compute"}, opts
+    assert set(opts) <= {"early_p", "chunked", "seesaw", "tma", "no_load", "no_compute"}, opts
     seesaw = "seesaw" in opts
     assert not (seesaw and ({"early_p", "chunked", "no_compute"} & set(opts))), opts
     early_p = "early_p" in opts
     chunked = "chunked" in opts
     use_tma = "tma" in opts and page % BLOCK_N == 0
-    # "balanced": grid_g CTAs per head block share the batch's tiles evenly, crossing rows (see
-    # `attend_balanced`); rows split between CTAs are merged by `combine_balanced`
-    balanced = "balanced" in opts
-    assert not balanced or (seesaw and grid_g > 0), (opts, grid_g)
     load = "no_load" not in opts
     compute = "no_compute" not in opts
     dim = d_v + d_pe
@@ -777,267 +772,6 @@ def _kernel(
                     )
 
     @T.macro
-    def segment(Sched, Cum, SeqLens, g, seg, geo):
-        """Segment `seg` of CTA g's tile range [Sched[g, 2], Sched[g, 3]) (tiles of the batch's rows laid
-        end to end, Cum their running count): geo = (batch row, first token, end token, pairs, 1 if the
-        segment is the whole row)."""
-        r = Sched[g, 0] + seg
-        c_lo = Cum[r]
-        c_hi = Cum[r + 1]
-        lo = T.max(Sched[g, 2], c_lo) - c_lo
-        hi = T.min(Sched[g, 3], c_hi) - c_lo
-        geo[0] = r
-        geo[1] = lo * BLOCK_N
-        geo[2] = T.min(hi * BLOCK_N, T.cast(SeqLens[r], "int32"))
-        geo[3] = T.ceildiv(hi - lo, 2)
-        geo[4] = T.if_then_else(lo == 0, T.if_then_else(hi == c_hi - c_lo, 1, 0), 0)
-
-    @T.macro
-    def write_segment(Out, Lse, MidO, MidLse, geo, hb, g, seg, h0, acc_o, inv, col0, sums, m_i, lse_too):
-        """A consumer's half of a segment's O (and, from WG0, the LSE): a whole row straight into Out and
-        Lse, else a float32 partial into the CTA's slot (0: its first segment, 1: its last)."""
-        bid = geo[0]
-        slot = T.if_then_else(seg == 0, 0, 1)
-        if geo[4] == 1:
-            for h_i, d_i in T.Parallel(BLOCK_H, half):
-                if h_i < valid_h:
-                    Out[bid, h0 + h_i, col0 + d_i] = acc_o[h_i, d_i] * inv[h_i]
-        else:
-            for h_i, d_i in T.Parallel(BLOCK_H, half):
-                if h_i < valid_h:
-                    MidO[hb, g, slot, h_i, col0 + d_i] = acc_o[h_i, d_i] * inv[h_i]
-        if lse_too:
-            for h_i in T.Parallel(BLOCK_H):
-                if h_i < valid_h:
-                    lse2 = T.if_then_else(
-                        sums[h_i] > 0, T.log2(sums[h_i]) + m_i[h_i] * sm_scale, -T.infinity(accum)
-                    )
-                    if geo[4] == 1:
-                        Lse[bid, h0 + h_i] = lse2 * LN2
-                    else:
-                        MidLse[hb, g, slot, h_i] = lse2
-
-    # ---- "balanced": the seesaw over a tile range that crosses rows (FlashMLA's row-crossing split) --
-    # A CTA per (head block, g < grid_g = SMs / head blocks) takes an equal share of the batch's tiles,
-    # laid end to end row after row (`balanced_plan`), so every SM gets the same work whatever the batch
-    # and lengths, and a CTA's rows follow each other without a relaunch: the producer runs on into
-    # the next row's tiles while the consumers finish the last one. Each row piece is a segment: a whole
-    # row is written straight to Out; the pieces of a row split between CTAs go to float32 partials
-    # (two slots a CTA: its first and its last segment) that `combine_balanced` merges. Barrier parities
-    # run on across segments (the pair count; q_ready / sums_ready per segment). O goes from registers
-    # to memory (no staging through Q's buffer, which the next segment's Q overwrites).
-
-    @T.macro
-    def attend_balanced(Q, KV, Table, Rows, SeqLens, Sched, Cum, Out, Lse, MidO, MidLse):
-        with T.Kernel(head_blocks, grid_g, threads=384) as (hb, g):
-            Q_l, Q_r, kv0_l, kv0_r, kv1_l, kv1_r, k0_tail, k1_tail = shared_tiles()
-            P0_shared = T.alloc_shared([BLOCK_H, BLOCK_N], dtype)
-            P1_shared = T.alloc_shared([BLOCK_H, BLOCK_N], dtype)
-            m0_shared = T.alloc_shared([BLOCK_H], accum)
-            scale0_shared = T.alloc_shared([BLOCK_H], accum)
-            m1_shared = T.alloc_shared([BLOCK_H], accum)
-            scale1_shared = T.alloc_shared([BLOCK_H], accum)
-            sum0_shared = T.alloc_shared([BLOCK_H], accum)
-            sum1_shared = T.alloc_shared([BLOCK_H], accum)
-
-            q0_tail, s0, p0, o0, m0, m0_prev, scale0, sum0, sum0_i, inv0, _ = consumer_registers()
-            q1_tail, s1, p1, o1, m1, m1_prev, scale1, sum1, sum1_i, inv1, both1 = consumer_registers()
-
-            rdy0_l = T.alloc_barrier(arrive_count=128)
-            rdy0_r = T.alloc_barrier(arrive_count=128)
-            rdy1_l = T.alloc_barrier(arrive_count=128)
-            rdy1_r = T.alloc_barrier(arrive_count=128)
-            free0_l = T.alloc_barrier(arrive_count=128)
-            free0_r = T.alloc_barrier(arrive_count=256)
-            free1_l = T.alloc_barrier(arrive_count=256)
-            free1_r = T.alloc_barrier(arrive_count=128)
-            q_ready = T.alloc_barrier(arrive_count=256)
-            sums_ready = T.alloc_barrier(arrive_count=256)
-            bufs = (
-                (kv0_l, kv0_r, k0_tail, rdy0_l, rdy0_r, free0_l, free0_r),
-                (kv1_l, kv1_r, k1_tail, rdy1_l, rdy1_r, free1_l, free1_r),
-            )
-            num_segs = Sched[g, 1]
-            geo = T.alloc_local([5], "int32")
-            pairs = T.alloc_var("int32", init=0)  # pairs of earlier segments: the barriers' phase
-            h0 = hb * BLOCK_H
-            tx = T.get_thread_binding()
-
-            if tx < 128:
-                T.set_max_nreg(232, 1)
-                for seg in T.serial(num_segs):
-                    segment(Sched, Cum, SeqLens, g, seg, geo)
-                    start = geo[1]
-                    end = geo[2]
-                    load_q(Q, geo[0], h0, Q_l, 0, q0_tail)
-                    T.fence_proxy_async()
-                    T.barrier_arrive(q_ready)
-                    T.fill(sum0, 0)
-                    T.fill(m0, -(2**30))
-                    T.fill(o0, 0)
-                    T.barrier_wait(q_ready, seg & 1)
-                    for i_i in T.serial(geo[3]):
-                        parity = (pairs + i_i) & 1
-                        masked_scores(s0, start + 2 * i_i * BLOCK_N, end)
-                        T.barrier_wait(rdy0_l[0], parity)
-                        T.wgmma_gemm(Q_l, kv0_l, s0, transpose_B=True)
-                        T.barrier_wait(rdy0_r[0], parity)
-                        T.wgmma_gemm(Q_r, kv0_r, s0, transpose_B=True)
-                        T.wgmma_gemm(q0_tail, k0_tail, s0, transpose_B=True)
-                        T.wait_wgmma(0)
-                        T.barrier_arrive(free0_r[0])
-                        T.copy(m0, m0_prev)
-                        T.reduce_max(s0, m0, dim=1, clear=False)
-                        for h_i in T.Parallel(BLOCK_H):
-                            scale0[h_i] = T.exp2((m0_prev[h_i] - m0[h_i]) * sm_scale)
-                        T.copy(m0, m0_shared)
-                        T.copy(scale0, scale0_shared)
-                        T.named_barrier_arrive(M0_READY, 256)
-                        exp_scores(s0, m0, sum0_i)
-                        for h_i in T.Parallel(BLOCK_H):
-                            sum0[h_i] = sum0[h_i] * scale0[h_i] + sum0_i[h_i]
-                        T.copy(s0, P0_shared)
-                        T.fence_proxy_async()
-                        T.named_barrier_arrive(P0_READY, 256)
-                        for h_i, d_i in T.Parallel(BLOCK_H, half):
-                            o0[h_i, d_i] *= scale0[h_i]
-                        T.copy(s0, p0)
-                        T.wgmma_gemm(p0, kv0_l, o0)
-                        T.sync_threads(M1_READY, 256)
-                        T.wait_wgmma(0)
-                        T.barrier_arrive(free0_l[0])
-                        for h_i in T.Parallel(BLOCK_H):
-                            sum0[h_i] *= scale1_shared[h_i]
-                            m0[h_i] = m1_shared[h_i]
-                        for h_i, d_i in T.Parallel(BLOCK_H, half):
-                            o0[h_i, d_i] *= scale1_shared[h_i]
-                        T.sync_threads(P1_READY, 256)
-                        T.wgmma_gemm(P1_shared, kv1_l, o0)
-                        T.wait_wgmma(0)
-                        T.barrier_arrive(free1_l[0])
-                    T.copy(sum0, sum0_shared)
-                    T.barrier_arrive(sums_ready)
-                    T.barrier_wait(sums_ready, seg & 1)
-                    for h_i in T.Parallel(BLOCK_H):
-                        sum0[h_i] += sum1_shared[h_i]
-                        inv0[h_i] = T.if_then_else(sum0[h_i] > 0, 1.0 / sum0[h_i], 0)
-                    write_segment(Out, Lse, MidO, MidLse, geo, hb, g, seg, h0, o0, inv0, 0, sum0, m0, True)
-                    pairs = pairs + geo[3]
-            elif tx < 256:
-                T.set_max_nreg(232, 1)
-                for seg in T.serial(num_segs):
-                    segment(Sched, Cum, SeqLens, g, seg, geo)
-                    start = geo[1]
-                    end = geo[2]
-                    load_q(Q, geo[0], h0, Q_r, half, q1_tail)
-                    T.fence_proxy_async()
-                    T.barrier_arrive(q_ready)
-                    T.fill(sum1, 0)
-                    T.fill(o1, 0)
-                    T.barrier_wait(q_ready, seg & 1)
-                    for i_i in T.serial(geo[3]):
-                        parity = (pairs + i_i) & 1
-                        masked_scores(s1, start + (2 * i_i + 1) * BLOCK_N, end)
-                        T.barrier_wait(rdy1_r[0], parity)
-                        T.wgmma_gemm(Q_r, kv1_r, s1, transpose_B=True)
-                        T.wgmma_gemm(q1_tail, k1_tail, s1, transpose_B=True)
-                        T.barrier_wait(rdy1_l[0], parity)
-                        T.wgmma_gemm(Q_l, kv1_l, s1, transpose_B=True)
-                        T.wait_wgmma(0)
-                        T.barrier_arrive(free1_l[0])
-                        T.sync_threads(M0_READY, 256)
-                        for h_i in T.Parallel(BLOCK_H):
-                            m1_prev[h_i] = m0_shared[h_i]
-                            m1[h_i] = m0_shared[h_i]
-                        for h_i, d_i in T.Parallel(BLOCK_H, half):
-                            o1[h_i, d_i] *= scale0_shared[h_i]
-                        T.sync_threads(P0_READY, 256)
-                        T.wgmma_gemm(P0_shared, kv0_r, o1)
-                        T.reduce_max(s1, m1, dim=1, clear=False)
-                        for h_i in T.Parallel(BLOCK_H):
-                            scale1[h_i] = T.exp2((m1_prev[h_i] - m1[h_i]) * sm_scale)
-                            both1[h_i] = scale0_shared[h_i] * scale1[h_i]
-                        T.wait_wgmma(0)
-                        T.barrier_arrive(free0_r[0])
-                        T.copy(m1, m1_shared)
-                        T.copy(scale1, scale1_shared)
-                        T.named_barrier_arrive(M1_READY, 256)
-                        exp_scores(s1, m1, sum1_i)
-                        for h_i in T.Parallel(BLOCK_H):
-                            sum1[h_i] = sum1[h_i] * both1[h_i] + sum1_i[h_i]
-                        for h_i, d_i in T.Parallel(BLOCK_H, half):
-                            o1[h_i, d_i] *= scale1[h_i]
-                        T.copy(s1, p1)
-                        T.copy(s1, P1_shared)
-                        T.fence_proxy_async()
-                        T.named_barrier_arrive(P1_READY, 256)
-                        T.wgmma_gemm(p1, kv1_r, o1)
-                        T.wait_wgmma(0)
-                        T.barrier_arrive(free1_r[0])
-                    T.copy(sum1, sum1_shared)
-                    T.barrier_arrive(sums_ready)
-                    T.barrier_wait(sums_ready, seg & 1)
-                    for h_i in T.Parallel(BLOCK_H):
-                        total = sum1[h_i] + sum0_shared[h_i]
-                        inv1[h_i] = T.if_then_else(total > 0, 1.0 / total, 0)
-                    write_segment(
-                        Out, Lse, MidO, MidLse, geo, hb, g, seg, h0, o1, inv1, half, sum1, m1, False
-                    )
-                    pairs = pairs + geo[3]
-            else:
-                T.set_max_nreg(40, 0)
-                slots = T.alloc_local([BLOCK_N // 16], "int64")
-                for seg in T.serial(num_segs):
-                    segment(Sched, Cum, SeqLens, g, seg, geo)
-                    row = T.cast(Rows[geo[0]], "int64")
-                    end = geo[2]
-                    last = T.max(end - 1, 0)
-                    for i_i in T.serial(geo[3]):
-                        a_start = geo[1] + 2 * i_i * BLOCK_N
-                        produce_pair(KV, Table, row, slots, bufs, a_start, end, last, (pairs + i_i) & 1, tx)
-                    pairs = pairs + geo[3]
-
-    @T.macro
-    def combine_balanced(Cum, MidO, MidLse, Out, Lse):
-        """One (row, head): a row split between CTAs g_a..g_b merges their partials (weights exp2(lse -
-        max), 4 columns a thread); a whole row was written by its CTA; an empty row gets 0 and -inf."""
-        with T.Kernel(num_heads, batch, threads=d_v // 4) as (h, bid):
-            tx = T.get_thread_binding()
-            hb = h // BLOCK_H
-            hl = h % BLOCK_H
-            c_lo = Cum[bid]
-            c_hi = Cum[bid + 1]
-            per = T.max(T.ceildiv(Cum[batch], grid_g), 1)  # balanced_plan's share of tiles a CTA
-            g_a = c_lo // per
-            g_b = T.max(c_hi - 1, c_lo) // per
-            if c_hi == c_lo:
-                for v in T.vectorized(4):
-                    Out[bid, h, tx * 4 + v] = 0
-                if tx == 0:
-                    Lse[bid, h] = -T.infinity(accum)
-            elif g_a != g_b:
-                top = T.alloc_var(accum, init=-T.infinity(accum))
-                total = T.alloc_var(accum, init=0)
-                acc = T.alloc_local([4], accum)
-                for i in T.serial(g_b - g_a + 1):
-                    slot = T.if_then_else(i == 0, T.if_then_else(g_a * per < c_lo, 1, 0), 0)
-                    top = T.max(top, MidLse[hb, g_a + i, slot, hl])
-                base = T.if_then_else(top > -T.infinity(accum), top, 0)
-                for v in T.vectorized(4):
-                    acc[v] = 0
-                for i in T.serial(g_b - g_a + 1):
-                    slot = T.if_then_else(i == 0, T.if_then_else(g_a * per < c_lo, 1, 0), 0)
-                    w = T.exp2(MidLse[hb, g_a + i, slot, hl] - base)
-                    total += w
-                    for v in T.vectorized(4):
-                        acc[v] += w * MidO[hb, g_a + i, slot, hl, tx * 4 + v]
-                scale_out = T.if_then_else(total > 0, 1.0 / total, 0)
-                for v in T.vectorized(4):
-                    Out[bid, h, tx * 4 + v] = acc[v] * scale_out
-                if tx == 0:
-                    Lse[bid, h] = T.if_then_else(total > 0, (T.log2(total) + base) * LN2, -T.infinity(accum))
-
-    @T.macro
     def combine(MidO, MidLse, Out, Lse):
         """Merge the splits of one (row, head): weights exp2(lse_s - max), 4 columns a thread."""
         with T.Kernel(num_heads, batch, threads=d_v // 4) as (h, bid):
@@ -1062,28 +796,7 @@ def _kernel(
             if tx == 0:
                 Lse[bid, h] = T.if_then_else(total > 0, (T.log2(total) + base) * LN2, -T.infinity(accum))
 
-    if balanced:
-        cum_len = T.dynamic("cum_len")
-
-        @T.prim_func
-        def mla_decode_balanced(
-            Q: T.Tensor([batch, num_heads, dim], dtype),
-            KV: T.Tensor([num_slots, dim], dtype),
-            Table: T.Tensor([table_rows, table_width], table_dtype),
-            Rows: T.Tensor([batch], rows_dtype),
-            SeqLens: T.Tensor([batch], lens_dtype),
-            Sched: T.Tensor([grid_g, 4], "int32"),
-            Cum: T.Tensor([cum_len], "int32"),
-            MidO: T.Tensor([head_blocks, grid_g, 2, BLOCK_H, d_v], accum),
-            MidLse: T.Tensor([head_blocks, grid_g, 2, BLOCK_H], accum),
-            Out: T.Tensor([batch, num_heads, d_v], dtype),
-            Lse: T.Tensor([batch, num_heads], accum),
-        ):
-            attend_balanced(Q, KV, Table, Rows, SeqLens, Sched, Cum, Out, Lse, MidO, MidLse)
-            combine_balanced(Cum, MidO, MidLse, Out, Lse)
-
-        func = mla_decode_balanced
-    elif split:
+    if split:
 
         @T.prim_func
         def mla_decode_split(
@@ -1129,26 +842,6 @@ def _kernel(
 PASS_CONFIGS = {"tl.enable_fast_math": True}
 
 
-def balanced_plan(seq_lens: torch.Tensor, ctas: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The "balanced" schedule's work split, on the device (no sync; once per batch, like FlashMLA's
-    get_mla_metadata): the rows' 64-token tiles laid end to end (cum [B + 1], their running count),
-    each of `ctas` CTAs taking the next ceil(total / ctas). Returns (plan [ctas, 4] int32: first row,
-    segments, first tile, end tile; cum)."""
-    dev = seq_lens.device
-    tiles = (seq_lens.to(torch.int32) + (BLOCK_N - 1)) // BLOCK_N
-    cum = torch.zeros(tiles.numel() + 1, dtype=torch.int32, device=dev)
-    torch.cumsum(tiles, 0, dtype=torch.int32, out=cum[1:])
-    total = cum[-1:]
-    per = torch.clamp((total + (ctas - 1)) // ctas, min=1)
-    start = torch.arange(ctas, dtype=torch.int32, device=dev) * per
-    end = torch.minimum(start + per, total)
-    first = torch.searchsorted(cum, start, right=True).to(torch.int32) - 1
-    last = torch.searchsorted(cum, end - 1, right=True).to(torch.int32) - 1
-    segments = torch.where(end > start, last - first + 1, 0).to(torch.int32)
-    first = first.clamp(0, max(tiles.numel() - 1, 0))
-    return torch.stack([first, segments, start, end], 1).contiguous(), cum
-
-
 def mla_decode_paged(
     q: torch.Tensor,
     pool: torch.Tensor,
@@ -1161,13 +854,10 @@ def mla_decode_paged(
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
-    plan: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The launcher, `triton.mla_decode_paged`'s contract: q [B, Hq, D]; pool [slots, D]; token pos of
     row r lives in slot `table[r, pos // page] * page + pos % page`. Returns (out [B, Hq, r] in q's
-    dtype, lse [B, Hq] float32 natural log). What `supported` does not cover runs the Triton kernel.
-    With the "balanced" schedule, `plan` is `balanced_plan(seq_lens, ...)` made once per batch (else
-    made here) and `num_splits` does not apply."""
+    dtype, lse [B, Hq] float32 natural log). What `supported` does not cover runs the Triton kernel."""
     batch, num_heads, dim = q.shape
     d_pe = dim - kv_lora_rank
     if not supported(q, kv_lora_rank):  # e.g. float32 tests: the Triton kernel takes any shape
@@ -1185,25 +875,12 @@ def mla_decode_paged(
     if batch == 0:
         return out, lse
     head_blocks = -(-num_heads // BLOCK_H)
-    opts = schedule(DEFAULT_OPTS, page)
-    if "balanced" in opts:
-        grid_g = max(1, num_sms(q.device) // head_blocks)
-        sched, cum = balanced_plan(seq_lens, grid_g) if plan is None else plan
-        kernel = _kernel(
-            num_heads, kv_lora_rank, d_pe, _TL_DTYPE[q.dtype], _TL_DTYPE[table.dtype], _TL_DTYPE[rows.dtype],
-            _TL_DTYPE[seq_lens.dtype], page, False, float(scale * LOG2E), opts, grid_g,
-        )  # fmt: skip
-        f32 = dict(dtype=torch.float32, device=q.device)
-        mid_o = torch.empty(head_blocks, grid_g, 2, BLOCK_H, kv_lora_rank, **f32)
-        mid_lse = torch.empty(head_blocks, grid_g, 2, BLOCK_H, **f32)
-        kernel(q, pool, table, rows, seq_lens, sched, cum, mid_o, mid_lse, out, lse)
-        return out, lse
     if num_splits is None:
         num_splits = choose_num_splits(batch, head_blocks, table.shape[1] * page, q.device)
     split = num_splits > 1
     kernel = _kernel(
         num_heads, kv_lora_rank, d_pe, _TL_DTYPE[q.dtype], _TL_DTYPE[table.dtype], _TL_DTYPE[rows.dtype],
-        _TL_DTYPE[seq_lens.dtype], page, split, float(scale * LOG2E), opts,
+        _TL_DTYPE[seq_lens.dtype], page, split, float(scale * LOG2E), schedule(DEFAULT_OPTS, page),
     )  # fmt: skip
     if split:
         mid_o = torch.empty(batch, num_heads, num_splits, kv_lora_rank, dtype=torch.float32, device=q.device)
