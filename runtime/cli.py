@@ -41,7 +41,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         choices=["auto", "fp8_e4m3"],
         default=d.kv_cache_dtype,
         help="`auto`: the model's dtype; `fp8_e4m3`: half the KV bytes (scale 1.0, as SGLang/vLLM "
-        "without calibrated scales), Llama-family models",
+        "without calibrated scales), Llama-family and DeepSeek-V2/V3 models",
     )
     g.add_argument(
         "--quantization",

@@ -42,7 +42,7 @@ class RunnerConfig:
     model_path: str
     device: str = "cpu"
     dtype: str | None = None  # default float32 on cpu, bfloat16 on cuda
-    kv_cache_dtype: str = "auto"  # "auto": the model's dtype | "fp8_e4m3" (Llama-family paged pools)
+    kv_cache_dtype: str = "auto"  # "auto": the model's dtype | "fp8_e4m3" (Llama and DeepSeek-V2/V3 pools)
     load_format: str = "auto"  # "auto" | "dummy"
     # FP8 block-scaled weights (DeepSeek-V2/V3, `quant.fp8.keep_fp8`): "auto" keeps an FP8 checkpoint's
     # on CUDA, "none" dequantizes, "fp8" keeps them (quantizing float or dummy weights at load)
@@ -120,12 +120,13 @@ class ModelRunner:
         backend = cfg.attention_backend or default_backend(self.device)
         self.kv_dtype = _resolve_kv_dtype(cfg, self.dtype)
         if hasattr(self.model, "make_kv_cache"):  # models with their own KV layout (MLA's latent cache)
-            if self.kv_dtype != self.dtype:
+            if self.kv_dtype != self.dtype and not getattr(self.model, "fp8_kv_cache", False):
                 raise ValueError(
-                    f"--kv-cache-dtype {cfg.kv_cache_dtype} is supported for Llama-family models only"
+                    f"--kv-cache-dtype {cfg.kv_cache_dtype} is supported for Llama-family and DeepSeek-V2/V3"
+                    f" models, not {type(self.model).__name__}"
                 )
             rows = cfg.max_reqs + 1  # as req_to_token's (V4 allocates its per-row state for them)
-            self.kv_cache = self.model.make_kv_cache(cfg.num_kv_slots, self.dtype, self.device, rows)
+            self.kv_cache = self.model.make_kv_cache(cfg.num_kv_slots, self.kv_dtype, self.device, rows)
             self.attn_backend = self.model.make_attention_backend(backend)
         else:
             n_layers, hd = self.config.num_hidden_layers, head_dim_of(self.config)
@@ -201,7 +202,7 @@ class ModelRunner:
 
     def kv_bytes_per_token(self) -> int:
         if hasattr(self.model, "kv_bytes_per_token"):
-            return self.model.kv_bytes_per_token(self.dtype)
+            return self.model.kv_bytes_per_token(self.kv_dtype)
         return KVCache.bytes_per_token(
             self.config.num_hidden_layers, self.model.num_kv_heads, head_dim_of(self.config), self.kv_dtype
         )

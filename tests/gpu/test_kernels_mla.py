@@ -77,6 +77,20 @@ def test_mla_decode_triton_other_dtypes_and_page_sizes(dtype: torch.dtype) -> No
         _check(f"triton {dtype} page {page}", got, want, lse, want_lse, dtype, 0.0)
 
 
+@pytest.mark.parametrize("name", ["triton", "tilelang"])
+@pytest.mark.parametrize("page", [1, 64])
+def test_mla_decode_reads_an_fp8_pool(name: str, page: int) -> None:
+    """An e4m3 latent pool (--kv-cache-dtype fp8_e4m3, scale 1; unused slots NaN) is upcast as it is
+    loaded: the same answer as the reference on the same pool. TileLang hands it to the Triton kernel."""
+    if name not in impl_names(OP):
+        pytest.skip(f"{name} is not available here")
+    c = mla_case([1000, 1, 0, 129, 64], 128, torch.bfloat16, "cuda", page_size=page, seed=page)
+    c.pool = c.pool.to(torch.float8_e4m3fn)
+    want, want_lse = load_reference(OP)(*c.args(), return_lse=True)
+    got, lse = load_impl(OP, name)(*c.args(), return_lse=True)
+    _check(f"{name} fp8 pool page {page}", got, want, lse, want_lse, torch.bfloat16, 0.0)
+
+
 @pytest.mark.parametrize("num_splits", [1, 2, 7, 64])
 def test_mla_decode_triton_any_split_count(num_splits: int) -> None:
     c = mla_case([0, 63, 64, 65, 3000], 128, torch.bfloat16, "cuda", page_size=64)

@@ -49,18 +49,26 @@ class MLAKernelBackend(TorchMLABackend):
         head_blocks = -(-self.num_heads // HEAD_BLOCK)
         return choose_num_splits(batch, head_blocks, max_len, device)
 
-    def _bind(self, device: torch.device) -> None:
+    def _bind(self, device: torch.device, pool_dtype: torch.dtype) -> None:
         if self.decode_fn is None:
             impl = registry.select("mla_decode", device)
-            if impl.name == "flash_mla" and self.page_size % TABLE_PAGE:
-                # FlashMLA reads 64-token pages: a pool paged otherwise takes the next implementation
+            e4m3 = pool_dtype == torch.float8_e4m3fn
+            if impl.name == "flash_mla" and (self.page_size % TABLE_PAGE or e4m3):
+                # FlashMLA's dense decode reads 16-bit 64-token pages: other pools take the next
+                # implementation (ours upcast an e4m3 pool as they load it)
                 impl = next(
                     i
                     for i in registry.implementations("mla_decode")
                     if i.name != impl.name and i.available(device)
                 )
                 log.info(
-                    "mla_decode: FlashMLA needs --page-size 64", page_size=self.page_size, using=impl.name
+                    "mla_decode: FlashMLA needs 16-bit pages of 64",
+                    page_size=self.page_size, pool_dtype=str(pool_dtype), using=impl.name,
+                )  # fmt: skip
+            if e4m3 and device.type == "cuda":
+                log.warning(
+                    "mla_decode: an e4m3 latent pool is read by the Triton kernel, which upcasts it: about"
+                    " 2-8x slower a step than the 16-bit TileLang kernel (docs/PERF.md); it halves the pool"
                 )
             self.decode_fn = impl.load()
 
@@ -71,7 +79,7 @@ class MLAKernelBackend(TorchMLABackend):
 
     def prepare(self, batch: ForwardBatch) -> None:
         device = batch.input_ids.device
-        self._bind(device)
+        self._bind(device, batch.kv_cache.kv[0].dtype)
         dec_tok, dec_rows, dec_lens, prefills = self._split_rows(batch)
         meta = _Meta(None, False, None, None, None, self.group_prefills(prefills, device))
         if dec_tok:
@@ -85,7 +93,7 @@ class MLAKernelBackend(TorchMLABackend):
     def prepare_decode_graph(self, batch: ForwardBatch, seq_lens: torch.Tensor, max_seq_len: int) -> None:
         """The split count is left to the kernel: each implementation derives it on the host from the
         batch, its own head block and req_to_token's width (max_model_len), so it is fixed per bucket."""
-        self._bind(batch.input_ids.device)
+        self._bind(batch.input_ids.device, batch.kv_cache.kv[0].dtype)
         batch.attn_meta = _Meta(None, True, batch.rows, seq_lens, None)
         self._decode_table(batch.attn_meta, batch.req_to_token)  # captured: replays re-derive it
 

@@ -152,6 +152,7 @@ class TorchMLABackend(TorchAttentionBackend):
         """The decode rows' [B, H, dv] in the absorbed form; pool [slots, 1, r + dr]."""
         meta, rows = batch.attn_meta, pool[:, 0]
         lat = rows.index_select(0, meta.decode_slots).view(*meta.decode_shape, rows.shape[-1])
+        lat = lat.to(q_nope.dtype)  # an e4m3 pool (--kv-cache-dtype fp8_e4m3) is read upcast
         return mla_absorbed(q_nope, q_pe, lat, w_uk, w_uv, self.scale, meta.decode_mask)
 
     def forward_prefills(self, groups, q_nope, q_pe, latent, pool, w_uk, w_uv, out) -> None:  # noqa: ANN001
@@ -165,8 +166,8 @@ class TorchMLABackend(TorchAttentionBackend):
         q = torch.cat([q_nope, q_pe], dim=-1)  # decode tokens too (few): no gather, and `out` is shared
         attend = registry.get("mla_prefill", q.device)
         for rows, cols, max_q_len in groups:
-            lats = [latent[p.start : p.start + p.length, 0] if p.slots is None else pool.index_select(0, p.slots)
-                    for p in rows]  # fmt: skip
+            lats = [latent[p.start : p.start + p.length, 0] if p.slots is None
+                    else pool.index_select(0, p.slots).to(latent.dtype) for p in rows]  # fmt: skip
             lat = lats[0] if len(lats) == 1 else torch.cat(lats)
             c, k_pe = lat[:, :r], lat[:, r:]
             k_nope = torch.einsum("sr,hdr->shd", c, w_uk)  # [S, H, dn]

@@ -13,7 +13,14 @@ from runtime.gpu.attention.mla_kernel import MLAKernelBackend
 from runtime.gpu.attention.mla_ref import TorchMLABackend
 from runtime.gpu.cuda_graph import DecodeGraphs
 from runtime.gpu.model_runner import ModelRunner, RunnerConfig
-from runtime.gpu.testing import assert_same_decode, decode_scenario, save_tiny_deepseek_v3
+from runtime.gpu.testing import (
+    assert_same_decode,
+    decode_scenario,
+    prefill_then_decode,
+    save_tiny_deepseek_v3,
+    seq_start,
+)
+from runtime.gpu.testing.plans import plan_builder
 
 
 @pytest.fixture(scope="module")
@@ -30,10 +37,11 @@ def reference_run(tiny_path):
     return decode_scenario(runner)
 
 
-def _runner(path: str, backend: str, page_size: int = 1) -> ModelRunner:
+def _runner(path: str, backend: str, page_size: int = 1, kv_cache_dtype: str = "auto") -> ModelRunner:
     cfg = RunnerConfig(
-        path, num_kv_slots=1024, max_reqs=8, max_model_len=128, attention_backend=backend, page_size=page_size
-    )
+        path, num_kv_slots=1024, max_reqs=8, max_model_len=128, attention_backend=backend, page_size=page_size,
+        kv_cache_dtype=kv_cache_dtype,
+    )  # fmt: skip
     return ModelRunner(cfg)
 
 
@@ -61,10 +69,19 @@ def test_pages_of_whole_tiles_decode_through_a_page_table(tiny_path, reference_r
     assert_same_decode(decode_scenario(runner), reference_run)
 
 
-@pytest.mark.parametrize(("page_size", "want"), [(1, "reference"), (64, "flash_mla"), (128, "flash_mla")])
-def test_flash_mla_serves_only_pools_paged_in_whole_tiles(monkeypatch, page_size, want):
-    """FlashMLA reads 64-token pages: with a pool paged otherwise the backend takes the next choice
-    (here the CPU's reference; the stand-in for FlashMLA is a distinguishable function)."""
+@pytest.mark.parametrize(
+    ("page_size", "pool_dtype", "want"),
+    [
+        (1, torch.bfloat16, "reference"),
+        (64, torch.bfloat16, "flash_mla"),
+        (128, torch.bfloat16, "flash_mla"),
+        (64, torch.float8_e4m3fn, "reference"),
+    ],
+)
+def test_flash_mla_serves_only_16_bit_pools_paged_in_whole_tiles(monkeypatch, page_size, pool_dtype, want):
+    """FlashMLA's dense decode reads 16-bit 64-token pages: with a pool paged otherwise, or in e4m3, the
+    backend takes the next choice (here the CPU's reference; the stand-in for FlashMLA is a
+    distinguishable function)."""
     from runtime.gpu.kernels import registry
     from runtime.gpu.kernels.mla_decode import reference
 
@@ -77,6 +94,36 @@ def test_flash_mla_serves_only_pools_paged_in_whole_tiles(monkeypatch, page_size
     monkeypatch.setattr(registry, "implementations", lambda op: [stand_in, *impls[1:]])
     backend = MLAKernelBackend(4, 32, 8, 0.1, qk_nope_dim=16, v_dim=16)
     backend.page_size = page_size
-    backend._bind(torch.device("cpu"))
+    backend._bind(torch.device("cpu"), pool_dtype)
     chosen = {reference.pool_2d: "flash_mla", reference.mla_decode: "reference"}[backend.decode_fn]
     assert chosen == want
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_fp8_latent_cache_stays_close_to_the_full_precision_cache(tiny_path, backend):
+    """--kv-cache-dtype fp8_e4m3 on the latent pool (scale 1): a quarter of the float32 pool's bytes,
+    rows upcast wherever they are read: a chunk continuing a cached prefix (the expanded form), then
+    decode steps (the absorbed form, through `mla_decode` with "triton"). The logits carry the rounding
+    but stay near the float32 pool's."""
+    runners = {kv: _runner(tiny_path, backend, kv_cache_dtype=kv) for kv in ("auto", "fp8_e4m3")}
+    assert runners["fp8_e4m3"].kv_cache.kv[0].dtype == torch.float8_e4m3fn
+    assert runners["fp8_e4m3"].kv_bytes_per_token() * 4 == runners["auto"].kv_bytes_per_token()
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(3, runners["auto"].vocab_size, (10,), generator=g).tolist()
+    seqs = torch.randint(3, runners["auto"].vocab_size, (3, 12), generator=g).tolist()
+    logits = {}
+    for kv, runner in runners.items():
+        pb = plan_builder(runner)
+        runner.forward_logits(pb.plan([5], [0], [6], ids[:6], added=[seq_start(5, ids)]))
+        chunk = runner.forward_logits(pb.plan([5], [6], [4], ids[6:])).float().cpu()
+        logits[kv] = torch.cat([chunk.flatten(), prefill_then_decode(runner, seqs, 5).flatten()])
+    diff = (logits["fp8_e4m3"] - logits["auto"]).abs().max().item()
+    assert 0 < diff < 0.1 * logits["auto"].abs().max().item()
+
+
+def test_fp8_latent_cache_decodes_the_same_through_graph_steps(tiny_path):
+    """The padded static-buffer decode reads the e4m3 pool as plain decode does."""
+    eager = _runner(tiny_path, "triton", kv_cache_dtype="fp8_e4m3")
+    graphed = _runner(tiny_path, "triton", kv_cache_dtype="fp8_e4m3")
+    graphed.graphs = DecodeGraphs(graphed, max_bs=4, capture=False)
+    assert_same_decode(decode_scenario(graphed), decode_scenario(eager))

@@ -122,3 +122,14 @@ def test_mtp_block_loads_from_upstream_names_and_runs(tmp_path):
         streams = torch.randn(20, n, d, generator=g)
         logits = model.compute_logits(model.mtp_forward(0, batch.input_ids, streams, batch.positions, batch))
     assert logits.shape == (20, 128) and torch.isfinite(logits).all()
+
+
+def test_fp8_kv_cache_is_refused_with_the_model_named(tmp_path):
+    """V4's compressed and sliding-window state has no e4m3 path: --kv-cache-dtype fp8_e4m3 is a clear
+    error naming the model, not a silent full-precision pool."""
+    save_tiny_deepseek_v4(tmp_path, seed=1)
+    cfg = RunnerConfig(
+        str(tmp_path), num_kv_slots=64, max_reqs=2, max_model_len=32, kv_cache_dtype="fp8_e4m3"
+    )
+    with pytest.raises(ValueError, match="DeepseekV4ForCausalLM"):
+        ModelRunner(cfg)

@@ -860,7 +860,8 @@ def mla_decode_paged(
     dtype, lse [B, Hq] float32 natural log). What `supported` does not cover runs the Triton kernel."""
     batch, num_heads, dim = q.shape
     d_pe = dim - kv_lora_rank
-    if not supported(q, kv_lora_rank):  # e.g. float32 tests: the Triton kernel takes any shape
+    if not supported(q, kv_lora_rank) or pool.dtype != q.dtype:
+        # e.g. float32 tests, or an e4m3 pool (--kv-cache-dtype fp8_e4m3): the Triton kernel upcasts
         from runtime.gpu.kernels.mla_decode import triton
 
         return triton.mla_decode_paged(

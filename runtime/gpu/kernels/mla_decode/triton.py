@@ -88,8 +88,11 @@ def _stage1(
             page = tl.load(table_row + pos // PAGE, mask=mask_n, other=0).to(tl.int64)
             slot = page * PAGE + pos % PAGE
         kv_row = KV + slot[:, None] * stride_kv
+        # an e4m3 pool (--kv-cache-dtype fp8_e4m3, scale 1) is upcast to q's dtype as it is loaded
         c = tl.load(kv_row + offs_dv[None, :], mask=mask_n[:, None] & mask_dv[None, :], other=0.0)
+        c = c.to(Q.dtype.element_ty)
         k_pe = tl.load(kv_row + D_V + offs_pe[None, :], mask=mask_n[:, None] & mask_pe[None, :], other=0.0)
+        k_pe = k_pe.to(Q.dtype.element_ty)
         c_op = dot_operand(c, DOT_F32)
         qk = tl.dot(q_nope, tl.trans(c_op), input_precision=DOT_PREC)
         qk += tl.dot(q_pe, tl.trans(dot_operand(k_pe, DOT_F32)), input_precision=DOT_PREC)
