@@ -67,8 +67,8 @@ class MLAKernelBackend(TorchMLABackend):
                 )  # fmt: skip
             if e4m3 and device.type == "cuda":
                 log.warning(
-                    "mla_decode: an e4m3 latent pool is read by the Triton kernel, which upcasts it: about"
-                    " 2-8x slower a step than the 16-bit TileLang kernel (docs/PERF.md); it halves the pool"
+                    "mla_decode: an e4m3 latent pool is read by the Triton kernel, which upcasts it: decode"
+                    " attention 2-8x slower than the 16-bit TileLang kernel's (docs/PERF.md), for half the pool"
                 )
             self.decode_fn = impl.load()
 
