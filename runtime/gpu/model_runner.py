@@ -120,7 +120,7 @@ class ModelRunner:
         backend = cfg.attention_backend or default_backend(self.device)
         self.kv_dtype = _resolve_kv_dtype(cfg, self.dtype)
         if hasattr(self.model, "make_kv_cache"):  # models with their own KV layout (MLA's latent cache)
-            if self.kv_dtype != self.dtype and not getattr(self.model, "fp8_kv_cache", False):
+            if self.kv_dtype != self.dtype and not getattr(self.model, "supports_fp8_kv_cache", False):
                 raise ValueError(
                     f"--kv-cache-dtype {cfg.kv_cache_dtype} is supported for Llama-family and DeepSeek-V2/V3"
                     f" models, not {type(self.model).__name__}"

@@ -229,7 +229,7 @@ class DeepseekV3Model(nn.Module):
 
 class DeepseekV3ForCausalLM(nn.Module):
     supports_fp8_weights = True  # the runner passes fp8_weights=True under --quantization fp8 / auto
-    fp8_kv_cache = True  # --kv-cache-dtype fp8_e4m3: the latent pool in e4m3 (scale 1), upcast where read
+    supports_fp8_kv_cache = True  # --kv-cache-dtype fp8_e4m3: an e4m3 latent pool (scale 1), read upcast
 
     def __init__(self, config, max_positions: int | None = None, fp8_weights: bool = False) -> None:
         super().__init__()
