@@ -166,27 +166,15 @@ __device__ __forceinline__ void attend(const uint32_t* kr, const uint32_t* vr, c
   }
 }
 
-// Merge the four warps' states through shared memory (o_s: 4 x 8 x D floats, m_s / l_s: 32 each) and
-// write the split's normalised partial O and base-2 LSE for the group's heads (an empty split: O = 0,
-// LSE = -inf). DIRECT (a single split): O is the attention output itself, written in q's 16-bit type
-// (BF16 or float16) to `o`, and there is no LSE. `tid` is the consumer thread (0-127); named barrier 9
-// spans the 128 consumers.
+// The four warps' states are in shared memory (o_s: 4 x 8 x D floats, m_s / l_s: 32 each, m in units
+// of `scale`): merge them and write the split's normalised partial O and base-2 LSE for the group's
+// heads (an empty split: O = 0, LSE = -inf). DIRECT (a single split): O is the attention output itself,
+// written in q's 16-bit type (BF16 or float16) to `o`, and there is no LSE. `tid` is the consumer thread
+// (0-127); named barrier 9 spans the 128 consumers.
 template <int D, bool DIRECT, bool BF16>
-__device__ __forceinline__ void finish(const float* acc, const float* ml, float* o_s, float* m_s, float* l_s,
-                                       int tid, int group, float scale, void* o, int64_t o_head_stride,
-                                       float* mid_lse, int64_t lse_head_stride) {
-  const int w = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
-  float l = ml[1];
-  l += __shfl_xor_sync(0xffffffffu, l, 1);
-  l += __shfl_xor_sync(0xffffffffu, l, 2);
-  if (g < group) {
-    if (c == 0) m_s[w * 8 + g] = ml[0], l_s[w * 8 + g] = l;
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      o_s[(w * 8 + g) * D + (2 * c) * (D / 8) + j] = acc[2 * j];
-      o_s[(w * 8 + g) * D + (2 * c + 1) * (D / 8) + j] = acc[2 * j + 1];
-    }
-  }
+__device__ __forceinline__ void merge(const float* o_s, const float* m_s, const float* l_s, int tid, int group,
+                                      float scale, void* o, int64_t o_head_stride, float* mid_lse,
+                                      int64_t lse_head_stride) {
   asm volatile("bar.sync 9, 128;\n" ::: "memory");
   for (int i = tid; i < group * D; i += 128) {
     const int h = i / D, d = i % D;
@@ -209,6 +197,169 @@ __device__ __forceinline__ void finish(const float* acc, const float* ml, float*
     }
   }
   asm volatile("bar.sync 9, 128;\n" ::: "memory");  // a persistent CTA's next item reuses o_s
+}
+
+// This warp's state (rows g < group: head g, its d permuted as in `attend`) into shared memory, then
+// `merge`.
+template <int D, bool DIRECT, bool BF16>
+__device__ __forceinline__ void finish(const float* acc, const float* ml, float* o_s, float* m_s, float* l_s,
+                                       int tid, int group, float scale, void* o, int64_t o_head_stride,
+                                       float* mid_lse, int64_t lse_head_stride) {
+  const int w = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+  float l = ml[1];
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  if (g < group) {
+    if (c == 0) m_s[w * 8 + g] = ml[0], l_s[w * 8 + g] = l;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      o_s[(w * 8 + g) * D + (2 * c) * (D / 8) + j] = acc[2 * j];
+      o_s[(w * 8 + g) * D + (2 * c + 1) * (D / 8) + j] = acc[2 * j + 1];
+    }
+  }
+  merge<D, DIRECT, BF16>(o_s, m_s, l_s, tid, group, scale, o, o_head_stride, mid_lse, lse_head_stride);
+}
+
+// ---- the tile's tokens as the mma rows (the default; `_kernel`'s opt "head_rows" runs the layout above) --
+// S^T = K q^T (16 tokens x 8 heads) and O^T = V^T P^T (16 d x 8 heads a tile): rows 0-15 are all real
+// tokens or dims, so each mma does twice the useful work of the layout above (whose rows 8-15 are
+// zero); only the heads column (8 wide, `group` of it used) is padded. P^T goes from S^T's accumulators
+// to the B operand of P V by movmatrix (an 8 x 8 transpose of 16-bit pairs across the warp). Thread
+// (g, c) keeps the online-softmax state of heads 2c and 2c + 1: ml = (max a, max b, sum a, sum b), in
+// units of the score scale. Against the layout above: 1.03-1.08x a layer (H200, docs/PERF.md,
+// seventeenth session), where the consumers alone went from 4.1-5.6 to 5.4-6.9 TB/s equivalent.
+
+__device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
+  uint32_t y;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
+}
+
+__device__ __forceinline__ void mma_f16(float* d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                        uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// K as in `load_kv` (tokens g and 8 + g, the thread's d span); V: tokens 2c, 2c + 1, 2c + 8, 2c + 9 of the
+// warp's 16, at d in [g D/16, (g + 1) D/16) ("lo") and [(g + 8) D/16, (g + 9) D/16) ("hi"): vr[(2 i +
+// half) D/64 + word].
+template <int D>
+__device__ __forceinline__ void load_kv_t(const void* k_tile, const void* v_tile, uint32_t* kr, uint32_t* vr, int w,
+                                          int lane) {
+  const uint8_t* k = static_cast<const uint8_t*>(k_tile);
+  const uint8_t* v = static_cast<const uint8_t*>(v_tile);
+  const int g = lane >> 2, c = lane & 3;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = 16 * w + 8 * h + g;
+#pragma unroll
+    for (int q = 0; q < D / 64; ++q) {
+      const uint4 u = *reinterpret_cast<const uint4*>(chunk<D>(k, row, c * (D / 64) + q));
+      uint32_t* o = kr + h * (D / 16) + 4 * q;
+      o[0] = u.x, o[1] = u.y, o[2] = u.z, o[3] = u.w;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int row = 16 * w + 2 * c + (i & 1) + 8 * (i >> 1);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int byte = (g + 8 * half) * (D / 16);
+      const uint8_t* src = chunk<D>(v, row, byte >> 4) + (byte & 15);
+      uint32_t* o = vr + (2 * i + half) * (D / 64);
+      if constexpr (D == 64) {
+        o[0] = *reinterpret_cast<const uint32_t*>(src);
+      } else if constexpr (D == 128) {
+        const uint2 u = *reinterpret_cast<const uint2*>(src);
+        o[0] = u.x, o[1] = u.y;
+      } else {
+        const uint4 u = *reinterpret_cast<const uint4*>(src);
+        o[0] = u.x, o[1] = u.y, o[2] = u.z, o[3] = u.w;
+      }
+    }
+  }
+}
+
+// One tile in the kq layout: S^T (tokens past `end` at -inf), the online softmax per head, O^T = O^T alpha
+// + V^T P^T. acc[4 j + 0..3] = O^T of m-tile j: (d = g D/16 + j: heads 2c, 2c + 1), (d = (g + 8) D/16 +
+// j: heads 2c, 2c + 1).
+template <int D>
+__device__ __forceinline__ void attend_t(const uint32_t* kr, const uint32_t* vr, const uint32_t* qb, float* acc,
+                                         float* ml, int w, int lane, int tile_start, int end, float scale) {
+  const int g = lane >> 2;
+  float s[4] = {0.f, 0.f, 0.f, 0.f}, t[4] = {0.f, 0.f, 0.f, 0.f};  // two chains halve the mma latency
+  const uint32_t* k0 = kr;           // token g
+  const uint32_t* k1 = kr + D / 16;  // token g + 8
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    mma_f16(kk & 1 ? t : s, e4m3x2_to_f16x2(k0[kk]), e4m3x2_to_f16x2(k1[kk]), e4m3x2_to_f16x2(k0[kk] >> 16),
+            e4m3x2_to_f16x2(k1[kk] >> 16), qb[2 * kk], qb[2 * kk + 1]);
+  const int tok = tile_start + 16 * w + g;
+  const float sa0 = tok < end ? (s[0] + t[0]) * scale : -INFINITY;  // token g, head 2c
+  const float sb0 = tok < end ? (s[1] + t[1]) * scale : -INFINITY;  // token g, head 2c + 1
+  const float sa1 = tok + 8 < end ? (s[2] + t[2]) * scale : -INFINITY;
+  const float sb1 = tok + 8 < end ? (s[3] + t[3]) * scale : -INFINITY;
+  float ma = fmaxf(sa0, sa1), mb = fmaxf(sb0, sb1);
+#pragma unroll
+  for (int off = 4; off < 32; off <<= 1) {
+    ma = fmaxf(ma, __shfl_xor_sync(0xffffffffu, ma, off));
+    mb = fmaxf(mb, __shfl_xor_sync(0xffffffffu, mb, off));
+  }
+  ma = fmaxf(ml[0], ma);
+  mb = fmaxf(ml[1], mb);
+  const float alpha_a = exp2f(ml[0] - ma), alpha_b = exp2f(ml[1] - mb);
+  const float pa0 = exp2f(sa0 - ma), pb0 = exp2f(sb0 - mb), pa1 = exp2f(sa1 - ma), pb1 = exp2f(sb1 - mb);
+  ml[0] = ma, ml[1] = mb;
+  ml[2] = ml[2] * alpha_a + (pa0 + pa1);
+  ml[3] = ml[3] * alpha_b + (pb0 + pb1);
+  const uint32_t pt0 = transpose8x8(f16x2(pa0, pb0));  // P[head g][tokens 2c, 2c + 1]
+  const uint32_t pt1 = transpose8x8(f16x2(pa1, pb1));  // P[head g][tokens 2c + 8, 2c + 9]
+  constexpr int W = D / 64;                          // words of a V span
+#pragma unroll
+  for (int j = 0; j < D / 16; j += 2) {  // m-tiles j and j + 1: bytes j, j + 1 of the spans
+    const int word = j >> 2;
+    const uint32_t sel = (j & 3) ? 0x7362u : 0x5140u;
+    const uint32_t lo01 = __byte_perm(vr[0 * W + word], vr[2 * W + word], sel);  // tokens 2c, 2c + 1; d row g
+    const uint32_t hi01 = __byte_perm(vr[1 * W + word], vr[3 * W + word], sel);  // d row g + 8
+    const uint32_t lo89 = __byte_perm(vr[4 * W + word], vr[6 * W + word], sel);  // tokens 2c + 8, 2c + 9
+    const uint32_t hi89 = __byte_perm(vr[5 * W + word], vr[7 * W + word], sel);
+#pragma unroll
+    for (int u = 0; u < 8; u += 2) acc[4 * j + u] *= alpha_a, acc[4 * j + u + 1] *= alpha_b;
+    mma_f16(acc + 4 * j, e4m3x2_to_f16x2(lo01), e4m3x2_to_f16x2(hi01), e4m3x2_to_f16x2(lo89),
+            e4m3x2_to_f16x2(hi89), pt0, pt1);
+    mma_f16(acc + 4 * j + 4, e4m3x2_to_f16x2(lo01 >> 16), e4m3x2_to_f16x2(hi01 >> 16),
+            e4m3x2_to_f16x2(lo89 >> 16), e4m3x2_to_f16x2(hi89 >> 16), pt0, pt1);
+  }
+}
+
+// `finish` for the kq layout: the sums over the warp's rows, the state of heads 2c, 2c + 1 into shared
+// memory in natural d order, then `merge` (m is already in scaled units).
+template <int D, bool DIRECT, bool BF16>
+__device__ __forceinline__ void finish_t(const float* acc, const float* ml, float* o_s, float* m_s, float* l_s,
+                                         int tid, int group, void* o, int64_t o_head_stride, float* mid_lse,
+                                         int64_t lse_head_stride) {
+  const int w = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+  float la = ml[2], lb = ml[3];
+#pragma unroll
+  for (int off = 4; off < 32; off <<= 1) {
+    la += __shfl_xor_sync(0xffffffffu, la, off);
+    lb += __shfl_xor_sync(0xffffffffu, lb, off);
+  }
+  const int ha = 2 * c, hb = 2 * c + 1;
+  if (g == 0) {
+    if (ha < group) m_s[w * 8 + ha] = ml[0], l_s[w * 8 + ha] = la;
+    if (hb < group) m_s[w * 8 + hb] = ml[1], l_s[w * 8 + hb] = lb;
+  }
+#pragma unroll
+  for (int j = 0; j < D / 16; ++j) {
+    const int d_lo = g * (D / 16) + j, d_hi = (g + 8) * (D / 16) + j;
+    if (ha < group) o_s[(w * 8 + ha) * D + d_lo] = acc[4 * j], o_s[(w * 8 + ha) * D + d_hi] = acc[4 * j + 2];
+    if (hb < group) o_s[(w * 8 + hb) * D + d_lo] = acc[4 * j + 1], o_s[(w * 8 + hb) * D + d_hi] = acc[4 * j + 3];
+  }
+  merge<D, DIRECT, BF16>(o_s, m_s, l_s, tid, group, 1.f, o, o_head_stride, mid_lse, lse_head_stride);
 }
 
 }  // namespace gqa_fp8
