@@ -57,13 +57,6 @@ def decode_tma_pages() -> bool:
     return os.environ.get("CONDUIT_DECODE_TMA", "1") != "0"
 
 
-def decode_token_rows() -> bool:
-    """$CONDUIT_DECODE_TOKEN_ROWS=0 has the fp8 decode kernel's consumer warps put the GQA group's q heads on
-    the mma rows (the layout before the seventeenth session) instead of a tile's tokens
-    (kernels/decode_attention/gqa_fp8_warp.cuh), for before/after runs."""
-    return os.environ.get("CONDUIT_DECODE_TOKEN_ROWS", "1") != "0"
-
-
 def prefill_kernel() -> bool:
     """$CONDUIT_PREFILL_KERNEL=0 sends prefill rows through the extend kernel (every key gathered from the
     pool) instead of the prefill kernel (new keys read from the step's own k/v;

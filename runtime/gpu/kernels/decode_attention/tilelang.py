@@ -50,9 +50,6 @@ PERSISTENT = True
 # Whole 64-token pages by TMA where the pool's pages allow (docs/PERF.md, fourteenth session);
 # CONDUIT_DECODE_TMA=0 gathers them instead, for before/after runs. Read once, not per launch.
 TMA_PAGES = envs.decode_tma_pages()
-# The consumer warps' mma rows are a tile's tokens (1.03-1.08x a layer on the H200 over the GQA group's
-# heads, docs/PERF.md); CONDUIT_DECODE_TOKEN_ROWS=0 runs the heads layout, for before/after runs.
-HEAD_ROWS = () if envs.decode_token_rows() else ("head_rows",)
 
 _TL_DTYPE = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.int32: "int32", torch.int64: "int64"}
 
@@ -100,16 +97,13 @@ def _kernel(
     (one split): the output itself goes to Out in q's dtype, MidO and MidLse are not written. `page`: the
     pool's page size (64: whole tiles by TMA at head dim 128; 1: any layout). Diagnostics (`opts`; wrong
     results, for timing): "no_load" skips the K/V copies, "no_compute" the consumer's math; "gather"
-    gathers every tile even when pages allow TMA; "head_rows" runs the consumers' earlier mma layout."""
+    gathers every tile even when pages allow TMA."""
     import tilelang
     import tilelang.language as T
     from tilelang.layout import make_full_bank_swizzled_layout
 
-    assert set(opts) <= {"no_load", "no_compute", "gather", "head_rows"}, opts
+    assert set(opts) <= {"no_load", "no_compute", "gather"}, opts
     load = "no_load" not in opts
-    # the consumer warps' mma layout (gqa_fp8_warp.cuh): a tile's tokens as the rows, or ("head_rows", the
-    # layout before, kept for before/after runs) the GQA group's q heads
-    kq = "head_rows" not in opts
     # TMA's 128-byte swizzle is the warps' chunk ^ (row % 8) only for 128-byte rows
     use_tma = page % BLOCK_N == 0 and head_dim == 128 and "gather" not in opts
     compute = "no_compute" not in opts
@@ -225,19 +219,16 @@ def _kernel(
                 kr = T.alloc_local([d // 8], "uint32")
                 vr = T.alloc_local([d // 8], "uint32")
                 acc = T.alloc_local([d // 4], accum)
-                ml = T.alloc_local([4 if kq else 2], accum)
+                ml = T.alloc_local([4], accum)  # running maxima and row sums of the thread's two heads
                 for i in T.serial(my_items):
                     locate(cta + i * ctas if ctas else cta, Rows, SeqLens, at)
                     kvh, bid, start, end, num_tiles, sid = at[0], at[1], at[3], at[4], at[5], at[6]
                     for j in T.unroll(d // 4):
                         acc[j] = 0
-                    # running maxima (finite: exp2(m_prev - m_new) must not be inf - inf) and row sums: a
-                    # thread's two heads (kq), else its one
-                    ml[0] = -(2**30)
-                    ml[1] = -(2**30) if kq else 0
-                    if kq:
-                        ml[2] = 0
-                        ml[3] = 0
+                    ml[0] = -(2**30)  # finite: exp2(m_prev - m_new) must not be inf - inf
+                    ml[1] = -(2**30)
+                    ml[2] = 0
+                    ml[3] = 0
                     T.call_extern(
                         "handle", f"gqa_fp8::load_q<{d}, {bf16}>", T.address_of(Q[bid, kvh * group, 0]), group,
                         T.address_of(qa[0]), lane,
@@ -247,35 +238,25 @@ def _kernel(
                         T.barrier_wait(ready[s], ((done + t) // stages) & 1)
                         if compute:
                             T.call_extern(
-                                "handle", f"gqa_fp8::load_kv{'_t' if kq else ''}<{d}>", T.address_of(k_ring[s, 0, 0]),
+                                "handle", f"gqa_fp8::load_kv<{d}>", T.address_of(k_ring[s, 0, 0]),
                                 T.address_of(v_ring[s, 0, 0]), T.address_of(kr[0]), T.address_of(vr[0]), warp,
                                 lane,
                             )  # fmt: skip
                         T.barrier_arrive(free[s])
                         if compute:
                             T.call_extern(
-                                "handle", f"gqa_fp8::attend{'_t' if kq else ''}<{d}>", T.address_of(kr[0]),
+                                "handle", f"gqa_fp8::attend<{d}>", T.address_of(kr[0]),
                                 T.address_of(vr[0]), T.address_of(qa[0]), T.address_of(acc[0]), T.address_of(ml[0]),
                                 warp, lane, start + t * BLOCK_N, end, sm_scale,
                             )  # fmt: skip
-                    if kq:
-                        T.call_extern(
-                            "handle", f"gqa_fp8::finish_t<{d}, {str(direct).lower()}, {bf16}>", T.address_of(acc[0]),
-                            T.address_of(ml[0]), T.address_of(o_merge[0]), T.address_of(m_merge[0]),
-                            T.address_of(l_merge[0]), tx, group,
-                            T.address_of(Out[bid, kvh * group, 0]) if direct else T.address_of(MidO[bid, kvh * group, sid, 0]),
-                            T.cast(d if direct else num_splits * d, "int64"),
-                            T.address_of(MidLse[bid, kvh * group, sid]), T.cast(num_splits, "int64"),
-                        )  # fmt: skip
-                    else:
-                        T.call_extern(
-                            "handle", f"gqa_fp8::finish<{d}, {str(direct).lower()}, {bf16}>", T.address_of(acc[0]),
-                            T.address_of(ml[0]), T.address_of(o_merge[0]), T.address_of(m_merge[0]),
-                            T.address_of(l_merge[0]), tx, group, sm_scale,
-                            T.address_of(Out[bid, kvh * group, 0]) if direct else T.address_of(MidO[bid, kvh * group, sid, 0]),
-                            T.cast(d if direct else num_splits * d, "int64"),
-                            T.address_of(MidLse[bid, kvh * group, sid]), T.cast(num_splits, "int64"),
-                        )  # fmt: skip
+                    T.call_extern(
+                        "handle", f"gqa_fp8::finish<{d}, {str(direct).lower()}, {bf16}>", T.address_of(acc[0]),
+                        T.address_of(ml[0]), T.address_of(o_merge[0]), T.address_of(m_merge[0]),
+                        T.address_of(l_merge[0]), tx, group,
+                        T.address_of(Out[bid, kvh * group, 0]) if direct else T.address_of(MidO[bid, kvh * group, sid, 0]),
+                        T.cast(d if direct else num_splits * d, "int64"),
+                        T.address_of(MidLse[bid, kvh * group, sid]), T.cast(num_splits, "int64"),
+                    )  # fmt: skip
                     done = done + num_tiles
             else:  # producer: 16 bytes a thread and cp.async, `chunks` threads per token row
                 T.set_max_nreg(2 * share - consumer_regs, 0)
@@ -354,7 +335,7 @@ def stage1(
     kernel = _kernel(
         num_kv_heads, num_q_heads // num_kv_heads, head_dim, _TL_DTYPE[q.dtype], _TL_DTYPE[req_to_token.dtype],
         _TL_DTYPE[rows.dtype], _TL_DTYPE[seq_lens.dtype], float(scale * LOG2E), stages, ahead,
-        tuple(sorted({*opts, *HEAD_ROWS})), blocks_per_sm,
+        opts, blocks_per_sm,
         ctas if persistent and batch * num_kv_heads * num_splits > ctas else 0, direct,
         BLOCK_N if page_size % BLOCK_N == 0 else 1,
     )  # fmt: skip
