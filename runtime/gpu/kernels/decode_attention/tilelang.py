@@ -39,7 +39,7 @@ from runtime.gpu.kernels.registry import is_hopper as _hopper
 from runtime.gpu.kernels.registry import tilelang_importable as _importable
 
 BLOCK_N = 64  # tokens per tile (and the split granularity stage 2 is told)
-MAX_GROUP = 8  # q heads per kv head: the mma tile's rows 0-7 (rows 8-15 stay zero)
+MAX_GROUP = 8  # q heads per kv head: the mma tile's 8 columns
 STAGES = 5  # ring buffers of fp8 K and V (16 KB a stage at d 128; 4 at d 256)
 AHEAD = 2  # the producer looks slots up this many tiles before it copies them
 BLOCKS_PER_SM = 2  # CTAs an SM should hold (caps registers at 65536 / (256 x this))
