@@ -98,7 +98,7 @@ __device__ __forceinline__ void mma_f16(float* d, uint32_t a0, uint32_t a1, uint
 // refilled once every consumer thread has returned from here.
 template <int D>
 __device__ __forceinline__ void load_kv(const void* k_tile, const void* v_tile, uint32_t* kr, uint32_t* vr, int w,
-                                          int lane) {
+                                        int lane) {
   const uint8_t* k = static_cast<const uint8_t*>(k_tile);
   const uint8_t* v = static_cast<const uint8_t*>(v_tile);
   const int g = lane >> 2, c = lane & 3;
@@ -139,7 +139,7 @@ __device__ __forceinline__ void load_kv(const void* k_tile, const void* v_tile, 
 // 2c + 1), (d = (g + 8) D/16 + j: heads 2c, 2c + 1).
 template <int D>
 __device__ __forceinline__ void attend(const uint32_t* kr, const uint32_t* vr, const uint32_t* qb, float* acc,
-                                         float* ml, int w, int lane, int tile_start, int end, float scale) {
+                                       float* ml, int w, int lane, int tile_start, int end, float scale) {
   const int g = lane >> 2;
   float s[4] = {0.f, 0.f, 0.f, 0.f}, t[4] = {0.f, 0.f, 0.f, 0.f};  // two chains halve the mma latency
   const uint32_t* k0 = kr;           // token g

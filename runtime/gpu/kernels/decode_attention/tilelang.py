@@ -245,9 +245,9 @@ def _kernel(
                         T.barrier_arrive(free[s])
                         if compute:
                             T.call_extern(
-                                "handle", f"gqa_fp8::attend<{d}>", T.address_of(kr[0]),
-                                T.address_of(vr[0]), T.address_of(qa[0]), T.address_of(acc[0]), T.address_of(ml[0]),
-                                warp, lane, start + t * BLOCK_N, end, sm_scale,
+                                "handle", f"gqa_fp8::attend<{d}>", T.address_of(kr[0]), T.address_of(vr[0]),
+                                T.address_of(qa[0]), T.address_of(acc[0]), T.address_of(ml[0]), warp, lane,
+                                start + t * BLOCK_N, end, sm_scale,
                             )  # fmt: skip
                     T.call_extern(
                         "handle", f"gqa_fp8::finish<{d}, {str(direct).lower()}, {bf16}>", T.address_of(acc[0]),
@@ -334,8 +334,7 @@ def stage1(
     ctas = blocks_per_sm * num_sms(q.device)
     kernel = _kernel(
         num_kv_heads, num_q_heads // num_kv_heads, head_dim, _TL_DTYPE[q.dtype], _TL_DTYPE[req_to_token.dtype],
-        _TL_DTYPE[rows.dtype], _TL_DTYPE[seq_lens.dtype], float(scale * LOG2E), stages, ahead,
-        opts, blocks_per_sm,
+        _TL_DTYPE[rows.dtype], _TL_DTYPE[seq_lens.dtype], float(scale * LOG2E), stages, ahead, opts, blocks_per_sm,
         ctas if persistent and batch * num_kv_heads * num_splits > ctas else 0, direct,
         BLOCK_N if page_size % BLOCK_N == 0 else 1,
     )  # fmt: skip
