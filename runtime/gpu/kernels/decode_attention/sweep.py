@@ -68,10 +68,8 @@ TILELANG_SHAPES = [(256, 1024), (256, 1536), (64, 4096), (128, 2048), (32, 8192)
 
 def sweep_tilelang(variants: list[str], page_size: int, rounds: int = 1) -> None:
     """fp8 pools: each TileLang stage-1 variant at its best split count, and the Triton kernel's default
-    launch on the same case (its best split count), per layer of the Llama-3.1-8B shape. With `rounds`
-    > 1 a case's runs are timed round-robin, each round starting one run later, and the median is
-    kept: the GPU's clock falls as it warms, so a fixed order favours whoever goes first (PERF.md,
-    thirteenth session)."""
+    launch on the same case (its best split count), per layer of the Llama-3.1-8B shape. A case's runs
+    are timed `rounds` times in `kernels.bench.round_robin` order and keep their medians."""
     from runtime.gpu.kernels.decode_attention import tilelang
 
     for batch, ctx in TILELANG_SHAPES:

@@ -210,9 +210,8 @@ def bench(
     rounds: int = 1,
     timers: tuple[str, ...] = ("graph",),
 ) -> None:
-    """Time every (implementation, entry, schedule) at every point. With `rounds` > 1 the runs of a
-    point are timed round-robin, each round starting one run later, and the median is reported: the
-    GPU's clock falls as it warms under a long run, so a fixed order favours whoever goes first."""
+    """Time every (implementation, entry, schedule, timer) at every point: a point's runs are timed
+    `rounds` times in `kernels.bench.round_robin` order and report their medians."""
 
     print(
         f"{'impl':<8} {'schedule':<13} {'entry':<5} {'timer':<8} {'h_q':>3} {'B':>4} {'ctx':>6} {'us':>8} {'TFLOP/s':>8} {'TB/s':>6} {'FlashMLA':>10} {'ratio':>6}"
