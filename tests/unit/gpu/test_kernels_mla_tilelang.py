@@ -82,3 +82,18 @@ def test_a_page_table_reads_the_same_slots_as_the_per_token_table() -> None:
     got, lse = mla_decode(q, pool, table, rows, lens, scale, return_lse=True, page_size=64)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(lse, want_lse)
+
+
+def test_the_contiguous_bench_layout_is_flash_mlas_arange_block_table() -> None:
+    """`mla_case(shuffle_pages=False)`: rows take consecutive pages in row order (FlashMLA's benchmark
+    input), and the per-token table addresses the same slots as the block table."""
+    from runtime.gpu.kernels.mla_decode.testing import mla_case
+
+    c = mla_case([130, 64, 1], 16, torch.float32, "cpu", page_size=64, seed=3, shuffle_pages=False)
+    assert c.block_table.tolist() == [[1, 2, 3], [4, 0, 0], [5, 0, 0]]
+    for b, n in enumerate([130, 64, 1]):
+        pos = torch.arange(n)
+        slots = c.block_table[b, pos // 64].long() * 64 + pos % 64
+        assert torch.equal(c.req_to_token[c.rows[b], :n], slots)
+    shuffled = mla_case([130, 64, 1], 16, torch.float32, "cpu", page_size=64, seed=3)
+    assert shuffled.block_table.tolist() != c.block_table.tolist()

@@ -48,7 +48,10 @@ def mla_case(
     rope_dim: int = 64,
     seed: int = 0,
     nan_fill: bool = True,
+    shuffle_pages: bool = True,
 ) -> MLACase:
+    """`shuffle_pages` False: rows take consecutive pages in row order, the block table FlashMLA's own
+    benchmark builds (`torch.arange(...).view(b, -1)`)."""
     rng = random.Random(seed)
     dev = torch.device(device)
     gen = torch.Generator(dev).manual_seed(seed)
@@ -57,7 +60,10 @@ def mla_case(
     pages_per_row = [-(-n // page_size) for n in seq_lens]
     num_pages = sum(pages_per_row) + 2  # + page 0 (holds the padding slot 0) + one spare
     pages = list(range(1, num_pages))
-    rng.shuffle(pages)
+    if shuffle_pages:
+        rng.shuffle(pages)
+    else:
+        pages.reverse()  # handed out by pop(): row 0 gets pages 1, 2, ...
     rows = list(range(1, batch + 3))
     rng.shuffle(rows)
     rows = rows[:batch]
