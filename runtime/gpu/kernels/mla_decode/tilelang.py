@@ -39,13 +39,16 @@ Schedule options (`_kernel`'s `opts`; `DEFAULT_OPTS` is the one measured best, d
 - "chunked" (per-part ready/free barriers) and "early_p" (P to WG1 before WG0's own PV half): timed,
   no gain worth a default. With seesaw, per-64-column ready barriers, issuing the next pair's QK^T
   ahead of the last PV and reordering the producer were timed too (4% slower, equal, equal) and
-  removed; so were the variants listed in docs/PERF.md (TMA multicast in a 2-CTA cluster among them).
+  removed; so were the variants listed in docs/PERF.md (TMA multicast in a 2-CTA cluster among them,
+  and FlashMLA's own issue order: each warpgroup's next S queued behind its last PV, with per-part
+  barriers and consumer-issued copies, 9-10% slower).
 The seesaw's hand-offs between WG0 and WG1 are named barriers (see M0_READY) and its KV copies carry an
 evict-first hint. Measured on the H200 at h_q = 128: the seesaw math alone (no loads) runs at 624-650
 TFLOP/s, with the loads 515-537: the two 72 KB KV buffers (all that fits beside Q) leave one tile pair
 of prefetch, and each half is refilled only after its last reader of the pair, so the next pair waits
 for part of the copy's latency (a clock64 timeline of the waits is in PERF.md). That is the remaining
-gap to FlashMLA.
+gap to FlashMLA: with every tile in L2 the same kernel reads 586 TFLOP/s at 4K, 101% of FlashMLA's
+figure; L2 prefetch half a pair ahead did not recover it.
 
 Kernels are compiled on first use per (heads, dims, dtypes, page, split or not, scale, schedule); batch,
 pool size, table shape and split count are dynamic, so a serving run compiles a handful of variants."""
