@@ -14,6 +14,8 @@
 Page layouts (`--pages`): `shuffled` scatters every row's pages over the pool (the default, as a
 serving pool fragments); `contiguous` gives rows consecutive pages, the block table FlashMLA's own
 benchmark builds for its reference figures. On the H200 the two time within 1% of each other.
+`l2`, a diagnostic, has every row read row 0's pages through the block table, so the tiles stay in L2:
+set against `shuffled` it gives the DRAM share of the kernel's time.
 
 Accounting as FlashMLA's and TileLang's benchmarks: FLOPs = 2 sum(seqlen) h_q (576 + 512), bytes = KV +
 Q + O. Each check or point runs under its own try, so one failure does not hide the rest.
@@ -225,8 +227,10 @@ def bench(
         try:
             c = mla_case(
                 [ctx] * batch, hq, torch.bfloat16, "cuda", 64, R, DPE, nan_fill=False,
-                shuffle_pages=layout == "shuffled",
+                shuffle_pages=layout != "contiguous",
             )  # fmt: skip
+            if layout == "l2":  # every row reads row 0's pages (the table entry only; a diagnostic)
+                c.block_table[:] = c.block_table[0].clone()
         except Exception as e:  # noqa: BLE001
             print(f"h={hq} B={batch} ctx={ctx}: case ERROR {type(e).__name__}: {e}")
             continue
@@ -239,6 +243,7 @@ def bench(
                 names, entries, variants, hq, ab_points is not None and (hq, batch, ctx) not in ab_points
             )
             for timer in timers
+            if layout != "l2" or run[1] == "table"  # l2 rewires the block table alone
         ]
         if not lines:  # e.g. only diagnostics, which run at h_q 128 alone
             continue
@@ -320,9 +325,10 @@ def main(argv: list[str] | None = None) -> int:
         help="graph: CUDA-graph replays under sustained load; do_bench: FlashMLA's method (module doc)",
     )  # fmt: skip
     p.add_argument(
-        "--pages", nargs="*", choices=("shuffled", "contiguous"), default=["shuffled"],
+        "--pages", nargs="*", choices=("shuffled", "contiguous", "l2"), default=["shuffled"],
         help="shuffled: every row's pages scattered over the pool; contiguous: consecutive pages in row "
-        "order, the block table of FlashMLA's own benchmark (its reference figures' input)",
+        "order, the block table of FlashMLA's own benchmark (its reference figures' input); l2 (a "
+        "diagnostic, block-table entry only): every row reads row 0's pages, so the tiles stay in L2",
     )  # fmt: skip
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
