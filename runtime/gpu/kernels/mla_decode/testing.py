@@ -1,7 +1,7 @@
 """Random MLA decode inputs on a paged latent pool, for the tests and the benchmark.
 
-Pages of `page_size` slots are handed out in shuffled order, so every row's tokens are scattered over
-the pool; rows sit at shuffled indices of req_to_token; every slot no row owns (slot 0, the tail of a
+Pages of `page_size` slots are handed out in shuffled order (in order with `shuffle_pages=False`), so
+every row's tokens are scattered over the pool; rows sit at shuffled indices of req_to_token; every slot no row owns (slot 0, the tail of a
 row's last page, the spare pages) holds NaN, so a kernel that reads one poisons its output. The same
 case is also laid out the FlashMLA way (`block_table`, `k_cache` [pages, page, 1, D]) for the adapter."""
 
