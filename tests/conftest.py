@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -55,6 +56,18 @@ class Server(Launched):
                 key, _, value = line.rpartition(" ")
                 out[key] = float(value)
         return out
+
+    def wait_idle(self, timeout: float = 60.0) -> dict[str, float]:
+        """Poll /metrics until no request runs and every KV page is back (there is no event to wait on:
+        the scheduler's stats travel on their own message, a step after the last output), or fail at
+        the deadline with the last sample. Returns that sample."""
+        deadline = time.monotonic() + timeout
+        while True:
+            m = self.metrics()
+            if m.get("conduit_kv_pages_used", -1) == 0 and m.get("conduit_num_requests_running", -1) == 0:
+                return m
+            assert time.monotonic() < deadline, m
+            time.sleep(0.05)
 
 
 @contextlib.contextmanager

@@ -39,16 +39,6 @@ async def disconnect_midway(session: aiohttp.ClientSession, url: str) -> None:
                 break  # leaving the block closes the connection mid-stream
 
 
-async def wait_for_idle(server, timeout: float = 60.0) -> dict[str, float]:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        m = server.metrics()
-        if m.get("conduit_kv_pages_used", -1) == 0 and m.get("conduit_num_requests_running", -1) == 0:
-            return m
-        assert asyncio.get_running_loop().time() < deadline, m
-        await asyncio.sleep(0.2)  # polling the metrics endpoint; there is no event to wait on
-
-
 def test_concurrent_streams_equal_their_solo_runs_and_kv_returns_to_zero(server):
     async def main():
         timeout = aiohttp.ClientTimeout(total=600)
@@ -59,8 +49,8 @@ def test_concurrent_streams_equal_their_solo_runs_and_kv_returns_to_zero(server)
             assert all(t for t in together)
             # disconnects mid-stream, then a completed request: nothing stays allocated
             await asyncio.gather(*(disconnect_midway(s, server.url) for _ in range(4)))
-            await wait_for_idle(server)
+            await asyncio.to_thread(server.wait_idle)
             assert await stream_chat(s, server.url, PROMPTS[0], 24) == solo[0]
-            await wait_for_idle(server)
+            await asyncio.to_thread(server.wait_idle)
 
     asyncio.run(main())
