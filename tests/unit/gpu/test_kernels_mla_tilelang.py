@@ -97,3 +97,16 @@ def test_the_contiguous_bench_layout_is_flash_mlas_arange_block_table() -> None:
         assert torch.equal(c.req_to_token[c.rows[b], :n], slots)
     shuffled = mla_case([130, 64, 1], 16, torch.float32, "cpu", page_size=64, seed=3)
     assert shuffled.block_table.tolist() != c.block_table.tolist()
+
+
+def test_the_block_table_view_of_a_case_attends_the_same_tokens() -> None:
+    """The bench's block-table entry reads `block_table` through the case's `block_rows` (built once,
+    so that a timed call launches the kernel alone): same output as the per-token table."""
+    from runtime.gpu.kernels.mla_decode.reference import mla_decode
+    from runtime.gpu.kernels.mla_decode.testing import mla_case
+
+    c = mla_case([130, 64, 1, 0], 16, torch.float32, "cpu", page_size=64, seed=5)
+    assert c.block_rows.tolist() == [0, 1, 2, 3]
+    want = mla_decode(*c.args())
+    got = mla_decode(c.q, c.pool, c.block_table.long(), c.block_rows, c.seq_lens, c.scale, page_size=64)
+    torch.testing.assert_close(got, want, equal_nan=True)

@@ -21,6 +21,7 @@ class MLACase:
     rows: torch.Tensor  # [B]
     seq_lens: torch.Tensor  # [B] int64
     block_table: torch.Tensor  # [B, max_pages] int32: the FlashMLA view of the same slots
+    block_rows: torch.Tensor  # [B] int64 arange: row b reads block_table[b] (the block-table entry's rows)
     cache_seqlens: torch.Tensor  # [B] int32
     page_size: int
     kv_lora_rank: int
@@ -88,5 +89,6 @@ def mla_case(
     lens = torch.tensor(seq_lens, dtype=torch.int64)
     return MLACase(
         q, pool, r2t.to(dev), torch.tensor(rows, dtype=torch.int64).to(dev), lens.to(dev),
-        table.to(dev), lens.to(torch.int32).to(dev), page_size, kv_lora_rank, dim**-0.5,
+        table.to(dev), torch.arange(batch, device=dev), lens.to(torch.int32).to(dev), page_size,
+        kv_lora_rank, dim**-0.5,
     )  # fmt: skip
