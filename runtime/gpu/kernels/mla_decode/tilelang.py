@@ -41,7 +41,8 @@ Schedule options (`_kernel`'s `opts`; `DEFAULT_OPTS` is the one measured best, d
   ahead of the last PV and reordering the producer were timed too (4% slower, equal, equal) and
   removed; so were the variants listed in docs/PERF.md (TMA multicast in a 2-CTA cluster among them,
   and FlashMLA's own issue order: each warpgroup's next S queued behind its last PV, with per-part
-  barriers and consumer-issued copies, 9-10% slower).
+  barriers and consumer-issued copies, 9-10% slower; WG1's S_B moved behind its P_A V_A-right, so
+  that B's refill has slack, 6-8% slower: the math alone lost 3-4%).
 The seesaw's hand-offs between WG0 and WG1 are named barriers (see M0_READY) and its KV copies carry an
 evict-first hint. Measured on the H200 at h_q = 128: the seesaw math alone (no loads) runs at 624-650
 TFLOP/s, with the loads 515-537: the two 72 KB KV buffers (all that fits beside Q) leave one tile pair
