@@ -110,3 +110,27 @@ def test_the_block_table_view_of_a_case_attends_the_same_tokens() -> None:
     want = mla_decode(*c.args())
     got = mla_decode(c.q, c.pool, c.block_table.long(), c.block_rows, c.seq_lens, c.scale, page_size=64)
     torch.testing.assert_close(got, want, equal_nan=True)
+
+
+def test_the_flash_mla_front_ends_metadata_is_built_once_per_batch(monkeypatch) -> None:
+    """Our `get_mla_metadata` hands out a RowsMeta: the first call fills it, the next (another layer)
+    reuses its tensors, and with s_q 1 the lengths are cache_seqlens itself (no copy kernel)."""
+    from runtime.gpu.kernels.mla_decode import api
+    from runtime.gpu.kernels.mla_decode.reference import mla_decode
+    from runtime.gpu.kernels.mla_decode.testing import mla_case
+
+    monkeypatch.setattr(api, "_impl", lambda device: "reference")
+    c = mla_case([70, 5, 0], 16, torch.float32, "cpu", page_size=16, kv_lora_rank=64, rope_dim=16, seed=2)
+    meta, splits = api.get_mla_metadata(c.cache_seqlens, 16, 1)
+    assert isinstance(meta, api.RowsMeta) and splits is None
+    q = c.q.unsqueeze(1)
+    args = (q, c.k_cache(), c.block_table, c.cache_seqlens, 64, meta, splits)
+    out, lse = api.flash_mla_with_kvcache(*args, softmax_scale=c.scale)
+    rows = meta.rows
+    assert meta.lens is c.cache_seqlens and rows.tolist() == [0, 1, 2]
+    again, _ = api.flash_mla_with_kvcache(*args, softmax_scale=c.scale)
+    assert meta.rows is rows
+    want, want_lse = mla_decode(*c.args(), return_lse=True)
+    torch.testing.assert_close(out[:, 0], want, equal_nan=True)
+    torch.testing.assert_close(again, out, equal_nan=True)
+    torch.testing.assert_close(lse[:, :, 0], want_lse)

@@ -1,6 +1,6 @@
 """A FlashMLA-signature front end: code written against `flash_mla` runs on whichever `mla_decode`
-implementation the registry picks (FlashMLA itself when importable, else our Triton kernel, else the
-PyTorch reference), so the two are interchangeable.
+implementation the registry picks (FlashMLA itself when importable, else ours: TileLang on Hopper,
+Triton; else the PyTorch reference), so the two are interchangeable.
 
     meta, splits = get_mla_metadata(cache_seqlens, s_q * h_q // h_kv, h_kv)
     out, lse = flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, 512, meta, splits,
@@ -14,6 +14,8 @@ FP8 KV and sparse (`indices`) calls go to FlashMLA or fail."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from runtime.gpu.kernels import registry
@@ -26,12 +28,37 @@ def _impl(device: torch.device) -> str:
     return registry.select(OP, device).name
 
 
+@dataclass
+class RowsMeta:
+    """Our implementations' metadata, FlashMLA's in kind: each query row's block-table row and KV length,
+    built by the first `flash_mla_with_kvcache` call given it and reused by the later ones (every layer
+    of a step), so that those launch the kernel alone. Like FlashMLA's, it belongs to one batch (one
+    cache_seqlens tensor, s_q and causal flag); with s_q 1 the lengths are cache_seqlens itself, so
+    in-place updates of it are seen. The split count is chosen per call on the host."""
+
+    rows: torch.Tensor | None = None
+    lens: torch.Tensor | None = None
+    key: tuple = ()
+
+
 def get_mla_metadata(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int, num_heads_k: int = 1):
-    """(tile scheduler metadata, num_splits): FlashMLA's when it is the chosen implementation; ours need
-    none (the split count is chosen per call on the host) and get (None, None)."""
+    """(tile scheduler metadata, num_splits): FlashMLA's when it is the chosen implementation, else
+    (RowsMeta(), None)."""
     if _impl(cache_seqlens.device) == "flash_mla":
         return fm_adapter.scheduler_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k)
-    return None, None
+    return RowsMeta(), None
+
+
+def _rows_and_lens(b: int, s_q: int, cache_seqlens: torch.Tensor, causal: bool):
+    """Query row i * s_q + j reads block-table row i; with s_q > 1 and `causal` it sees the first
+    cache_seqlens[i] - (s_q - 1 - j) tokens. With s_q 1, cache_seqlens is the lengths as it is."""
+    rows = torch.arange(b, device=cache_seqlens.device)
+    if s_q == 1:
+        return rows, cache_seqlens
+    lens = cache_seqlens.to(torch.int64).repeat_interleave(s_q)
+    if causal:
+        lens = (lens - (s_q - 1 - torch.arange(s_q, device=lens.device)).repeat(b)).clamp(min=0)
+    return rows.repeat_interleave(s_q), lens
 
 
 def flash_mla_with_kvcache(
@@ -59,11 +86,14 @@ def flash_mla_with_kvcache(
         raise NotImplementedError(f"{impl} mla_decode: only dense bf16/fp16 KV; got {sorted(kwargs)}")
     page = k_cache.shape[1]
     pool = k_cache.view(-1, dim)
-    rows = torch.arange(b, device=q.device).repeat_interleave(s_q)
-    lens = cache_seqlens.to(torch.int64).repeat_interleave(s_q)
-    if causal and s_q > 1:
-        lens = (lens - (s_q - 1 - torch.arange(s_q, device=q.device)).repeat(b)).clamp(min=0)
+    meta = tile_scheduler_metadata if isinstance(tile_scheduler_metadata, RowsMeta) else RowsMeta()
+    key = (b, s_q, bool(causal), cache_seqlens.data_ptr())
+    if meta.key != key:
+        meta.rows, meta.lens = _rows_and_lens(b, s_q, cache_seqlens, bool(causal))
+        meta.key = key
     qf = q.reshape(b * s_q, h_q, dim)
     op = registry.named(OP, impl).load()  # every implementation takes page tables
-    out, lse = op(qf, pool, block_table, rows, lens, scale, head_dim_v, return_lse=True, page_size=page)
+    out, lse = op(
+        qf, pool, block_table, meta.rows, meta.lens, scale, head_dim_v, return_lse=True, page_size=page
+    )
     return out.view(b, s_q, h_q, head_dim_v), lse.view(b, s_q, h_q).transpose(1, 2)
