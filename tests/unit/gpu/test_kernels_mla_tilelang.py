@@ -1,6 +1,6 @@
-"""The TileLang MLA decode kernel's host side, on the CPU: where it sits in the registry, when it is
-available, and how many KV splits the launcher picks (the kernel itself is tested on CUDA in
-tests/gpu/test_kernels_mla.py)."""
+"""The MLA decode kernels' host side, on the CPU: where the TileLang kernel sits in the registry, when it
+is available, how many KV splits the launcher picks, the bench's case layouts and the FlashMLA front
+end's metadata (the kernels themselves are tested on CUDA in tests/gpu/test_kernels_mla.py)."""
 
 from __future__ import annotations
 
