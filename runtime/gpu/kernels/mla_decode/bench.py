@@ -1,6 +1,6 @@
 """MLA decode against FlashMLA's H200 figures (issue 8), in one command that fits a short GPU lease:
 
-    python -m runtime.gpu.kernels.mla_decode.bench [--impls tilelang triton] [--no-check] [--no-bench]
+    python -m runtime.gpu.kernels.mla_decode.bench [--impls tilelang triton flash_mla] [--no-check] [--no-bench]
 
 1. compiles the TileLang variants it will use in parallel worker processes (TileLang's disk cache then
    serves the main process), so compilation costs one variant's time, not ten;
@@ -16,6 +16,13 @@ serving pool fragments); `contiguous` gives rows consecutive pages, the block ta
 benchmark builds for its reference figures. On the H200 the two time within 1% of each other.
 `l2`, a diagnostic, has every row read row 0's pages through the block table, so the tiles stay in L2:
 set against `shuffled` it gives the DRAM share of the kernel's time.
+
+`--impls flash_mla` (where DeepSeek's `flash_mla` is importable, e.g. built from source) times FlashMLA
+itself beside ours, each point's runs round-robin: `table` calls it on the case's block table with its
+scheduler metadata built once per case (its own benchmark's way), `op` through the registry's adapter
+(the metadata built in every call). Every line then also reads as a percentage of FlashMLA's time at
+the same point and timer in this run (`vs here`), which machine-to-machine clock differences do not
+move as they move the ratio to the fixed FLASH_MLA figures.
 
 Accounting as FlashMLA's and TileLang's benchmarks: FLOPs = 2 sum(seqlen) h_q (576 + 512), bytes = KV +
 Q + O. Each check or point runs under its own try, so one failure does not hide the rest.
@@ -34,11 +41,12 @@ import functools
 import multiprocessing
 import sys
 import time
+import weakref
 from concurrent.futures import ProcessPoolExecutor
 
 import torch
 
-from runtime.gpu.kernels.bench import bench_ms, round_robin_medians
+from runtime.gpu.kernels.bench import bench_ms, ceilings, round_robin_medians
 from runtime.gpu.kernels.mla_decode import reference
 from runtime.gpu.kernels.mla_decode.testing import mla_case
 from runtime.gpu.kernels.testing import TOLERANCE, close_ratio
@@ -142,14 +150,36 @@ def prewarm(workers: int, variants: list[tuple[str, ...]]) -> None:
 
 
 def _impl(name: str):
-    """(op-signature fn, block-table fn or None) of an implementation."""
+    """(op-signature fn, block-table fn) of an implementation."""
     if name == "tilelang":
         from runtime.gpu.kernels.mla_decode import tilelang as m
     elif name == "triton":
         from runtime.gpu.kernels.mla_decode import triton as m
+    elif name == "flash_mla":
+        from runtime.gpu.kernels.mla_decode import flash_mla as m
+
+        return m.mla_decode, None
     else:
         raise ValueError(name)
     return m.mla_decode, m.mla_decode_paged
+
+
+_flash_meta: list = [None, None]  # (weak reference to a case, FlashMLA's scheduler metadata for it)
+
+
+def _flash_mla_table(c) -> tuple[torch.Tensor, torch.Tensor]:
+    """FlashMLA itself on the case's block table, as its own benchmark calls it: the scheduler metadata
+    is built once per case, outside the timed call (an engine builds it once per step for every layer)."""
+    from runtime.gpu.kernels.mla_decode import flash_mla as fm
+
+    ref, meta = _flash_meta
+    if ref is None or ref() is not c:
+        meta = fm.scheduler_metadata(c.cache_seqlens, c.q.shape[1], 1)
+        _flash_meta[:] = [weakref.ref(c), meta]
+    out, lse = fm.call(
+        c.q.unsqueeze(1), c.k_cache(), c.block_table, c.cache_seqlens, R, *meta, c.scale, False
+    )
+    return out[:, 0], lse[:, :, 0]
 
 
 def _use(name: str, opts: tuple[str, ...] | None) -> None:
@@ -164,6 +194,8 @@ def _run(name: str, entry: str, c, num_splits=None):
     op, paged = _impl(name)
     if entry == "op":
         return op(*c.args(), num_splits=num_splits, return_lse=True)
+    if name == "flash_mla":  # its own split choice (the metadata), whatever num_splits says
+        return _flash_mla_table(c)
     # the case's rows tensor, not one built here: a call timed with it would time an arange kernel too
     return paged(
         c.q, c.pool[:, 0], c.block_table, c.block_rows, c.seq_lens, c.scale, R, c.page_size, num_splits
@@ -223,7 +255,7 @@ def bench(
     runs are timed `rounds` times in `kernels.bench.round_robin` order and report their medians."""
 
     print(
-        f"{'impl':<8} {'schedule':<13} {'entry':<5} {'timer':<8} {'pages':<10} {'h_q':>3} {'B':>4} {'ctx':>6} {'us':>8} {'TFLOP/s':>8} {'TB/s':>6} {'FlashMLA':>10} {'ratio':>6}"
+        f"{'impl':<8} {'schedule':<13} {'entry':<5} {'timer':<8} {'pages':<10} {'h_q':>3} {'B':>4} {'ctx':>6} {'us':>8} {'TFLOP/s':>8} {'TB/s':>6} {'FlashMLA':>10} {'ratio':>6} {'vs here':>8}"
     )
     for (hq, batch, ctx), layout in [(p, lay) for p in points for lay in layouts]:
         try:
@@ -250,6 +282,12 @@ def bench(
         if not lines:  # e.g. only diagnostics, which run at h_q 128 alone
             continue
         medians = round_robin_medians([functools.partial(_time, line, c) for line in lines], rounds)
+        # FlashMLA timed in this run (when installed): each line's figure against it, same timer
+        here = {
+            line[4]: ms
+            for line, ms in zip(lines, medians, strict=True)
+            if line[0] == "flash_mla" and line[1] == "table" and not isinstance(ms, Exception)
+        }
         for (name, entry, _, shown, timer), ms in zip(lines, medians, strict=True):
             head = f"{name:<8} {_label(shown):<13} {entry:<5} {timer:<8} {layout:<10} {hq:>3} {batch:>4} {ctx:>6}"
             if isinstance(ms, Exception):
@@ -263,8 +301,10 @@ def bench(
                 else (f"{anchor / 1e12:.2f} TB/s" if hq == 16 else f"{anchor / 1e12:.0f} TF")
             )
             ratio = "" if anchor is None else f"{100 * mine / anchor:.0f}%"
+            vs_here = f"{100 * here[timer] / ms:.1f}%" if timer in here else ""
             print(
-                f"{head} {ms * 1e3:8.1f} {fl / 1e12:8.1f} {bw / 1e12:6.2f} {ref:>10} {ratio:>6}", flush=True
+                f"{head} {ms * 1e3:8.1f} {fl / 1e12:8.1f} {bw / 1e12:6.2f} {ref:>10} {ratio:>6} {vs_here:>8}",
+                flush=True,
             )
         del c
         torch.cuda.empty_cache()
@@ -337,6 +377,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("needs a CUDA device\n")
         return 2
     print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
+    copy_bw, peak = ceilings(torch.device("cuda"), small=False)
+    print(f"# this machine: device copy {copy_bw / 1e12:.2f} TB/s, bf16 matmul {peak / 1e12:.0f} TFLOP/s")
     global _DEFAULT_OPTS
     if "tilelang" in a.impls:
         from runtime.gpu.kernels.mla_decode import tilelang as tl
