@@ -22,7 +22,10 @@ itself beside ours, each point's runs round-robin: `table` calls it on the case'
 scheduler metadata built once per case (its own benchmark's way), `op` through the registry's adapter
 (the metadata built in every call). Every line then also reads as a percentage of FlashMLA's time at
 the same point and timer in this run (`vs here`), which machine-to-machine clock differences do not
-move as they move the ratio to the fixed FLASH_MLA figures.
+move as they move the ratio to the fixed FLASH_MLA figures. FlashMLA launches with programmatic
+dependent launch (its kernel overlaps the previous one's tail): under `do_bench`, whose previous kernel
+is the cache-clearing write, some of its medians read up to 4x its graph median (docs/PERF.md, twentieth
+session), so compare against it under `graph`.
 
 Accounting as FlashMLA's and TileLang's benchmarks: FLOPs = 2 sum(seqlen) h_q (576 + 512), bytes = KV +
 Q + O. Each check or point runs under its own try, so one failure does not hide the rest.
