@@ -153,7 +153,8 @@ def prewarm(workers: int, variants: list[tuple[str, ...]]) -> None:
 
 
 def _impl(name: str):
-    """(op-signature fn, block-table fn) of an implementation."""
+    """(op-signature fn, block-table fn) of an implementation; FlashMLA's block-table call is
+    `_flash_mla_table` (None here)."""
     if name == "tilelang":
         from runtime.gpu.kernels.mla_decode import tilelang as m
     elif name == "triton":
