@@ -153,8 +153,7 @@ def prewarm(workers: int, variants: list[tuple[str, ...]]) -> None:
 
 
 def _impl(name: str):
-    """(op-signature fn, block-table fn) of an implementation; FlashMLA's block-table call is
-    `_flash_mla_table` (None here)."""
+    """(op-signature fn, block-table fn of (case, num_splits)) of an implementation."""
     if name == "tilelang":
         from runtime.gpu.kernels.mla_decode import tilelang as m
     elif name == "triton":
@@ -162,18 +161,27 @@ def _impl(name: str):
     elif name == "flash_mla":
         from runtime.gpu.kernels.mla_decode import flash_mla as m
 
-        return m.mla_decode, None
+        return m.mla_decode, _flash_mla_table
     else:
         raise ValueError(name)
-    return m.mla_decode, m.mla_decode_paged
+    return m.mla_decode, functools.partial(_paged_table, m.mla_decode_paged)
+
+
+def _paged_table(paged, c, num_splits=None):
+    """Our launcher on the case's block table (page 64). The case's rows tensor, not one built here: a
+    call timed with it would time an arange kernel too."""
+    return paged(
+        c.q, c.pool[:, 0], c.block_table, c.block_rows, c.seq_lens, c.scale, R, c.page_size, num_splits
+    )
 
 
 _flash_meta: list = [None, None]  # (weak reference to a case, FlashMLA's scheduler metadata for it)
 
 
-def _flash_mla_table(c) -> tuple[torch.Tensor, torch.Tensor]:
+def _flash_mla_table(c, num_splits=None) -> tuple[torch.Tensor, torch.Tensor]:
     """FlashMLA itself on the case's block table, as its own benchmark calls it: the scheduler metadata
-    is built once per case, outside the timed call (an engine builds it once per step for every layer)."""
+    is built once per case, outside the timed call (an engine builds it once per step for every layer).
+    The split count is FlashMLA's own (the metadata), whatever `num_splits` says."""
     from runtime.gpu.kernels.mla_decode import flash_mla as fm
 
     ref, meta = _flash_meta
@@ -195,15 +203,10 @@ def _use(name: str, opts: tuple[str, ...] | None) -> None:
 
 
 def _run(name: str, entry: str, c, num_splits=None):
-    op, paged = _impl(name)
+    op, table = _impl(name)
     if entry == "op":
         return op(*c.args(), num_splits=num_splits, return_lse=True)
-    if name == "flash_mla":  # its own split choice (the metadata), whatever num_splits says
-        return _flash_mla_table(c)
-    # the case's rows tensor, not one built here: a call timed with it would time an arange kernel too
-    return paged(
-        c.q, c.pool[:, 0], c.block_table, c.block_rows, c.seq_lens, c.scale, R, c.page_size, num_splits
-    )
+    return table(c, num_splits)
 
 
 def check(names: list[str], variants: list[tuple[str, ...]]) -> int:
