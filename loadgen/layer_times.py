@@ -21,7 +21,9 @@ from collections import defaultdict
 
 import torch
 
-from runtime.gpu.model_runner import ModelRunner, RunnerConfig
+from runtime.config import RunnerConfig
+from runtime.gpu.model_runner import ModelRunner
+from runtime.gpu.models.deepseek_v4.attention import TorchV4Backend
 from runtime.gpu.testing import PagedPlanBuilder, seq_start
 
 
@@ -103,8 +105,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--decode-steps", type=int, default=3)
     p.add_argument("--device", default="cuda")
     p.add_argument("--decode-path", choices=("batched", "per-row", "both"), default="both",
-                   help="DeepSeek-V4 decode attention: every row at once (attention/v4_decode.py), request "
-                   "by request (attention/v4_ref.py), or each in turn on consecutive steps")  # fmt: skip
+                   help="DeepSeek-V4 decode attention: every row at once (attention_decode.py), request "
+                   "by request (attention.py), or each in turn on consecutive steps")  # fmt: skip
     args = p.parse_args(argv)
 
     prefill_total = args.prefill_context + args.prefill_tokens
@@ -114,9 +116,10 @@ def main(argv: list[str] | None = None) -> None:
     pages = 2 + (-(-prefill_total // max_page)) + args.decode_batch * (-(-decode_total // max_page))
     cfg = RunnerConfig(args.model_path, device=args.device, load_format="dummy", hf_overrides=args.hf_overrides,
                        num_kv_slots=pages * max_page, max_reqs=args.decode_batch + 1,
-                       max_model_len=max(prefill_total, decode_total) + 1, cuda_graph=False)  # fmt: skip
+                       max_model_len=max(prefill_total, decode_total) + 1, cuda_graph=False,
+                       page_size=max_page)  # fmt: skip
     runner = ModelRunner(cfg)
-    page = max(getattr(runner, "page_multiple", 1), 1)
+    page = runner.kv_pool.page_multiple
     assert max_page % page == 0, f"page size {page} does not divide {max_page}"
     layers = runner.model.model.layers
     clock, kinds = LayerClock(layers, runner.device.type == "cuda"), _kinds(runner.config)
@@ -149,9 +152,9 @@ def main(argv: list[str] | None = None) -> None:
                        released=released)  # fmt: skip
         released = []
         runner.execute(plan)
-    ctx, backend = args.decode_context, runner.attn_backend
+    ctx, backend = args.decode_context, runner.attn
     paths = {"batched": [True], "per-row": [False], "both": [False, True]}[args.decode_path]
-    if not hasattr(backend, "batched_decode"):  # models without the two V4 paths: one report
+    if not isinstance(backend, TorchV4Backend):  # models without the two V4 paths: one report
         paths = [None]
     for batched in paths:
         if batched is not None:

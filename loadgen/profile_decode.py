@@ -16,7 +16,8 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from runtime.gpu.model_runner import ModelRunner, RunnerConfig
+from runtime.config import RunnerConfig
+from runtime.gpu.model_runner import ModelRunner
 from runtime.mailbox.messages import SamplingParams, SeqStart, StepPlan
 
 CTX = 1024

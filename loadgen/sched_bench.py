@@ -22,7 +22,7 @@ import statistics
 import time
 
 from runtime.actors.scheduler.actor import SchedulerActor
-from runtime.actors.scheduler.testing import NullRunner, tokenized
+from runtime.actors.scheduler.testing import NullRunner, fake_capabilities, tokenized
 from runtime.config import ServerConfig
 from runtime.mailbox.messages import StepPlan
 
@@ -45,7 +45,7 @@ class _Driver:
         sched.send = self.send  # type: ignore[method-assign]
 
     async def send(self, to: str, msg) -> None:
-        if to == "worker":
+        if isinstance(msg, StepPlan):
             self.plans.append(msg)
 
 
@@ -78,8 +78,9 @@ async def measure(n: int, args) -> dict:
         disable_overlap=args.disable_overlap,
         max_queued_requests=n + 1,
     )
-    sched = SchedulerActor(cfg, slots, max_model_len=plen + max_new + 16)
+    sched = SchedulerActor(cfg)
     drv = _Driver(sched)
+    await sched.handle(fake_capabilities(cfg, max_model_len=plen + max_new + 16))
     seqs = _fill_cache(sched, args.cache_tokens, rng)
     for i in range(n):  # half of the prompts hit a cached prefix, as a chat workload would
         head = rng.choice(seqs)[: plen // 2] if i % 2 else []

@@ -207,8 +207,9 @@ def _best(torch, device, fn, reps: int = 5) -> float:
 
 class _Bench:
     def __init__(self, args, torch):
-        from runtime.gpu.model_runner import ModelRunner, RunnerConfig
-        from runtime.gpu.models.llama import head_dim_of
+        from runtime.config import RunnerConfig
+        from runtime.gpu.model_runner import ModelRunner
+        from runtime.gpu.models.llama.model import head_dim_of
 
         self.torch, self.args = torch, args
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -228,13 +229,13 @@ class _Bench:
                            cuda_graph=args.cuda_graph != "off", page_size=page,
                            attention_backend=args.attention_backend)  # fmt: skip
         self.runner = ModelRunner(cfg)
-        multiple = getattr(self.runner, "page_multiple", 1)
-        if page % multiple:  # DeepSeek-V4: a page holds whole compression windows
+        if self.runner.page_size != page:  # DeepSeek-V4: a page holds whole compression windows
+            multiple = self.runner.kv_pool.page_multiple
             raise LoadgenError(f"this model needs --page-size a multiple of {multiple}, got {page}")
         c = self.runner.config
         self.layers, self.q_heads, self.head_dim = c.num_hidden_layers, c.num_attention_heads, head_dim_of(c)
         self.weights = WeightCount.of(self.runner.model, c)
-        self.kv_per_token = self.runner.kv_bytes_per_token()
+        self.kv_per_token = self.runner.kv_pool.bytes_per_token
         self.ceil = measure_ceilings(torch, self.runner.device, self.runner.dtype)
         self.step_no = 0
         self.live: list[int] = []
@@ -292,9 +293,8 @@ class _Bench:
         released, self.live = self.live, list(rows)
         self.runner.execute(self._plan(added=added, released=released, rows=[], prefix_lens=[], extend_lens=[],
                                        use_last=[], input_ids=[], out_loc=[], sample=[]))  # fmt: skip
-        reset = getattr(self.runner.kv_cache, "reset", None)
-        for r in rows if reset is not None else ():
-            reset(r, 0)
+        for r in rows:
+            self.runner.kv_pool.reset_row(r, 0)
 
     def decode(self, b: int, k: int, graph: bool = True, overlap: bool = True) -> Row:
         if self.runner.graphs is not None:

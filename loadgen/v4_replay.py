@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-from runtime.gpu.model_runner import ModelRunner, RunnerConfig
+from runtime.config import RunnerConfig
+from runtime.gpu.model_runner import ModelRunner
 from runtime.gpu.testing import V4_TINY_CONFIGS, save_tiny_deepseek_v4, v4_hit_vs_cold
 
 CONFIGS = V4_TINY_CONFIGS

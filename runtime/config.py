@@ -1,5 +1,13 @@
-"""The server's one typed config, built from the CLI in one place (runtime/cli.py) and shipped to child
-processes as msgpack."""
+"""Configuration in layers, each frozen and resolved once:
+
+    ServerConfig     what the user asked for: built from the CLI in one place (runtime/cli.py) and shipped
+                     to child processes as msgpack
+    RunnerConfig     the tensor side of one rank (`RunnerConfig.resolve`: defaults by device settled)
+    SchedulerConfig  the scheduler of one DP rank: the server's choices plus what its worker reported at
+                     start-up (`WorkerCapabilities`: the pool's size and page layout, prefix-cache ability)
+
+No component rewrites another's config after start-up: what the worker decides (a page size raised to the
+model's page multiple, the pool size) reaches the scheduler in the capabilities message."""
 
 from __future__ import annotations
 
@@ -7,8 +15,10 @@ from typing import Any
 
 import msgspec
 
+from runtime.mailbox.messages import WorkerCapabilities
 
-class ServerConfig(msgspec.Struct, kw_only=True):
+
+class ServerConfig(msgspec.Struct, kw_only=True, frozen=True):
     # model
     model: str | None = None  # HF directory; None = the embedded default (SmolLM2-135M-Instruct)
     served_model_name: str | None = None
@@ -66,6 +76,97 @@ class ServerConfig(msgspec.Struct, kw_only=True):
         if self.max_total_tokens is not None:
             return self.max_total_tokens
         return 262144 if self.device.startswith("cuda") else 32768
+
+
+class RunnerConfig(msgspec.Struct, frozen=True):
+    """One rank's model runner."""
+
+    model_path: str
+    device: str = "cpu"
+    dtype: str | None = None  # default float32 on cpu, bfloat16 on cuda
+    kv_cache_dtype: str = "auto"  # "auto": the model's dtype | "fp8_e4m3" (Llama and DeepSeek-V2/V3 pools)
+    load_format: str = "auto"  # "auto" | "dummy"
+    # FP8 block-scaled weights (DeepSeek-V2/V3, `quant.fp8.keep_fp8`): "auto" keeps an FP8 checkpoint's
+    # on CUDA, "none" dequantizes, "fp8" keeps them (quantizing float or dummy weights at load)
+    quantization: str = "auto"
+    num_kv_slots: int = 16384  # including slot 0 (padding)
+    max_reqs: int = 256  # rows of req_to_token; row 0 is padding, rows 1..max_reqs usable
+    max_model_len: int = 8192
+    page_size: int = 1  # as asked: the runner raises it to a multiple of the pool's page multiple
+    seed: int = 0
+    attention_backend: str | None = None  # None: "triton" on CUDA when Triton imports, else "torch"
+    cuda_graph: bool = True  # decode steps as CUDA graphs (CUDA only; needs a graph-safe backend)
+    cuda_graph_max_bs: int | None = None  # largest captured batch; None: max_reqs
+    # torch intra-op threads for CPU runs (process-wide); None leaves torch's default. On a small, busy
+    # machine 1 thread is far faster: with 2 threads on 2 shared cores every op waits on a barrier.
+    cpu_threads: int | None = None
+    hf_overrides: dict[str, Any] | None = None  # merged into config.json (ServerConfig.hf_overrides)
+    # Prefix-cache hits on models with per-request state outside the pages (DeepSeek-V4): tokens before
+    # the hit to replay (None: the model's sliding window), or replay from position 0 (exact, slower).
+    swa_replay_tokens: int | None = None
+    swa_replay_exact: bool = False
+    # the scheduler's prefill token budget per step (the chunked-prefill size): the warm-up runs one
+    # step that large, so the first real one does not pay for its allocations and kernel variants
+    max_prefill_tokens: int | None = None
+    rank: int = 0
+    world_size: int = 1
+
+    @classmethod
+    def resolve(
+        cls, cfg: ServerConfig, model_path: str, max_model_len: int, rank: int = 0, world_size: int = 1
+    ) -> RunnerConfig:
+        return cls(
+            model_path=model_path,
+            device=cfg.device,
+            dtype=cfg.resolved_dtype(),
+            kv_cache_dtype=cfg.kv_cache_dtype,
+            quantization=cfg.quantization,
+            load_format=cfg.load_format,
+            num_kv_slots=cfg.resolved_kv_slots(),
+            max_reqs=cfg.max_running_requests,
+            max_model_len=max_model_len,
+            page_size=cfg.page_size,
+            seed=cfg.seed,
+            attention_backend=cfg.attention_backend,
+            cuda_graph=not cfg.disable_cuda_graph,
+            cuda_graph_max_bs=cfg.cuda_graph_max_bs,
+            swa_replay_tokens=cfg.swa_replay_tokens,
+            swa_replay_exact=cfg.swa_replay_exact,
+            hf_overrides=cfg.hf_overrides,
+            max_prefill_tokens=cfg.resolved_chunked_prefill_size(),
+            rank=rank,
+            world_size=world_size,
+        )
+
+
+class SchedulerConfig(msgspec.Struct, kw_only=True, frozen=True):
+    """One DP rank's scheduler."""
+
+    num_kv_slots: int  # the pool's token slots (slot 0 included)
+    page_size: int
+    max_running_requests: int
+    max_model_len: int
+    chunked_prefill_size: int  # the step's token budget
+    schedule_policy: str = "fcfs"
+    overlap: bool = True
+    radix_cache: bool = True
+    max_queued_requests: int = 4096
+    prefix_replay: int = 0  # tokens before a prefix hit the worker recomputes (DeepSeek-V4's state)
+
+    @classmethod
+    def resolve(cls, cfg: ServerConfig, caps: WorkerCapabilities) -> SchedulerConfig:
+        return cls(
+            num_kv_slots=caps.num_kv_slots,
+            page_size=caps.page_size,
+            max_running_requests=caps.max_reqs,
+            max_model_len=caps.max_model_len,
+            chunked_prefill_size=cfg.resolved_chunked_prefill_size(),
+            schedule_policy=cfg.schedule_policy,
+            overlap=not cfg.disable_overlap,
+            radix_cache=caps.prefix_cache and not cfg.disable_radix_cache,
+            max_queued_requests=cfg.max_queued_requests,
+            prefix_replay=caps.prefix_replay,
+        )
 
 
 # Per-layer lists that must shrink with `num_hidden_layers` (V4's `compress_ratios` is cut by transformers).

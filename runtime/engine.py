@@ -18,6 +18,7 @@ from pathlib import Path
 import msgspec
 import structlog
 
+from runtime.actors import addresses
 from runtime.actors.client import EngineClient
 from runtime.actors.detokenizer import DetokenizerActor
 from runtime.actors.engine_process import EngineArgs, spawn_engine_actors
@@ -29,8 +30,7 @@ from runtime.model_info import ModelInfo, load_model_info, resolve_model_path
 
 log = structlog.get_logger(__name__)
 
-FRONTEND_ACTORS = ("client", "tokenizer", "detokenizer")
-ENGINE_ACTORS = ("scheduler", "worker")
+FRONTEND_ACTORS = (addresses.CLIENT, addresses.TOKENIZER, addresses.DETOKENIZER)
 ENGINE_START_TIMEOUT_S = 600.0
 
 
@@ -49,11 +49,14 @@ class Running:
 async def launch(cfg: ServerConfig) -> Running:
     model_path = resolve_model_path(cfg)
     info = load_model_info(cfg, model_path)
+    world_size = 1  # one engine rank; the same code addresses many
     if cfg.placement == "single":
-        system = ActorSystem("main", {})
+        system = ActorSystem(addresses.SINGLE_NODE, {})
     else:
-        placement = {a: "frontend" for a in FRONTEND_ACTORS} | {a: "engine" for a in ENGINE_ACTORS}
-        system = ActorSystem("frontend", placement, Path(tempfile.mkdtemp(prefix="conduit-")))
+        placement = {a: addresses.FRONTEND_NODE for a in FRONTEND_ACTORS}
+        for rank in range(world_size):
+            placement |= {a: addresses.engine_node(rank) for a in addresses.engine_actors(rank, world_size)}
+        system = ActorSystem(addresses.FRONTEND_NODE, placement, Path(tempfile.mkdtemp(prefix="conduit-")))
         await system.listen()
     client = EngineClient(info.name, info.max_model_len)
     system.on_node_failed.append(lambda msg: client.fail_all(f"{msg.node}: {msg.error}"))
@@ -64,11 +67,15 @@ async def launch(cfg: ServerConfig) -> Running:
         if cfg.placement == "single":
             await spawn_engine_actors(system, cfg, model_path, info.max_model_len)
         else:
-            args = EngineArgs(
-                cfg, system.placement, str(system.sock_dir), model_path, info.max_model_len, system.node
-            )
-            await system.start_child("engine", "runtime.actors.engine_process", msgspec.msgpack.encode(args))
-            await system.wait_ready("engine", ENGINE_START_TIMEOUT_S)
+            for rank in range(world_size):
+                args = EngineArgs(
+                    cfg, system.placement, str(system.sock_dir), model_path, info.max_model_len, system.node,
+                    rank, world_size,
+                )  # fmt: skip
+                node = addresses.engine_node(rank)
+                await system.start_child(node, "runtime.actors.engine_process", msgspec.msgpack.encode(args))
+            for rank in range(world_size):
+                await system.wait_ready(addresses.engine_node(rank), ENGINE_START_TIMEOUT_S)
     except BaseException:
         await system.stop()
         raise

@@ -28,40 +28,10 @@ def forced_kernel(op: str) -> str | None:
     return os.environ.get(f"CONDUIT_KERNEL_{op.upper()}")
 
 
-def fold_norms() -> bool:
-    """$CONDUIT_FOLD_NORMS=0 keeps Llama's RMSNorm launches (the unfolded form), for before/after runs."""
-    return os.environ.get("CONDUIT_FOLD_NORMS", "1") != "0"
-
-
-def v4_cuda_graph() -> bool:
-    """$CONDUIT_V4_CUDA_GRAPH=0 runs DeepSeek-V4's decode steps eagerly while other models keep their
-    CUDA graphs (`--disable-cuda-graph` turns off all), for comparisons."""
-    return os.environ.get("CONDUIT_V4_CUDA_GRAPH", "1") != "0"
-
-
-def v4_batched_decode() -> bool:
-    """$CONDUIT_V4_BATCHED_DECODE=0 sends DeepSeek-V4 decode steps request by request (attention/v4_ref.py)
-    instead of every row at once (attention/v4_decode.py), for comparisons."""
-    return os.environ.get("CONDUIT_V4_BATCHED_DECODE", "1") != "0"
-
-
-def mixed_decode_kernel() -> bool:
-    """$CONDUIT_MIXED_DECODE_KERNEL=0 sends a mixed step's decode rows through the extend kernel with its
-    prefill rows (attention/triton_backend.py) instead of the decode kernel, for before/after runs."""
-    return os.environ.get("CONDUIT_MIXED_DECODE_KERNEL", "1") != "0"
-
-
 def decode_tma_pages() -> bool:
     """$CONDUIT_DECODE_TMA=0 has the fp8 decode kernel gather every tile token by token even when the pool's
     pages hold whole 64-token tiles (kernels/decode_attention/tilelang.py), for before/after runs."""
     return os.environ.get("CONDUIT_DECODE_TMA", "1") != "0"
-
-
-def prefill_kernel() -> bool:
-    """$CONDUIT_PREFILL_KERNEL=0 sends prefill rows through the extend kernel (every key gathered from the
-    pool) instead of the prefill kernel (new keys read from the step's own k/v;
-    attention/triton_backend.py), for before/after runs."""
-    return os.environ.get("CONDUIT_PREFILL_KERNEL", "1") != "0"
 
 
 def step_trace_path() -> str | None:

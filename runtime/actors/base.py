@@ -2,29 +2,33 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar, Protocol
 
 import structlog
 
+from runtime.actors import addresses
 from runtime.mailbox.mailbox import Mailbox
 from runtime.mailbox.messages import Message, RequestFailed
-
-if TYPE_CHECKING:
-    from runtime.actors.system import ActorSystem
 
 log = structlog.get_logger(__name__)
 
 
-class Actor:
-    """Subclasses set `name` and implement `handle`. `handle` must not block the event loop: long CPU or
-    GPU work goes to a thread (see GpuWorker)."""
+class Router(Protocol):
+    """What an actor needs of the system that runs it: delivery to an address (runtime/actors/system.py)."""
 
-    name: ClassVar[str]
+    async def send(self, to: str, msg: Message) -> None: ...
+
+
+class Actor:
+    """Subclasses pass their address (runtime/actors/addresses.py) and implement `handle`. `handle` must
+    not block the event loop: long CPU or GPU work goes to a thread (see GpuWorker)."""
+
     mailbox_size: ClassVar[int] = 4096
 
-    def __init__(self) -> None:
+    def __init__(self, address: str) -> None:
+        self.address = address
         self.mailbox = Mailbox(self.mailbox_size)
-        self.system: ActorSystem | None = None
+        self.system: Router | None = None
 
     async def on_start(self) -> None:
         """Called once before the first message (load models, open files)."""
@@ -36,18 +40,18 @@ class Actor:
         raise NotImplementedError
 
     async def send(self, to: str, msg: Message) -> None:
-        assert self.system is not None, f"{self.name} is not spawned"
+        assert self.system is not None, f"{self.address} is not spawned"
         await self.system.send(to, msg)
 
     async def on_error(self, msg: Message, exc: BaseException) -> None:
         """Supervision for one failed message: the actor keeps running (its state is its own to repair),
         and a request the message belonged to gets its final error message instead of hanging."""
-        log.exception("actor_failed_message", actor=self.name, msg=type(msg).__name__)
+        log.exception("actor_failed_message", actor=self.address, msg=type(msg).__name__)
         rid = getattr(msg, "rid", None)
         if rid is not None:
             await self.send(
-                "client",
+                addresses.CLIENT,
                 RequestFailed(
-                    rid=rid, status=500, message=f"{self.name} failed: {exc}", error_type="server_error"
+                    rid=rid, status=500, message=f"{self.address} failed: {exc}", error_type="server_error"
                 ),
             )

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 
 import structlog
 
+from runtime.actors import addresses
 from runtime.actors.base import Actor
 from runtime.errors import ConduitError, EngineFailed, Overloaded, error_from_status
 from runtime.mailbox.messages import (
@@ -33,11 +34,11 @@ _ids = itertools.count()
 
 
 class EngineClient(Actor):
-    name = "client"
     mailbox_size = 65536
 
-    def __init__(self, model_name: str, max_model_len: int) -> None:
-        super().__init__()
+    def __init__(self, model_name: str, max_model_len: int, scheduler: str = addresses.scheduler(0)) -> None:
+        super().__init__(addresses.CLIENT)
+        self.scheduler = scheduler  # where cache flushes go
         self.model_name = model_name
         self.max_model_len = max_model_len
         self.stats: EngineStats | None = None
@@ -74,7 +75,7 @@ class EngineClient(Actor):
                 import msgspec
 
                 req = msgspec.structs.replace(req, arrival=time.time())
-            await self.send("tokenizer", req)
+            await self.send(addresses.TOKENIZER, req)
             while True:
                 item = await queue.get()
                 if isinstance(item, ConduitError):
@@ -91,7 +92,7 @@ class EngineClient(Actor):
                 await self.abort(req.rid)
 
     async def abort(self, rid: str) -> None:
-        await self.send("tokenizer", AbortRequest(rid))
+        await self.send(addresses.TOKENIZER, AbortRequest(rid))
 
     async def flush_cache(self, timeout: float = 30.0) -> bool:
         """Drop the scheduler's cached prefixes. False when it refused (requests running or waiting) or
@@ -101,7 +102,7 @@ class EngineClient(Actor):
         answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._flushes[flush_id] = answer
         try:
-            await self.send("scheduler", FlushCache(flush_id))
+            await self.send(self.scheduler, FlushCache(flush_id))
             return await asyncio.wait_for(answer, timeout)
         except TimeoutError:
             return False

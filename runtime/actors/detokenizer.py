@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from runtime.actors import addresses
 from runtime.actors.base import Actor
 from runtime.mailbox.messages import AbortRequest, Message, TextDelta, TextDeltas, TokenBatch, TrackRequest
 
@@ -37,10 +38,9 @@ def held_back(text: str, stops: list[str]) -> int:
 
 
 class DetokenizerActor(Actor):
-    name = "detokenizer"
-
-    def __init__(self, info: ModelInfo) -> None:
-        super().__init__()
+    def __init__(self, info: ModelInfo, scheduler: str = addresses.scheduler(0)) -> None:
+        super().__init__(addresses.DETOKENIZER)
+        self.scheduler = scheduler  # where stop-string aborts go
         self.tokenizer = info.load_tokenizer()
         self.states: dict[str, DecodeState] = {}
 
@@ -98,7 +98,7 @@ class DetokenizerActor(Actor):
                     end = min(hits)
                     st.text = st.text[:end]
                     if finish is None:
-                        await self.send("scheduler", AbortRequest(rid, reason="stop"))
+                        await self.send(self.scheduler, AbortRequest(rid, reason="stop"))
                     finish = "stop"
                 elif finish is None:
                     end -= held_back(st.text, st.stop)
@@ -125,4 +125,4 @@ class DetokenizerActor(Actor):
             if finish is not None:
                 del self.states[rid]
         if items:
-            await self.send("client", TextDeltas(items))
+            await self.send(addresses.CLIENT, TextDeltas(items))

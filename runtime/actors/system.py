@@ -1,10 +1,10 @@
 """The actor system of one process: runs local actors, routes messages to local mailboxes or to other
 processes, and watches child processes (supervision).
 
-Addresses are actor names ("tokenizer", "scheduler", "worker", ...). A placement maps each name to the
-node (process) that runs it; a message to an actor of another node is framed over that node's Unix
-socket (runtime/mailbox/transport.py). The pseudo-actor "system" of each node receives node lifecycle
-messages (NodeReady, NodeFailed).
+Addresses are rank-aware actor names ("tokenizer", "scheduler/dp0", "worker/0", ...: runtime/actors/
+addresses.py). A placement maps each address to the node (process) that runs it; a message to an actor
+of another node is framed over that node's Unix socket (runtime/mailbox/transport.py). The pseudo-actor
+"system" of each node receives node lifecycle messages (NodeReady, NodeFailed).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import structlog
 
+from runtime.actors import addresses
 from runtime.actors.base import Actor
 from runtime.mailbox import transport
 from runtime.mailbox.messages import Envelope, Message, NodeFailed, NodeReady, Shutdown
@@ -26,7 +27,7 @@ log = structlog.get_logger(__name__)
 class ActorSystem:
     def __init__(self, node: str, placement: dict[str, str], sock_dir: Path | None = None) -> None:
         self.node = node
-        self.placement = placement  # actor name -> node name
+        self.placement = placement  # actor address -> node name
         self.sock_dir = sock_dir
         self.actors: dict[str, Actor] = {}
         self._tasks: dict[str, asyncio.Task] = {}
@@ -45,8 +46,8 @@ class ActorSystem:
         """Start a local actor: `on_start`, then its message loop as a task."""
         actor.system = self
         await actor.on_start()
-        self.actors[actor.name] = actor
-        self._tasks[actor.name] = asyncio.create_task(self._run(actor), name=f"actor:{actor.name}")
+        self.actors[actor.address] = actor
+        self._tasks[actor.address] = asyncio.create_task(self._run(actor), name=f"actor:{actor.address}")
         return actor
 
     async def _run(self, actor: Actor) -> None:
@@ -62,13 +63,13 @@ class ActorSystem:
                 try:
                     await actor.on_error(msg, exc)
                 except Exception:
-                    log.exception("actor_on_error_failed", actor=actor.name)
+                    log.exception("actor_on_error_failed", actor=actor.address)
         await actor.on_stop()
 
     # ------------------------------------------------------------------ delivery
 
     async def send(self, to: str, msg: Message) -> None:
-        if to == "system":
+        if to == addresses.SYSTEM:
             self._system_message(msg)
             return
         actor = self.actors.get(to)
@@ -118,7 +119,7 @@ class ActorSystem:
 
     def _sock_path(self, node: str) -> Path:
         assert self.sock_dir is not None, "cross-process delivery needs a socket directory"
-        return self.sock_dir / f"{node}.sock"
+        return self.sock_dir / f"{node.replace('/', '-')}.sock"
 
     async def listen(self) -> None:
         self._server = await transport.serve(self._sock_path(self.node), self._deliver)
@@ -154,7 +155,7 @@ class ActorSystem:
         for node, proc in self._children.items():
             if proc.returncode is None:
                 try:
-                    await asyncio.wait_for(self.send_to_node(node, "system", Shutdown()), 2)
+                    await asyncio.wait_for(self.send_to_node(node, addresses.SYSTEM, Shutdown()), 2)
                 except (TimeoutError, OSError, ConnectionError):
                     pass
         for proc in self._children.values():

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from runtime.actors import addresses
 from runtime.actors.base import Actor
 from runtime.errors import InvalidRequest
 from runtime.mailbox.messages import (
@@ -28,10 +29,9 @@ PROMPT_TAIL = 6
 
 
 class TokenizerActor(Actor):
-    name = "tokenizer"
-
-    def __init__(self, info: ModelInfo) -> None:
-        super().__init__()
+    def __init__(self, info: ModelInfo, scheduler: str = addresses.scheduler(0)) -> None:
+        super().__init__(addresses.TOKENIZER)
+        self.scheduler = scheduler  # where tokenized requests go
         self.info = info
         self.tokenizer = info.load_tokenizer()
 
@@ -41,11 +41,11 @@ class TokenizerActor(Actor):
                 tokenized = self.tokenize(msg)
             except InvalidRequest as e:
                 await self.send(
-                    "client", RequestFailed(rid=msg.rid, status=400, message=e.message, param=e.param)
+                    addresses.CLIENT, RequestFailed(rid=msg.rid, status=400, message=e.message, param=e.param)
                 )
                 return
             await self.send(
-                "detokenizer",
+                addresses.DETOKENIZER,
                 TrackRequest(
                     rid=msg.rid,
                     prompt_tokens=len(tokenized.input_ids),
@@ -55,9 +55,9 @@ class TokenizerActor(Actor):
                     prompt_tail=tokenized.input_ids[-PROMPT_TAIL:],
                 ),
             )
-            await self.send("scheduler", tokenized)
+            await self.send(self.scheduler, tokenized)
         elif isinstance(msg, AbortRequest):
-            await self.send("scheduler", msg)  # in order behind the request it aborts
+            await self.send(self.scheduler, msg)  # in order behind the request it aborts
 
     def encode_prompt(self, msg: GenerateRequest) -> tuple[list[int], str]:
         """The prompt's token ids and the name of the field they came from (for error messages)."""

@@ -1,13 +1,15 @@
 """CUDA graphs for decode steps: one graph per batch-size bucket, replayed on padded batches.
 
-A decode step (every row one new token, every row sampled) of B rows runs the graph of the smallest
-bucket >= B (and, for a backend whose graphs' work grows with the context they are sized for, of the
-smallest context bucket that holds its longest row: `AttentionBackend.graph_contexts`). Its inputs
-live in one static device buffer, filled per step from a pinned host buffer with one copy; the graph
-itself gathers fed-back tokens from `last_token`, writes the new slots into `req_to_token`, runs the
-model and writes the logits into a static buffer (in `runner.logits_dtype`: bf16 for Llama). Padding
-rows use row 0, position 0, KV slot 0 and length 1: they write and read only the reserved padding slot,
-and their logits are sliced away. Mixed and prefill steps run eagerly.
+`GraphRunner` takes what a decode step touches (the model, its attention backend, the KV pool and the
+worker's request tables), never the runner that owns them. A decode step (every row one new token,
+every row sampled) of B rows runs the graph of the smallest bucket >= B (and, for a backend whose
+graphs' work grows with the context they are sized for, of the smallest context bucket that holds its
+longest row: `AttentionBackend.graph_contexts`). Its inputs live in one static device buffer, filled per
+step from a pinned host buffer with one copy; the graph itself builds the batch (`make_batch`, as eager
+steps do: fed-back tokens from `last_token`, new slots into `req_to_token`), runs the model and writes
+the logits into a static buffer (in the model's `logits_dtype`: bf16 for Llama). Padding rows use row 0,
+position 0, KV slot 0 and length 1: they write and read only the reserved padding slot, and their
+logits are sliced away. Mixed and prefill steps run eagerly.
 
 Off CUDA (or with `capture=False`) the same padded static-buffer path runs eagerly: that is how the CPU
 tests check the padding and buffer logic against the plain path."""
@@ -15,16 +17,15 @@ tests check the padding and buffer logic against the plain path."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 import structlog
 import torch
 
-from runtime.gpu.forward_batch import ForwardBatch
-
-if TYPE_CHECKING:
-    from runtime.gpu.model_runner import ModelRunner
-    from runtime.mailbox.messages import StepPlan
+from runtime.gpu.attention.base import AttentionBackend
+from runtime.gpu.forward_batch import StepTables, make_batch
+from runtime.gpu.kv_pool import KVPool
+from runtime.gpu.models.base import CausalLM
+from runtime.mailbox.messages import StepPlan
 
 log = structlog.get_logger(__name__)
 
@@ -40,22 +41,34 @@ def graph_buckets(max_bs: int) -> list[int]:
     return [*out, max_bs]
 
 
-class DecodeGraphs:
-    def __init__(self, runner: ModelRunner, max_bs: int, capture: bool = True) -> None:
-        self.runner = runner
+class GraphRunner:
+    def __init__(
+        self,
+        model: CausalLM,
+        attn: AttentionBackend,
+        pool: KVPool,
+        tables: StepTables,
+        *,
+        max_bs: int,
+        max_model_len: int,
+        vocab_size: int,
+        capture: bool = True,
+    ) -> None:
+        self.model, self.attn, self.pool, self.tables = model, attn, pool, tables
+        self.device = dev = tables.last_token.device
         self.buckets = graph_buckets(max_bs)
-        self.contexts = runner.attn_backend.graph_contexts(runner.cfg.max_model_len)
+        self.contexts = attn.graph_contexts(max_model_len)
         self.max_bs = max_bs
-        self.capture_graphs = capture and runner.device.type == "cuda"
+        self.capture_graphs = capture and dev.type == "cuda"
         self.enabled = True  # switched off at run time for side-by-side comparisons
-        dev, pinned = runner.device, runner.device.type == "cuda"
+        pinned = dev.type == "cuda"
         # Two pinned host buffers, alternating: with overlap the next step is filled while this step's
         # copy may still be queued behind the running one; an event guards each buffer's reuse.
         self.hosts = [torch.zeros(len(_PAD), max_bs, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
         self.copied: list[torch.cuda.Event | None] = [None, None]
         self.turn = 0
         self.inputs = torch.zeros(len(_PAD), max_bs, dtype=torch.int64, device=dev)
-        self.logits = torch.zeros(max_bs, runner.vocab_size, dtype=runner.logits_dtype, device=dev)
+        self.logits = torch.zeros(max_bs, vocab_size, dtype=model.logits_dtype, device=dev)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (batch, context) buckets
         if self.capture_graphs:
             self._capture()
@@ -112,25 +125,11 @@ class DecodeGraphs:
             self.copied[self.turn].record()
 
     def _forward(self, bs: int, ctx: int) -> None:
-        r = self.runner
         ids, pos, loc, rows, seq_lens, use_last = (self.inputs[f, :bs] for f in range(len(_PAD)))
-        ids = torch.where(use_last != 0, r.last_token[rows], ids)
-        r.req_to_token[rows, pos] = loc
-        batch = ForwardBatch(
-            input_ids=ids,
-            positions=pos,
-            out_loc=loc,
-            rows=rows,
-            rows_list=[],
-            prefix_lens=[],
-            extend_lens=[],
-            req_to_token=r.req_to_token,
-            kv_cache=r.kv_cache,
-            attn_backend=r.attn_backend,
-        )
-        r.attn_backend.prepare_decode_graph(batch, seq_lens, ctx)
-        hidden = r.model(ids, pos, batch)
-        self.logits[:bs].copy_(r.model.compute_logits(hidden))
+        batch = make_batch(self.tables, self.pool, ids, pos, loc, rows, use_last != 0, rows)
+        self.attn.prepare_decode_graph(batch, seq_lens, ctx)
+        hidden = self.model(batch.input_ids, pos, batch, self.attn)
+        self.logits[:bs].copy_(self.model.compute_logits(hidden))
 
     def _capture(self) -> None:
         t0 = time.perf_counter()
@@ -142,12 +141,12 @@ class DecodeGraphs:
             for ctx in reversed(self.contexts):
                 for bs in reversed(self.buckets):
                     self._forward(bs, ctx)  # warm-up: compiles Triton kernels, creates cuBLAS handles
-                    torch.cuda.synchronize(self.runner.device)
+                    torch.cuda.synchronize(self.device)
                     graph = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(graph, pool=pool):
                         self._forward(bs, ctx)
                     pool = graph.pool()
                     self.graphs[bs, ctx] = graph
-        torch.cuda.synchronize(self.runner.device)
+        torch.cuda.synchronize(self.device)
         log.info("cuda_graphs_captured", buckets=len(self.buckets), max_bs=self.max_bs, contexts=self.contexts,
                  seconds=round(time.perf_counter() - t0, 2))  # fmt: skip

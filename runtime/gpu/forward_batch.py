@@ -1,22 +1,37 @@
-"""What one forward step needs besides the weights: token inputs, KV destinations, attention metadata."""
+"""What one forward step needs besides the weights: token inputs, KV destinations, the request tables,
+and the attention backend's metadata; built the same way for eager steps and CUDA-graph replays."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:
-    from runtime.gpu.attention.base import AttentionBackend
-    from runtime.gpu.kv_cache import KVCache
+from runtime.gpu.kv_pool import KVPool
+
+
+@dataclass(frozen=True)
+class StepTables:
+    """The worker's per-request device tables, indexed by request row (row 0 is padding)."""
+
+    req_to_token: torch.Tensor  # [rows, max_model_len] KV slot of each position of each request
+    last_token: torch.Tensor  # [rows] each request's last sampled token (read by `use_last` inputs)
+
+    @classmethod
+    def allocate(cls, rows: int, max_model_len: int, device: torch.device) -> StepTables:
+        return cls(
+            torch.zeros(rows, max_model_len, dtype=torch.int64, device=device),
+            torch.zeros(rows, dtype=torch.int64, device=device),
+        )
 
 
 @dataclass
 class ForwardBatch:
     """A flattened step: rows' new tokens concatenated in plan order.
 
-    Host-side lists (`prefix_lens`, `extend_lens`) are kept so backends can plan without device syncs."""
+    Host-side lists (`prefix_lens`, `extend_lens`) are kept so backends can plan without device syncs;
+    a CUDA-graph step leaves them empty (its backend metadata comes from device tensors alone)."""
 
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
@@ -26,9 +41,8 @@ class ForwardBatch:
     prefix_lens: list[int]
     extend_lens: list[int]
     req_to_token: torch.Tensor  # [max_reqs + 1, max_model_len]
-    kv_cache: KVCache
-    attn_backend: AttentionBackend
-    attn_meta: Any = field(default=None)  # filled by attn_backend.prepare(), shared by all layers
+    kv_pool: KVPool
+    attn_meta: Any = field(default=None)  # filled by the attention backend's prepare, shared by all layers
     # per row, leading tokens that only rebuild the row's state before a cached prefix (StepPlan.replay);
     # empty: none
     replay_lens: list[int] = field(default_factory=list)
@@ -36,6 +50,38 @@ class ForwardBatch:
     @property
     def num_tokens(self) -> int:
         return self.input_ids.shape[0]
+
+
+def make_batch(
+    tables: StepTables,
+    pool: KVPool,
+    ids: torch.Tensor,
+    positions: torch.Tensor,
+    out_loc: torch.Tensor,
+    token_rows: torch.Tensor,
+    use_last: torch.Tensor,
+    rows: torch.Tensor,
+    host: tuple[list[int], list[int], list[int], list[int]] | None = None,
+) -> ForwardBatch:
+    """The step's batch from its device columns, for the eager and the graph paths alike: each token
+    whose `use_last` is set reads its row's last sampled token (so a plan can be sent before the previous
+    step's tokens reach the host), and every new token's KV slot is entered in its row's table.
+    `token_rows` [T] is each token's request row; `host`: (rows, prefix_lens, extend_lens, replay) lists."""
+    ids = torch.where(use_last, tables.last_token[token_rows], ids)
+    tables.req_to_token[token_rows, positions] = out_loc
+    rows_list, prefix, extend, replay = host or ([], [], [], [])
+    return ForwardBatch(
+        input_ids=ids,
+        positions=positions,
+        out_loc=out_loc,
+        rows=rows,
+        rows_list=rows_list,
+        prefix_lens=prefix,
+        extend_lens=extend,
+        req_to_token=tables.req_to_token,
+        kv_pool=pool,
+        replay_lens=replay,
+    )
 
 
 def token_positions(prefix_lens: list[int], extend_lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,7 +97,7 @@ def columns_to_device(cols: list[torch.Tensor | list[int]], device: torch.device
     """A step's int64 columns on `device` through one host tensor and one non-blocking copy, each column
     starting 16-byte aligned (padded to an even length). Triton compiles a kernel variant per pointer
     alignment: columns packed end to end would shift with the lengths before them and compile new
-    variants mid-run, a second each (docs/PERF.md, eighth and eleventh sessions)."""
+    variants mid-run, a second each."""
     host = [torch.as_tensor(c, dtype=torch.int64) for c in cols]
     padded = [torch.nn.functional.pad(c, (0, len(c) & 1)) for c in host]
     parts = torch.cat(padded).to(device, non_blocking=True).split([len(c) for c in padded])

@@ -143,7 +143,9 @@ def init_dummy_weights(model: nn.Module, seed: int = 0, std: float = 0.02) -> No
                 module.init_dummy(generator(params[0].device), std)
                 continue
             for p in module.parameters(recurse=False):
-                if not p.is_floating_point():  # index tables (V4's tid2eid): the model's init_dummy_indices
+                if (
+                    not p.is_floating_point()
+                ):  # index tables (V4's tid2eid): the model's own init_dummy_weights
                     continue
                 if isinstance(module, RMSNorm):
                     p.fill_(1.0)
@@ -153,5 +155,3 @@ def init_dummy_weights(model: nn.Module, seed: int = 0, std: float = 0.02) -> No
                     p.copy_(torch.randn(p.shape, generator=gen) * std)
                 else:
                     p.normal_(0.0, std, generator=gen)
-        if hasattr(model, "init_dummy_indices"):
-            model.init_dummy_indices(seed)

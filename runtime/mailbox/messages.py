@@ -4,6 +4,7 @@ Grouped by direction along a request's path (see docs/ARCHITECTURE.md):
 
     EngineClient --GenerateRequest/AbortRequest--> Tokenizer --TokenizedRequest/AbortRequest--> Scheduler
     Tokenizer --TrackRequest--> Detokenizer
+    GpuWorker --WorkerCapabilities--> Scheduler        (once, at start-up)
     Scheduler --StepPlan--> GpuWorker --StepOutput--> Scheduler
     Scheduler --TokenBatch--> Detokenizer --TextDeltas--> EngineClient
     any actor --RequestFailed--> EngineClient          (the final message of a failed request)
@@ -146,6 +147,22 @@ class StepOutput(Struct, frozen=True, tag=True, array_like=True):
     gpu_end: float = 0.0  # (CUDA only): the gaps between steps are device idle time
 
 
+class WorkerCapabilities(Struct, frozen=True, tag=True, array_like=True, kw_only=True):
+    """Worker -> its scheduler, once at start-up: what the loaded model and its KV pool can do. The
+    scheduler is configured from it (`SchedulerConfig.resolve`), so it never probes the worker."""
+
+    rank: int
+    model: str  # the model class, for logs
+    num_kv_slots: int  # the pool's token slots, slot 0 included
+    page_size: int  # the pool's page size (the asked one, raised to the model's page multiple)
+    max_reqs: int  # request rows (row 0 excluded)
+    max_model_len: int
+    prefix_cache: bool  # False: per-request state cannot start from a cached prefix (no radix cache)
+    prefix_replay: int  # tokens before a prefix hit that rebuild per-request state (0: none)
+    kv_bytes_per_token: int
+    vocab_size: int
+
+
 class WorkerFailed(Struct, frozen=True, tag=True, array_like=True):
     """The worker could not run a step; the scheduler fails the step's requests and marks unhealthy."""
 
@@ -266,6 +283,7 @@ Message = (
     | TrackRequest
     | StepPlan
     | StepOutput
+    | WorkerCapabilities
     | WorkerFailed
     | TokenBatch
     | TextDeltas

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.gpu.model_runner import ModelRunner, RunnerConfig
+from runtime.config import RunnerConfig
+from runtime.gpu.model_runner import ModelRunner
 from runtime.gpu.testing import PlanBuilder, decode_scenario, save_tiny_llama, seq_start
 from runtime.mailbox.messages import SamplingParams
 
@@ -59,7 +60,7 @@ def test_graph_decode_step_and_sampling_never_sync(tiny_path, params):
         with torch.inference_mode():
             logits, sample_rows, rows_t = runner._forward_plan(plan)
             result = runner.sampler.sample(logits, sample_rows, rows_t)
-            runner.last_token[rows_t] = result.tokens
+            runner.tables.last_token[rows_t] = result.tokens
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert result.tokens.shape == (3,)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.gpu.model_runner import ModelRunner, RunnerConfig
+from runtime.config import RunnerConfig
+from runtime.gpu.model_runner import ModelRunner
 from runtime.gpu.testing import PlanBuilder, prefill_then_decode, save_tiny_llama, seq_start
 from runtime.mailbox.messages import SamplingParams
 

@@ -10,8 +10,9 @@ import time
 import pytest
 import torch
 
-from runtime.gpu.attention.mla_kernel import MLAKernelBackend
-from runtime.gpu.model_runner import ModelRunner, RunnerConfig
+from runtime.config import RunnerConfig
+from runtime.gpu.model_runner import ModelRunner
+from runtime.gpu.models.deepseek_v3.attention_kernel import MLAKernelBackend
 from runtime.gpu.testing import (
     YARN_ROPE,
     PlanBuilder,
@@ -78,7 +79,7 @@ def test_cuda_logits_match_transformers(tmp_path, name, dtype):
         str(tmp_path), device="cuda", dtype=dtype, num_kv_slots=4096, max_reqs=8, max_model_len=256
     )
     runner = ModelRunner(cfg)
-    assert isinstance(runner.attn_backend, MLAKernelBackend) and runner.graphs is not None
+    assert isinstance(runner.attn, MLAKernelBackend) and runner.graphs is not None
     ours, expected = _logits_vs_transformers(runner, ref, 48, 40)
     if dtype == "float32":
         torch.testing.assert_close(ours, expected, atol=2e-4, rtol=0)
@@ -130,7 +131,7 @@ def test_fp8_latent_cache_decode_stays_near_transformers(tmp_path, page_size):
         page_size=page_size, kv_cache_dtype="fp8_e4m3",
     )  # fmt: skip
     runner = ModelRunner(cfg)
-    assert runner.graphs is not None and runner.kv_cache.kv[0].dtype == torch.float8_e4m3fn
+    assert runner.graphs is not None and runner.kv_pool.kv[0].dtype == torch.float8_e4m3fn
     ours, expected = _logits_vs_transformers(runner, ref, 160, 100)
     cos = torch.nn.functional.cosine_similarity(ours, expected, dim=-1)
     print(f"\n  page {page_size}: cosine mean {cos.mean():.4f} min {cos.min():.4f}")

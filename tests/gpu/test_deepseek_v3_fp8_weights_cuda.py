@@ -11,8 +11,9 @@ import time
 import pytest
 import torch
 
+from runtime.config import RunnerConfig
 from runtime.gpu.layers.fp8_linear import Fp8Linear, MergedFp8Linear
-from runtime.gpu.model_runner import ModelRunner, RunnerConfig
+from runtime.gpu.model_runner import ModelRunner
 from runtime.gpu.quant import fp8
 from runtime.gpu.testing import (
     PlanBuilder,

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.gpu.model_runner import ModelRunner, RunnerConfig
+from runtime.config import RunnerConfig
+from runtime.gpu.model_runner import ModelRunner
 from runtime.gpu.testing import (
     PagedPlanBuilder,
     save_tiny_deepseek_v4,
@@ -74,20 +75,19 @@ def test_cuda_exact_replay_hit_equals_a_cold_run(model):
     assert r.hit_tokens == r.cold_tokens
 
 
-def test_cuda_graph_decode_matches_eager_request_by_request(model, monkeypatch):
-    """CUDA graphs (the default; CONDUIT_V4_CUDA_GRAPH=0 turns them off): the runner captures its
+def test_cuda_graph_decode_matches_eager_request_by_request(model):
+    """CUDA graphs (the default; --disable-cuda-graph turns them off): the runner captures its
     decode buckets (1, 2, 4) over the batched path; every step of the shared V4 decode scenario (rows at
     every window phase, a reused row, a prefix hit) matches a runner without graphs that attends request
     by request, float32."""
     torch.backends.cuda.matmul.allow_tf32 = False
-    monkeypatch.setenv("CONDUIT_V4_CUDA_GRAPH", "1")
     path, _ = model
 
     def runner(graphs: bool) -> ModelRunner:
         cfg = RunnerConfig(str(path), device="cuda", dtype="float32", num_kv_slots=1024, max_reqs=4,
                            max_model_len=128, cuda_graph=graphs)  # fmt: skip
         r = ModelRunner(cfg)
-        r.attn_backend.batched_decode = graphs
+        r.attn.batched_decode = graphs
         return r
 
     eager, captured = runner(False), runner(True)

@@ -202,12 +202,12 @@ def test_triton_backend_is_the_cuda_choice_and_matches_the_torch_backend() -> No
     """Prefill, a mixed step and decode steps through both backends on one cache give the same outputs."""
     from runtime.gpu.attention.torch_ref import TorchAttentionBackend
     from runtime.gpu.attention.triton_backend import TritonAttentionBackend
-    from runtime.gpu.kv_cache import KVCache
+    from runtime.gpu.kv_pool import MHAKVPool
 
     assert registry.select("decode_attention", "cuda").name != "reference"
     hq, hkv, d, dtype = 32, 8, 128, torch.bfloat16
     g = torch.Generator("cuda").manual_seed(0)
-    cache = KVCache(1, 20000, hkv, d, dtype, "cuda")
+    cache = MHAKVPool(1, 20000, hkv, d, dtype, "cuda")
     r2t = torch.zeros(8, 4096, dtype=torch.int64, device="cuda")
     free = (torch.randperm(19999) + 1).tolist()
     lens = dict.fromkeys(range(1, 7), 0)
@@ -232,7 +232,7 @@ def test_triton_backend_is_the_cuda_choice_and_matches_the_torch_backend() -> No
         outs = backend_outputs(
             backends, q, k, v, rows=rows, positions=positions, out_loc=out_loc,
             prefix_lens=[lens[r] for r in rows], extend_lens=[ext[r] for r in rows], req_to_token=r2t,
-            kv_cache=cache,
+            kv_pool=cache,
         )  # fmt: skip
         assert close_ratio(outs[1], outs[0], *TOLERANCE[dtype]) <= 1.0, ext
         for row in rows:

@@ -15,7 +15,7 @@ from runtime.gpu.kernels.mhc.reference import mhc_post, mhc_pre
 from runtime.gpu.kernels.mhc.testing import mhc_case
 from runtime.gpu.kernels.testing import TOLERANCE, close_ratio
 from runtime.gpu.layers import RMSNorm
-from runtime.gpu.layers.mhc import HyperConnection
+from runtime.gpu.models.deepseek_v4.mhc import HyperConnection
 
 pytestmark = pytest.mark.gpu
 

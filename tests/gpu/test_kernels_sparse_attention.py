@@ -88,7 +88,7 @@ def test_triton_under_cuda_graph() -> None:
 def test_v4_backend_attend_selected_equals_attend_with_sink(dtype: torch.dtype) -> None:
     """What TorchV4Backend runs on CUDA (the registry's op on each request's keys and mask) against the
     PyTorch attention it replaces: a 40-token chunk, 7 ring rows + 40 new + 30 entries, top-8 of them."""
-    from runtime.gpu.attention.v4_ref import attend_selected, attend_with_sink
+    from runtime.gpu.models.deepseek_v4.attention import attend_selected, attend_with_sink
 
     g = torch.Generator("cuda").manual_seed(0)
     q = torch.randn(40, 8, 64, generator=g, device="cuda").to(dtype)

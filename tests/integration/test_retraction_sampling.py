@@ -27,7 +27,8 @@ TIGHT = {"page1": {"max_total_tokens": 300}, "page16": {"max_total_tokens": 256,
 
 @pytest.fixture(scope="module")
 def runner(tmp_path_factory):
-    from runtime.gpu.model_runner import ModelRunner, RunnerConfig
+    from runtime.config import RunnerConfig
+    from runtime.gpu.model_runner import ModelRunner
     from runtime.gpu.testing import save_tiny_llama
 
     path = tmp_path_factory.mktemp("tiny-llama")

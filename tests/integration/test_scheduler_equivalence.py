@@ -26,7 +26,8 @@ CONFIGS = {
 
 @pytest.fixture(scope="module")
 def runner(smollm2_path):
-    from runtime.gpu.model_runner import ModelRunner, RunnerConfig
+    from runtime.config import RunnerConfig
+    from runtime.gpu.model_runner import ModelRunner
 
     return ModelRunner(
         RunnerConfig(

@@ -7,10 +7,15 @@ the worker runs them back to back. When N's StepOutput arrives the scheduler doe
 checks, outputs, freeing) while N+1 runs, then plans N+2. A request that finished at N was already in
 N+1: that one wasted token is dropped here. Two prefill steps are never overlapped, so a new prompt's
 first token is not delayed behind another prefill. With `--disable-overlap` the depth is 1.
+
+Start-up: the actor is spawned with the server's config and waits for its worker's
+`WorkerCapabilities`; from them it resolves its `SchedulerConfig` (pool size, page size, whether the
+radix cache applies) and builds its allocator, cache and planner. `configured` is set then.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections import deque
@@ -18,13 +23,14 @@ from collections import deque
 import structlog
 
 from runtime import envs
+from runtime.actors import addresses
 from runtime.actors.base import Actor
 from runtime.actors.scheduler.batch_planner import BatchPlanner, PlannedStep
 from runtime.actors.scheduler.kv_allocator import PageAllocator
 from runtime.actors.scheduler.output_processor import OutputProcessor
 from runtime.actors.scheduler.prefix_cache import PrefixCache
 from runtime.actors.scheduler.request import Req
-from runtime.config import ServerConfig
+from runtime.config import SchedulerConfig, ServerConfig
 from runtime.mailbox.messages import (
     AbortRequest,
     CacheFlushed,
@@ -35,6 +41,7 @@ from runtime.mailbox.messages import (
     StepOutput,
     StepPlan,
     TokenizedRequest,
+    WorkerCapabilities,
     WorkerFailed,
 )
 
@@ -44,28 +51,19 @@ STATS_INTERVAL_S = 0.05
 
 
 class SchedulerActor(Actor):
-    name = "scheduler"
+    # Set once the worker's capabilities arrived (`_configure`): planner, allocator and cache exist.
+    cfg: SchedulerConfig
+    allocator: PageAllocator
+    cache: PrefixCache
+    planner: BatchPlanner
 
-    def __init__(
-        self, cfg: ServerConfig, num_kv_slots: int, max_model_len: int, prefix_replay: int = 0
-    ) -> None:
-        super().__init__()
-        self.cfg = cfg
-        self.allocator = PageAllocator(num_kv_slots, cfg.page_size)
-        self.cache = make_prefix_cache(cfg, self.allocator)
-        budget = cfg.resolved_chunked_prefill_size()  # by the GPU's memory when not given
-        log.info("chunked_prefill_size", tokens=budget, given=cfg.chunked_prefill_size is not None)
-        self.planner = BatchPlanner(
-            self.allocator,
-            self.cache,
-            max_reqs=cfg.max_running_requests,
-            token_budget=budget,
-            max_model_len=max_model_len,
-            policy=cfg.schedule_policy,
-            prefix_replay=prefix_replay,
-        )
+    def __init__(self, server: ServerConfig, dp_rank: int = 0, workers: list[str] | None = None) -> None:
+        super().__init__(addresses.scheduler(dp_rank))
+        self.server = server
+        self.workers = workers or [addresses.worker(dp_rank)]  # plans go to each; outputs come from the first
+        self.configured = asyncio.Event()
         self.outputs = OutputProcessor()
-        self.depth = 1 if cfg.disable_overlap else 2
+        self.depth = 1 if server.disable_overlap else 2
         self.inflight: deque[PlannedStep] = deque()
         self.reqs: dict[str, Req] = {}
         self.step = 0
@@ -85,7 +83,42 @@ class SchedulerActor(Actor):
         trace = envs.step_trace_path()
         self._trace_file = open(trace, "a", buffering=1) if trace else None  # noqa: SIM115 (lives with the actor)
 
+    def _configure(self, caps: WorkerCapabilities) -> None:
+        self.cfg = cfg = SchedulerConfig.resolve(self.server, caps)
+        if not self.server.disable_radix_cache and not caps.prefix_cache:
+            log.warning(
+                "radix_cache_disabled", reason="the model cannot reuse a cached prefix", model=caps.model
+            )
+        log.info(
+            "scheduler_configured",
+            model=caps.model,
+            kv_slots=cfg.num_kv_slots,
+            page_size=cfg.page_size,
+            chunked_prefill_size=cfg.chunked_prefill_size,
+            radix_cache=cfg.radix_cache,
+            prefix_replay=cfg.prefix_replay,
+        )
+        self.allocator = PageAllocator(cfg.num_kv_slots, cfg.page_size)
+        self.cache = make_prefix_cache(cfg, self.allocator)
+        self.planner = BatchPlanner(
+            self.allocator,
+            self.cache,
+            max_reqs=cfg.max_running_requests,
+            token_budget=cfg.chunked_prefill_size,
+            max_model_len=cfg.max_model_len,
+            policy=cfg.schedule_policy,
+            prefix_replay=cfg.prefix_replay,
+        )
+        self.configured.set()
+
     async def handle(self, msg: Message) -> None:
+        if isinstance(msg, WorkerCapabilities):
+            self._configure(msg)
+            await self._send_stats(force=True)  # the engine's gauges exist before the first request
+            return
+        if not self.configured.is_set():
+            await self._refuse_before_configured(msg)
+            return
         if isinstance(msg, TokenizedRequest):
             await self._on_request(msg)
         elif isinstance(msg, StepOutput):
@@ -102,11 +135,18 @@ class SchedulerActor(Actor):
             ok = not self.planner.running and not self.planner.waiting and self.cache.flush()
             log.info("flush_cache", ok=ok)
             await self._send_stats(force=True)  # before the answer: /metrics right after it is current
-            await self.send("client", CacheFlushed(msg.id, ok))
+            await self.send(addresses.CLIENT, CacheFlushed(msg.id, ok))
         await self._pump()
         self._idle_from = time.perf_counter() if self.inflight else None
 
     # ------------------------------------------------------------------ inputs
+
+    async def _refuse_before_configured(self, msg: Message) -> None:
+        """Nothing is admitted before the worker reported in (the engine is not ready before then)."""
+        if isinstance(msg, TokenizedRequest):
+            await self._fail(msg.rid, 503, "the engine is still starting", "server_error")
+        elif isinstance(msg, FlushCache):
+            await self.send(addresses.CLIENT, CacheFlushed(msg.id, False))
 
     async def _on_request(self, msg: TokenizedRequest) -> None:
         if not self.healthy:
@@ -248,7 +288,8 @@ class SchedulerActor(Actor):
         param: str | None = None,
     ) -> None:
         await self.send(
-            "client", RequestFailed(rid=rid, status=status, message=message, error_type=type_, param=param)
+            addresses.CLIENT,
+            RequestFailed(rid=rid, status=status, message=message, error_type=type_, param=param),
         )
 
     # ------------------------------------------------------------------ the step pipeline
@@ -266,7 +307,8 @@ class SchedulerActor(Actor):
             self.step += 1
             planned.t_planned = time.perf_counter()
             self.inflight.append(planned)
-            await self.send("worker", planned.plan)
+            for worker in self.workers:
+                await self.send(worker, planned.plan)
         if not self.inflight:
             self._gpu_last_end = None  # the engine went idle: the next gap is not the pipeline's
         await self._send_stats()
@@ -285,7 +327,7 @@ class SchedulerActor(Actor):
     async def _flush_outputs(self) -> None:
         batch = self.outputs.take()
         if batch is not None:
-            await self.send("detokenizer", batch)
+            await self.send(addresses.DETOKENIZER, batch)
 
     async def _send_stats(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -313,11 +355,11 @@ class SchedulerActor(Actor):
             protected_tokens=self.cache.protected_tokens,
             swa_replay_tokens=self.replayed_tokens,
         )
-        await self.send("client", stats)
+        await self.send(addresses.CLIENT, stats)
 
 
-def make_prefix_cache(cfg: ServerConfig, allocator: PageAllocator) -> PrefixCache:
-    if cfg.disable_radix_cache:
+def make_prefix_cache(cfg: SchedulerConfig, allocator: PageAllocator) -> PrefixCache:
+    if not cfg.radix_cache:
         return PrefixCache(allocator)
     try:
         from runtime.actors.scheduler.radix_cache import RadixCache

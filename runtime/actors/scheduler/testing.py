@@ -15,6 +15,9 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+import msgspec
+
+from runtime.actors import addresses
 from runtime.actors.base import Actor
 from runtime.actors.gpu_worker import GpuWorkerActor
 from runtime.actors.scheduler.actor import SchedulerActor
@@ -28,6 +31,7 @@ from runtime.mailbox.messages import (
     StepPlan,
     TokenBatch,
     TokenizedRequest,
+    WorkerCapabilities,
 )
 
 
@@ -84,6 +88,11 @@ class HashRunner:
         self.vocab, self.eos, self.eos_every = vocab, eos, eos_every
         self.prefix_replay = 0  # set > 0 to have the scheduler plan replays before prefix hits (as for V4)
         self.replays: list[tuple[int, int]] = []  # (prefix len at the hit, tokens replayed), per replay
+        self.caps: WorkerCapabilities | None = None  # what the fake worker reports (`run_scheduler`)
+
+    def capabilities(self) -> WorkerCapabilities:
+        assert self.caps is not None, "set caps (fake_capabilities) before the worker starts"
+        return self.caps
 
     def launch(self, plan: StepPlan) -> Ready:
         return Ready(self.execute(plan))
@@ -123,6 +132,15 @@ class HashRunner:
 class NullRunner:
     """Samples token 1 for every row; no KV, no table: what is left is the scheduler's own cost."""
 
+    prefix_replay = 0
+
+    def __init__(self, caps: WorkerCapabilities | None = None) -> None:
+        self.caps = caps
+
+    def capabilities(self) -> WorkerCapabilities:
+        assert self.caps is not None, "set caps (fake_capabilities) before the worker starts"
+        return self.caps
+
     def launch(self, plan: StepPlan) -> Ready:
         return Ready(self.execute(plan))
 
@@ -131,17 +149,54 @@ class NullRunner:
         return StepOutput(plan.step, rows, [1] * len(rows))
 
 
+def fake_capabilities(cfg: ServerConfig, max_model_len: int, prefix_replay: int = 0) -> WorkerCapabilities:
+    """What a worker with the server's pool and page size would report."""
+    return WorkerCapabilities(
+        rank=0,
+        model="fake",
+        num_kv_slots=cfg.resolved_kv_slots(),
+        page_size=cfg.page_size,
+        max_reqs=cfg.max_running_requests,
+        max_model_len=max_model_len,
+        prefix_cache=True,
+        prefix_replay=prefix_replay,
+        kv_bytes_per_token=1,
+        vocab_size=1000,
+    )
+
+
+class Restricted:
+    """A real runner behind a scheduler that uses less of it: the test config's pool size, page size and
+    request rows (a subset of the runner's, so every plan stays valid for it), to put a small pool under
+    pressure without building a runner per pool size."""
+
+    def __init__(self, runner, cfg: ServerConfig) -> None:  # noqa: ANN001 - a ModelRunner
+        caps = runner.capabilities()
+        slots, page = cfg.resolved_kv_slots(), cfg.page_size
+        assert slots <= caps.num_kv_slots and cfg.max_running_requests <= caps.max_reqs
+        assert page % caps.page_size == 0, f"page size {page} breaks the runner's {caps.page_size}"
+        self.runner = runner
+        self.caps = msgspec.structs.replace(
+            caps, num_kv_slots=slots, page_size=page, max_reqs=cfg.max_running_requests
+        )
+
+    def capabilities(self) -> WorkerCapabilities:
+        return self.caps
+
+    def launch(self, plan: StepPlan):  # noqa: ANN201 - the runner's pending step
+        return self.runner.launch(plan)
+
+
 class FakeWorker(GpuWorkerActor):
-    def __init__(self, runner) -> None:
+    def __init__(self, runner) -> None:  # noqa: ANN001 - HashRunner, NullRunner or another fake
         super().__init__(None, runner_factory=lambda _cfg: runner)
 
 
 class _Sink(Actor):
     """Stands in for the client and the detokenizer: collects what the scheduler sends them."""
 
-    def __init__(self, name: str, results: Results) -> None:
-        super().__init__()
-        self.name = name
+    def __init__(self, address: str, results: Results) -> None:
+        super().__init__(address)
         self.results = results
 
     async def handle(self, msg: Message) -> None:
@@ -213,26 +268,30 @@ async def run_scheduler(
     waves: list[list[TokenizedRequest]] | None = None,
     timeout: float = 120.0,
 ) -> tuple[Results, SchedulerActor]:
-    """Run `requests` through a real SchedulerActor and a fake worker in one actor system; returns when
-    every request has its final message. `waves`: later batches, each sent once the previous finished."""
+    """Run `requests` through a real SchedulerActor and a worker over `runner` (a fake by default, or a
+    real ModelRunner `Restricted` to the config's pool) in one actor system; returns when every request
+    has its final message. `waves`: later batches, each sent once the previous finished."""
     from runtime.actors.system import ActorSystem
 
-    slots = cfg.resolved_kv_slots()
-    runner = runner or HashRunner(slots, cfg.max_running_requests, max_model_len)
+    runner = runner or HashRunner(cfg.resolved_kv_slots(), cfg.max_running_requests, max_model_len)
+    if not isinstance(runner, HashRunner | NullRunner):
+        runner = Restricted(runner, cfg)
+    elif runner.caps is None:
+        runner.caps = fake_capabilities(cfg, max_model_len, runner.prefix_replay)
     system = ActorSystem("test", {})
     results = Results({r.rid for r in requests})
     try:
-        await system.spawn(_Sink("client", results))
-        await system.spawn(_Sink("detokenizer", results))
+        await system.spawn(_Sink(addresses.CLIENT, results))
+        await system.spawn(_Sink(addresses.DETOKENIZER, results))
+        sched = await system.spawn(SchedulerActor(cfg))
         await system.spawn(FakeWorker(runner))
-        replay = getattr(runner, "prefix_replay", 0)
-        sched = await system.spawn(SchedulerActor(cfg, slots, max_model_len, prefix_replay=replay))
+        await sched.configured.wait()
         for batch in [requests, *(waves or [])]:
             results.expected |= {r.rid for r in batch}
             results.done.clear()
             results.settled.clear()
             for r in batch:
-                await system.send("scheduler", r)
+                await system.send(sched.address, r)
             await asyncio.wait_for(results.settled.wait(), timeout)
     finally:
         await system.stop()

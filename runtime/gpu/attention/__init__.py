@@ -1,13 +1,14 @@
 """Attention backends over the paged KV cache, chosen by name.
 
-Adding one (Triton, TileLang, FlashAttention...) is a new module with an `AttentionBackend` subclass
+These are the multi-head attention backends (Llama family); MLA and DeepSeek-V4 backends live in their
+model packages. Adding one (TileLang, FlashAttention...) is a new module with an `MHABackend` subclass
 plus one line in `_BACKENDS`."""
 
 from __future__ import annotations
 
 import importlib
 
-from runtime.gpu.attention.base import AttentionBackend
+from runtime.gpu.attention.base import AttentionBackend, MHABackend
 
 _BACKENDS: dict[str, str] = {
     "torch": "runtime.gpu.attention.torch_ref:TorchAttentionBackend",
@@ -28,11 +29,11 @@ def available_backends() -> list[str]:
     return sorted(_BACKENDS)
 
 
-def get_attention_backend(name: str) -> type[AttentionBackend]:
+def get_attention_backend(name: str) -> type[MHABackend]:
     if name not in _BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; choose from {available_backends()}")
     module, cls = _BACKENDS[name].split(":")
     return getattr(importlib.import_module(module), cls)
 
 
-__all__ = ["AttentionBackend", "available_backends", "default_backend", "get_attention_backend"]
+__all__ = ["AttentionBackend", "MHABackend", "available_backends", "default_backend", "get_attention_backend"]

@@ -1,15 +1,13 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
 
+from runtime.gpu.forward_batch import ForwardBatch
 from runtime.gpu.kernels import registry
 from runtime.gpu.kernels.rms_norm.reference import scale_by_inv_rms
-
-if TYPE_CHECKING:
-    from runtime.gpu.forward_batch import ForwardBatch
 
 
 class Rope(NamedTuple):
@@ -35,9 +33,12 @@ class Rope(NamedTuple):
 
 
 class AttentionBackend(ABC):
-    """Stores a step's new K/V in the paged cache and attends each row's queries over its KV slots.
+    """Stores a step's new KV in the pool and attends each row's queries over its KV slots.
 
-    `prepare` runs once per step (index tensors, masks); `forward` once per layer."""
+    Duties every backend has: `prepare` runs once per step (index tensors, masks, into
+    `batch.attn_meta`); `prepare_decode_graph` does the same from device tensors alone for CUDA graphs.
+    The per-layer entry point depends on the family's layout (`MHABackend.forward` here; MLA and
+    DeepSeek-V4 backends declare theirs in their model packages)."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
         self.num_heads = num_heads
@@ -51,9 +52,12 @@ class AttentionBackend(ABC):
 
     # True when `prepare_decode_graph` is implemented: all-decode steps can then run as CUDA graphs.
     supports_cuda_graph: bool = False
-    # The KV pool's page size (set by the runner): position p of a row lives at offset p % page_size of
-    # its (p // page_size)-th page, so kernels may read whole pages through a page table.
+    # The KV pool's page size (`make_attention_backend`): position p of a row lives at offset
+    # p % page_size of its (p // page_size)-th page, so kernels may read whole pages through a page table.
     page_size: int = 1
+    # True when the backend's kernels compile a variant per launch shape (Triton): the runner then runs
+    # throwaway mixed and prefill steps at start-up, so the first requests do not pay for the compiles.
+    wants_warm_up: bool = False
 
     def prepare_decode_graph(self, batch: ForwardBatch, seq_lens: torch.Tensor, max_seq_len: int) -> None:
         """Metadata for an all-decode step from device tensors alone (no host reads, shapes fixed by the
@@ -68,6 +72,10 @@ class AttentionBackend(ABC):
         the smallest one that holds its longest row. One (max_model_len) where a graph's work does not
         grow with `max_seq_len` (the kernels read each row's own length on the device)."""
         return [max_model_len]
+
+
+class MHABackend(AttentionBackend):
+    """Multi-head (grouped-query) attention over an `MHAKVPool`: the Llama family's backends."""
 
     @abstractmethod
     def forward(
@@ -97,7 +105,7 @@ class AttentionBackend(ABC):
         kernel on CUDA (`rope_store` op): rotating and storing separately cost three extra
         launches per layer, which a batch-1 decode step feels. `write_kv`: k and v are also overwritten
         with what was stored (rotated, scaled, in their own dtype), for kernels that read them there."""
-        cache = batch.kv_cache
+        cache = batch.kv_pool
         if rope is None:
             cache.store(layer, batch.out_loc, k, v)
             return q

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from runtime.gpu.attention.base import AttentionBackend, Rope
+from runtime.gpu.attention.base import MHABackend, Rope
 from runtime.gpu.forward_batch import ForwardBatch
 from runtime.gpu.kernels import registry
 
@@ -34,7 +34,7 @@ class _Meta:
     prefills: list[_Prefill]
 
 
-class TorchAttentionBackend(AttentionBackend):
+class TorchAttentionBackend(MHABackend):
     def _split_rows(self, batch: ForwardBatch) -> tuple[list[int], list[int], list[int], list[_Prefill]]:
         """Host lists of the step's decode rows (token index, row, length with the new token) and its
         prefill/extend rows (one `_Prefill` each), in plan order."""
@@ -97,7 +97,7 @@ class TorchAttentionBackend(AttentionBackend):
         batch: ForwardBatch,
         rope: Rope | None = None,
     ) -> torch.Tensor:
-        cache, meta = batch.kv_cache, batch.attn_meta
+        cache, meta = batch.kv_pool, batch.attn_meta
         if rope is not None:  # unfused: a fresh prompt below attends this step's rotated k directly
             q, k, v = rope.prescale(q, k, v)
             q, k = registry.get("rope", q.device)(rope.positions, q, k, rope.cos, rope.sin)

@@ -7,10 +7,8 @@ leading rows of one new token (the scheduler puts decodes first) run the decode 
 other rows the prefill kernel, each writing its own tokens of one output. The prefill kernel reads the
 rows' new keys from the step's own k/v (written back rotated as they are stored) and gathers only a
 cached prefix from the pool; a prefill kernel would give each decode row one program per q head over a
-64-query block (63 of 64 query rows idle). `CONDUIT_MIXED_DECODE_KERNEL=0` sends a mixed step's decode
-rows with the other rows, and `CONDUIT_PREFILL_KERNEL=0` sends those to the extend kernel, which gathers
-every key from the pool, for comparisons.
-The kernels come from the op registry, so `CONDUIT_KERNEL_DECODE_ATTENTION=reference` (or
+64-query block (63 of 64 query rows idle). Head dims that are not a power of two take the extend kernel,
+which gathers every key from the pool. The kernels come from the op registry, so `CONDUIT_KERNEL_DECODE_ATTENTION=reference` (or
 `..._EXTEND_ATTENTION`, `..._PREFILL_ATTENTION`) swaps one for its reference for comparisons."""
 
 from __future__ import annotations
@@ -20,8 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime import envs
-from runtime.gpu.attention.base import AttentionBackend, Rope
+from runtime.gpu.attention.base import MHABackend, Rope
 from runtime.gpu.forward_batch import ForwardBatch, columns_to_device
 from runtime.gpu.kernels import registry
 from runtime.gpu.kernels.common import choose_num_splits
@@ -39,7 +36,7 @@ class _Meta:
     prefill: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, bool] | None = None
 
 
-class TritonAttentionBackend(AttentionBackend):
+class TritonAttentionBackend(MHABackend):
     # The kernels; bound from the registry on the first step's device unless set beforehand (tests).
     decode_fn: Callable[..., torch.Tensor] | None = None
     extend_fn: Callable[..., torch.Tensor] | None = None
@@ -56,10 +53,7 @@ class TritonAttentionBackend(AttentionBackend):
             total += e
         decode = bool(ext) and all(e == 1 for e in ext)
         # decode rows: all of them, or in a mixed step its leading single-token rows
-        if decode or not self.mixed_decode:
-            n_dec = len(ext) if decode else 0
-        else:
-            n_dec = next((i for i, e in enumerate(ext) if e != 1), len(ext))
+        n_dec = len(ext) if decode else next((i for i, e in enumerate(ext) if e != 1), len(ext))
         # every row's table row and length (the decode kernel's), then the non-decode rows' own columns
         cols = [batch.rows_list, seq_lens]
         cols += [c[n_dec:] for c in (batch.rows_list, prefix, ext, starts)]
@@ -79,12 +73,12 @@ class TritonAttentionBackend(AttentionBackend):
             self.prefill_fn = registry.get("prefill_attention", device)
 
     supports_cuda_graph = True
+    wants_warm_up = True
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
         super().__init__(num_heads, num_kv_heads, head_dim, scale)
-        self.mixed_decode = envs.mixed_decode_kernel()  # mixed steps' leading decode rows: decode kernel
         # non-decode rows: the prefill kernel (whose tiles span whole power-of-two heads)
-        self.prefill_kernel = envs.prefill_kernel() and head_dim & (head_dim - 1) == 0
+        self.prefill_kernel = head_dim & (head_dim - 1) == 0
 
     def prepare_decode_graph(self, batch: ForwardBatch, seq_lens: torch.Tensor, max_seq_len: int) -> None:
         """Split count fixed by the batch size and `max_seq_len`: the kernel reads lengths on the device."""
@@ -103,7 +97,7 @@ class TritonAttentionBackend(AttentionBackend):
         batch: ForwardBatch,
         rope: Rope | None = None,
     ) -> torch.Tensor:
-        cache, meta = batch.kv_cache, batch.attn_meta
+        cache, meta = batch.kv_pool, batch.attn_meta
         prefill = meta.prefill is not None and self.prefill_kernel
         q = self.rope_and_store(layer, q, k, v, batch, rope, write_kv=prefill)
         k_pool, v_pool = cache.k[layer], cache.v[layer]

@@ -139,7 +139,7 @@ def load_reference(op: str) -> Callable[..., Any]:
 
 
 def backend_outputs(backends, q, k, v, *, rows, positions, out_loc, prefix_lens, extend_lens, req_to_token,
-                    kv_cache) -> list[torch.Tensor]:  # fmt: skip
+                    kv_pool) -> list[torch.Tensor]:  # fmt: skip
     """Layer 0 of one step through each attention backend on the same cache (each stores the step's k, v
     again, identically): their outputs, to compare backends on runner-shaped steps."""
     from runtime.gpu.forward_batch import ForwardBatch
@@ -156,8 +156,7 @@ def backend_outputs(backends, q, k, v, *, rows, positions, out_loc, prefix_lens,
             prefix_lens=list(prefix_lens),
             extend_lens=list(extend_lens),
             req_to_token=req_to_token,
-            kv_cache=kv_cache,
-            attn_backend=backend,
+            kv_pool=kv_pool,
         )
         backend.prepare(batch)
         outs.append(backend.forward(0, q, k, v, batch))

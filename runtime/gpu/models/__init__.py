@@ -1,10 +1,10 @@
-"""Model registry: `config.architectures[0]` -> model class."""
+"""Model registry: `config.architectures[0]` -> its family's `CausalLM` (one package per family)."""
 
 from __future__ import annotations
 
 import importlib
 
-from torch import nn
+from runtime.gpu.models.base import CausalLM, ModelAbilities
 
 _MODELS: dict[str, str] = {
     "LlamaForCausalLM": "runtime.gpu.models.llama:LlamaForCausalLM",
@@ -19,10 +19,13 @@ def supported_architectures() -> list[str]:
     return sorted(_MODELS)
 
 
-def get_model_class(config) -> type[nn.Module]:
+def get_model_class(config) -> type[CausalLM]:
     archs = getattr(config, "architectures", None) or []
     arch = archs[0] if archs else ("LlamaForCausalLM" if config.model_type == "llama" else None)
     if arch not in _MODELS:
         raise ValueError(f"unsupported architecture {arch!r}; supported: {supported_architectures()}")
     module, cls = _MODELS[arch].split(":")
     return getattr(importlib.import_module(module), cls)
+
+
+__all__ = ["CausalLM", "ModelAbilities", "get_model_class", "supported_architectures"]

@@ -122,7 +122,7 @@ def random_prompt(n: int, seed: int, vocab: int = 128) -> list[int]:
 def plan_builder(runner, slots: list[int] | None = None) -> PlanBuilder:  # noqa: ANN001
     """Plans in the slot layout the scheduler gives the runner's page size: shuffled pages when it is
     above 1 (`PagedPlanBuilder`), else `slots` one by one."""
-    page = runner.cfg.page_size
+    page = runner.page_size
     return PagedPlanBuilder(page, runner.cfg.num_kv_slots) if page > 1 else PlanBuilder(slots)
 
 

@@ -1,4 +1,4 @@
-"""DeepSeek-V4 decode steps in every situation the batched decode path (attention/v4_decode.py) must
+"""DeepSeek-V4 decode steps in every situation the batched decode path (models/deepseek_v4/attention_decode.py) must
 handle, for comparing it with the request-by-request path (CPU) and CUDA graphs with eager (GPU)."""
 
 from __future__ import annotations

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import torch
 
 from runtime.gpu.testing.plans import PagedPlanBuilder, random_prompt, seq_start
-from runtime.mailbox.messages import StepPlan
 
 
 @dataclass
@@ -33,14 +32,6 @@ class HitVsCold:
         return (self.hit[:n] - self.cold[:n]).abs().max().item()
 
 
-def _every_position(runner, plan: StepPlan) -> torch.Tensor:
-    runner._check_layout(plan)
-    runner._update_table(plan)
-    batch, _, _ = runner._build_batch(plan)
-    with torch.inference_mode():
-        return runner.model.compute_logits(runner.model(batch.input_ids, batch.positions, batch))
-
-
 def _prefill_and_decode(runner, pb, row, ids, hit, replay, decode, prefix_slots=()):
     """Row `row` computes ids[hit:] after replaying the `replay` tokens before `hit`, in two chunks, then
     decodes greedily; logits of positions hit.. and of the decodes, and the greedy tokens."""
@@ -49,8 +40,8 @@ def _prefill_and_decode(runner, pb, row, ids, hit, replay, decode, prefix_slots=
     first = pb.plan(
         [row], [start], [mid - start], ids[start:mid], added=added, replay=[replay] if replay else []
     )
-    logits = [_every_position(runner, first)[replay:]]
-    logits.append(_every_position(runner, pb.plan([row], [mid], [len(ids) - mid], ids[mid:])))
+    logits = [runner.token_logits(first)[replay:]]
+    logits.append(runner.token_logits(pb.plan([row], [mid], [len(ids) - mid], ids[mid:])))
     tokens = [int(logits[-1][-1].argmax())]
     for pos in range(len(ids), len(ids) + decode - 1):
         logits.append(runner.forward_logits(pb.plan([row], [pos], [1], tokens[-1:])))
@@ -60,7 +51,7 @@ def _prefill_and_decode(runner, pb, row, ids, hit, replay, decode, prefix_slots=
 
 def _cached_entries(runner, pb: PagedPlanBuilder, row: int, n: int) -> list[torch.Tensor]:
     """Copies of the pool entries (and indexer keys) of row's first n positions, per compressed layer."""
-    cache, layers, out = runner.kv_cache, runner.model.attention_layers(), []
+    cache, layers, out = runner.kv_pool, runner.model.attention_layers(), []
     for pools in (cache.entries, cache.index_keys):
         for lid, pool in pools.items():
             rate = layers[lid].compressor.rate

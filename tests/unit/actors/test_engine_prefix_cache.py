@@ -10,12 +10,14 @@ import asyncio
 import msgspec
 import pytest
 
+from runtime.actors import addresses
 from runtime.actors.engine_process import spawn_engine_actors
 from runtime.actors.scheduler.prefix_cache import PrefixCache
 from runtime.actors.scheduler.radix_cache import RadixCache
 from runtime.actors.system import ActorSystem
-from runtime.config import ServerConfig
-from runtime.gpu.model_runner import ModelRunner, RunnerConfig
+from runtime.config import RunnerConfig, ServerConfig
+from runtime.gpu.model_runner import ModelRunner
+from runtime.gpu.models import ModelAbilities
 from runtime.gpu.models.llama import LlamaForCausalLM
 from runtime.gpu.testing import (
     PagedPlanBuilder,
@@ -46,7 +48,7 @@ def engine(model_dir, **overrides):
         cfg = ServerConfig(model=str(model_dir), max_total_tokens=1024, max_running_requests=4, **overrides)
         try:
             await spawn_engine_actors(system, cfg, str(model_dir), max_model_len=128)
-            return system.actors["scheduler"], system.actors["worker"].runner
+            return system.actors[addresses.scheduler(0)], system.actors[addresses.worker(0)].runner
         finally:
             await system.stop()
 
@@ -69,9 +71,9 @@ def test_models_that_cannot_reuse_a_prefix_get_no_radix_cache(llama_dir, monkeyp
     assert isinstance(sched.cache, RadixCache) and runner.prefix_replay == 0
     sched, _ = engine(llama_dir, disable_radix_cache=True)  # the flag still turns it off
     assert type(sched.cache) is PrefixCache
-    monkeypatch.setattr(LlamaForCausalLM, "supports_prefix_cache", False, raising=False)
+    monkeypatch.setattr(LlamaForCausalLM, "abilities", ModelAbilities(prefix_cache=False))
     sched, runner = engine(llama_dir)
-    assert runner.supports_prefix_cache is False
+    assert runner.capabilities().prefix_cache is False
     assert type(sched.cache) is PrefixCache  # the trivial cache: never a prefix hit
     ids = list(range(3, 13))
     start = msgspec.structs.replace(seq_start(1, ids), prefix_slots=[0, 1, 2, 3])
@@ -92,8 +94,8 @@ def test_v4_state_of_a_released_row_is_freed(v4_dir):
     runner.execute(
         pb.plan([1, 2], [0, 0], [10, 10], ids, added=[seq_start(1, ids[:10]), seq_start(2, ids[10:])])
     )
-    assert set(runner.kv_cache.rows) == {1, 2}
+    assert set(runner.kv_pool.rows) == {1, 2}
     runner.execute(pb.plan([2], [10], [1], [5], released=[1]))  # row 1 left; row 2 decodes on
-    assert set(runner.kv_cache.rows) == {2}
+    assert set(runner.kv_pool.rows) == {2}
     with pytest.raises(NotImplementedError):  # a continuation of a freed row is refused, not served stale
         runner.execute(pb.plan([1], [10], [1], [5]))

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.gpu.cuda_graph import DecodeGraphs, graph_buckets
-from runtime.gpu.model_runner import ModelRunner, RunnerConfig
+from runtime.config import RunnerConfig
+from runtime.gpu.cuda_graph import graph_buckets
+from runtime.gpu.model_runner import ModelRunner
 from runtime.gpu.testing import assert_same_decode, decode_scenario, save_tiny_llama
 
 
@@ -30,7 +31,7 @@ def test_padded_static_buffer_decode_matches_plain_decode(tiny_path):
     cfg = RunnerConfig(tiny_path, num_kv_slots=1024, max_reqs=8, max_model_len=64)
     plain = ModelRunner(cfg)
     padded = ModelRunner(cfg)
-    padded.graphs = DecodeGraphs(padded, max_bs=4, capture=False)  # buckets 1, 2, 4: 3 rows pad to 4
+    padded.graphs = padded.make_graphs(4, capture=False)  # buckets 1, 2, 4: 3 rows pad to 4
     assert_same_decode(decode_scenario(padded), decode_scenario(plain))
 
 
@@ -40,7 +41,7 @@ def test_graphs_are_off_on_cpu_and_when_disabled(tiny_path):
 
 def test_decode_graph_skips_mixed_and_unsampled_steps(tiny_path):
     runner = ModelRunner(RunnerConfig(tiny_path, num_kv_slots=256, max_reqs=4, max_model_len=64))
-    graphs = DecodeGraphs(runner, max_bs=2, capture=False)
+    graphs = runner.make_graphs(2, capture=False)
     from runtime.gpu.testing import PlanBuilder
 
     pb = PlanBuilder()

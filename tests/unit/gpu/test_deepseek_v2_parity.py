@@ -10,7 +10,7 @@ import torch
 
 from runtime.gpu.layers.moe import TopkRouter
 from runtime.gpu.models import get_model_class
-from runtime.gpu.models.deepseek_v3 import DeepseekV3ForCausalLM
+from runtime.gpu.models.deepseek_v3.model import DeepseekV3ForCausalLM
 from runtime.gpu.testing import assert_router_matches, tiny_deepseek_v2_config
 
 

@@ -10,12 +10,12 @@ import torch
 from safetensors.torch import load_file
 
 from runtime.cli import build_parser, config_from_args
-from runtime.gpu.cuda_graph import DecodeGraphs
+from runtime.config import RunnerConfig
 from runtime.gpu.kernels import registry
 from runtime.gpu.layers import MergedLinear
 from runtime.gpu.layers.fp8_linear import Fp8Linear, MergedFp8Linear
-from runtime.gpu.model_runner import ModelRunner, RunnerConfig
-from runtime.gpu.models.deepseek_v3 import DeepseekV3MLP
+from runtime.gpu.model_runner import ModelRunner
+from runtime.gpu.models.deepseek_v3.model import DeepseekV3MLP
 from runtime.gpu.quant import fp8
 from runtime.gpu.testing import (
     GREEDY,
@@ -151,12 +151,12 @@ def test_fp8_weights_greedy_decode_mostly_agrees_with_transformers(fp8_checkpoin
 
 
 def test_fp8_weights_on_the_cuda_graph_path_match_plain_decode(fp8_checkpoint):
-    """The padded static-buffer decode DecodeGraphs captures (run eagerly here): padding rows add
+    """The padded static-buffer decode GraphRunner captures (run eagerly here): padding rows add
     activation rows to every FP8 GEMM and pairs to the experts, and change no real row."""
     _, path, _ = fp8_checkpoint
     cfg = dict(quantization="fp8", num_kv_slots=1024, max_reqs=8, max_model_len=64, cpu_threads=1)
     padded = ModelRunner(RunnerConfig(str(path), **cfg))
-    padded.graphs = DecodeGraphs(padded, max_bs=4, capture=False)  # buckets 1, 2, 4: 3 rows pad to 4
+    padded.graphs = padded.make_graphs(4, capture=False)  # buckets 1, 2, 4: 3 rows pad to 4
     assert_same_decode(decode_scenario(padded), decode_scenario(ModelRunner(RunnerConfig(str(path), **cfg))))
 
 

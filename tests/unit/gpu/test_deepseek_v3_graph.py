@@ -9,10 +9,10 @@ import dataclasses
 import pytest
 import torch
 
-from runtime.gpu.attention.mla_kernel import MLAKernelBackend
-from runtime.gpu.attention.mla_ref import TorchMLABackend
-from runtime.gpu.cuda_graph import DecodeGraphs
-from runtime.gpu.model_runner import ModelRunner, RunnerConfig
+from runtime.config import RunnerConfig
+from runtime.gpu.model_runner import ModelRunner
+from runtime.gpu.models.deepseek_v3.attention_kernel import MLAKernelBackend
+from runtime.gpu.models.deepseek_v3.attention_ref import TorchMLABackend
 from runtime.gpu.testing import (
     assert_same_decode,
     decode_scenario,
@@ -33,7 +33,7 @@ def tiny_path(tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference_run(tiny_path):
     runner = ModelRunner(RunnerConfig(tiny_path, num_kv_slots=1024, max_reqs=8, max_model_len=128))
-    assert isinstance(runner.attn_backend, TorchMLABackend)
+    assert isinstance(runner.attn, TorchMLABackend)
     return decode_scenario(runner)
 
 
@@ -46,7 +46,7 @@ def _runner(path: str, backend: str, page_size: int = 1, kv_cache_dtype: str = "
 
 
 def test_triton_name_picks_the_graph_capable_kernel_backend(tiny_path):
-    backend = _runner(tiny_path, "triton").attn_backend
+    backend = _runner(tiny_path, "triton").attn
     assert type(backend) is MLAKernelBackend and backend.supports_cuda_graph
 
 
@@ -55,7 +55,7 @@ def test_triton_name_picks_the_graph_capable_kernel_backend(tiny_path):
 def test_decode_matches_reference_backend(tiny_path, reference_run, backend, graphs):
     runner = _runner(tiny_path, backend)
     if graphs:  # buckets 1, 2, 4: 3 rows pad to 4; the mixed step runs eagerly
-        runner.graphs = DecodeGraphs(runner, max_bs=4, capture=False)
+        runner.graphs = runner.make_graphs(4, capture=False)
     assert_same_decode(decode_scenario(runner), reference_run)
 
 
@@ -65,7 +65,7 @@ def test_pages_of_whole_tiles_decode_through_a_page_table(tiny_path, reference_r
     derived on the device (on CUDA the TileLang kernel then loads whole tiles by TMA); same logits."""
     runner = _runner(tiny_path, "triton", page_size=64)
     if graphs:
-        runner.graphs = DecodeGraphs(runner, max_bs=4, capture=False)
+        runner.graphs = runner.make_graphs(4, capture=False)
     assert_same_decode(decode_scenario(runner), reference_run)
 
 
@@ -106,8 +106,8 @@ def test_fp8_latent_cache_stays_close_to_the_full_precision_cache(tiny_path, bac
     decode steps (the absorbed form, through `mla_decode` with "triton"). The logits carry the rounding
     but stay near the float32 pool's."""
     runners = {kv: _runner(tiny_path, backend, kv_cache_dtype=kv) for kv in ("auto", "fp8_e4m3")}
-    assert runners["fp8_e4m3"].kv_cache.kv[0].dtype == torch.float8_e4m3fn
-    assert runners["fp8_e4m3"].kv_bytes_per_token() * 4 == runners["auto"].kv_bytes_per_token()
+    assert runners["fp8_e4m3"].kv_pool.kv[0].dtype == torch.float8_e4m3fn
+    assert runners["fp8_e4m3"].kv_pool.bytes_per_token * 4 == runners["auto"].kv_pool.bytes_per_token
     g = torch.Generator().manual_seed(5)
     ids = torch.randint(3, runners["auto"].vocab_size, (10,), generator=g).tolist()
     seqs = torch.randint(3, runners["auto"].vocab_size, (3, 12), generator=g).tolist()
@@ -125,5 +125,5 @@ def test_fp8_latent_cache_decodes_the_same_through_graph_steps(tiny_path):
     """The padded static-buffer decode reads the e4m3 pool as plain decode does."""
     eager = _runner(tiny_path, "triton", kv_cache_dtype="fp8_e4m3")
     graphed = _runner(tiny_path, "triton", kv_cache_dtype="fp8_e4m3")
-    graphed.graphs = DecodeGraphs(graphed, max_bs=4, capture=False)
+    graphed.graphs = graphed.make_graphs(4, capture=False)
     assert_same_decode(decode_scenario(graphed), decode_scenario(eager))

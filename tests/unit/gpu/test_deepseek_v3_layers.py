@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.gpu.attention.mla_ref import mla_absorbed, mla_expanded
 from runtime.gpu.layers.moe import RoutedExperts
+from runtime.gpu.models.deepseek_v3.attention_ref import mla_absorbed, mla_expanded
 from runtime.gpu.testing import assert_router_matches, tiny_deepseek_v3_config
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 from safetensors.torch import load_file, save_file
 
-from runtime.gpu.model_runner import ModelRunner, RunnerConfig
+from runtime.config import RunnerConfig
+from runtime.gpu.model_runner import ModelRunner
 from runtime.gpu.testing import PlanBuilder, save_tiny_deepseek_v3, seq_start
 
 
@@ -50,16 +51,15 @@ def test_mtp_layer_loads_and_matches_transformers_mtp_layer(tmp_path):
     save_file({k: v.clone().contiguous() for k, v in tensors.items()}, tmp_path / "model.safetensors")
 
     runner = ModelRunner(RunnerConfig(str(tmp_path), num_kv_slots=256, max_reqs=2, max_model_len=64))
-    assert len(runner.model.mtp_layers) == 1 and len(runner.kv_cache.kv) == n + 1
+    assert len(runner.model.mtp_layers) == 1 and len(runner.kv_pool.kv) == n + 1
     length = 12
     g = torch.Generator().manual_seed(2)
     ids = torch.randint(3, 128, (length,), generator=g).tolist()
     hidden = torch.randn(length, ref.config.hidden_size, generator=g)
     plan = PlanBuilder().plan([1], [0], [length], ids, added=[seq_start(1, ids)])
-    runner._update_table(plan)
-    batch, _, _ = runner._build_batch(plan)
+    batch = runner.prepare_batch(plan)
     with torch.inference_mode():
-        ours = runner.model.mtp_forward(0, batch.input_ids, hidden, batch.positions, batch)
+        ours = runner.model.mtp_forward(0, batch.input_ids, hidden, batch.positions, batch, runner.attn)
 
     positions = torch.arange(length)[None]
     with torch.no_grad():
@@ -73,4 +73,4 @@ def test_mtp_layer_loads_and_matches_transformers_mtp_layer(tmp_path):
 def test_checkpoint_without_mtp_layers_loads_and_drops_them(tmp_path):
     save_tiny_deepseek_v3(tmp_path, seed=6, num_nextn_predict_layers=1)  # transformers saves no MTP weights
     runner = ModelRunner(RunnerConfig(str(tmp_path), num_kv_slots=64, max_reqs=2, max_model_len=64))
-    assert runner.model.mtp_layers == [] and len(runner.kv_cache.kv) == runner.config.num_hidden_layers
+    assert runner.model.mtp_layers == [] and len(runner.kv_pool.kv) == runner.config.num_hidden_layers

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.gpu.model_runner import ModelRunner, RunnerConfig
+from runtime.config import RunnerConfig
+from runtime.gpu.model_runner import ModelRunner
 from runtime.gpu.testing import (
     YARN_ROPE,
     PlanBuilder,
@@ -73,10 +74,7 @@ def test_full_prefill_matches_reference_at_every_position(tiny):
     ids = prompt(70, seed=1)  # past YaRN's original 32 positions
     pb = PlanBuilder(shuffled_slots(1))
     plan = pb.plan([1], [0], [70], ids, added=[seq_start(1, ids)])
-    batch, _, _ = runner._build_batch(plan)  # all positions, not only the sampled one
-    runner._update_table(plan)
-    with torch.inference_mode():
-        logits = runner.model.compute_logits(runner.model(batch.input_ids, batch.positions, batch))
+    logits = runner.token_logits(plan)  # all positions, not only the sampled one
     torch.testing.assert_close(logits, reference_logits(ref, ids), atol=TOL, rtol=0)
 
 

@@ -14,8 +14,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from runtime.gpu.model_runner import ModelRunner, RunnerConfig
-from runtime.gpu.models.deepseek_v4_weights import dequantized
+from runtime.config import RunnerConfig
+from runtime.gpu.model_runner import ModelRunner
+from runtime.gpu.models.deepseek_v4.weights import dequantized
 from runtime.gpu.quant import fp4, fp8
 from runtime.gpu.testing import PlanBuilder, random_deepseek_v4, seq_start
 
@@ -157,10 +158,7 @@ def all_logits(path, ids: list[int]) -> torch.Tensor:
     """Our model from `path`: logits at every position of a one-shot prefill."""
     runner = ModelRunner(RunnerConfig(str(path), num_kv_slots=1024, max_reqs=2, max_model_len=128))
     plan = PlanBuilder(ALIGNED).plan([1], [0], [len(ids)], ids, added=[seq_start(1, ids)])
-    runner._update_table(plan)
-    batch, _, _ = runner._build_batch(plan)
-    with torch.inference_mode():
-        return runner.model.compute_logits(runner.model(batch.input_ids, batch.positions, batch))
+    return runner.token_logits(plan)
 
 
 IDS = torch.randint(3, 128, (40,), generator=torch.Generator().manual_seed(0)).tolist()

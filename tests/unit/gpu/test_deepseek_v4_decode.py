@@ -1,5 +1,5 @@
-"""DeepSeek-V4 decode steps through the batched path (attention/v4_decode.py) against the request-by-request
-path of attention/v4_ref.py, on two runners of the same tiny checkpoint fed the same plans (float32,
+"""DeepSeek-V4 decode steps through the batched path (deepseek_v4/attention_decode.py) against the request-by-request
+path of deepseek_v4/attention.py, on two runners of the same tiny checkpoint fed the same plans (float32,
 CPU): rows at different phases of the CSA (rate 4) and HCA (rate 8) windows and of the sliding window,
 a row reused by a new request mid-run (its old state is still in the row's slices), and a prefix hit
 whose state starts past 0 (replay). Every step's logits must agree up to the order of the softmax sums,
@@ -11,9 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.gpu.attention import v4_decode, v4_ref
-from runtime.gpu.cuda_graph import DecodeGraphs
-from runtime.gpu.model_runner import ModelRunner, RunnerConfig
+from runtime.config import RunnerConfig
+from runtime.gpu.model_runner import ModelRunner
+from runtime.gpu.models.deepseek_v4 import attention_decode as v4_decode
+from runtime.gpu.models.deepseek_v4 import attention as v4_ref
 from runtime.gpu.testing import V4_TINY_CONFIGS, save_tiny_deepseek_v4, v4_decode_scenario
 
 
@@ -27,7 +28,7 @@ def checkpoint(request, tmp_path_factory):
 def _runner(path, batched: bool) -> ModelRunner:
     cfg = RunnerConfig(str(path), num_kv_slots=1024, max_reqs=4, max_model_len=128, cpu_threads=1)
     runner = ModelRunner(cfg)
-    runner.attn_backend.batched_decode = batched
+    runner.attn.batched_decode = batched
     return runner
 
 
@@ -45,7 +46,7 @@ def test_batched_decode_matches_the_per_row_path(checkpoint, monkeypatch, graphs
     runs = []
     if graphs:
         monkeypatch.setattr(v4_ref, "GRAPH_CONTEXT_START", 32)
-        runner.graphs = DecodeGraphs(runner, max_bs=4, capture=False)
+        runner.graphs = runner.make_graphs(4, capture=False)
         assert runner.graphs.contexts == [32, 128]
         run = runner.graphs.run
         runner.graphs.run = lambda plan: runs.append(runner.graphs.context(plan)) or run(plan)
@@ -60,21 +61,17 @@ def test_batched_decode_matches_the_per_row_path(checkpoint, monkeypatch, graphs
         torch.testing.assert_close(g, w, atol=2e-5, rtol=0, msg=lambda m, i=i: f"step {i}: {m}")
 
 
-def test_the_environment_switches_pick_the_decode_path(monkeypatch):
-    from runtime.gpu.attention.v4_ref import TorchV4Backend
+def test_the_backend_decodes_every_row_at_once_under_cuda_graphs():
+    from runtime.gpu.models.deepseek_v4.attention import TorchV4Backend
 
     default = TorchV4Backend(4, 16, 8)
     assert default.batched_decode and default.supports_cuda_graph
-    monkeypatch.setenv("CONDUIT_V4_BATCHED_DECODE", "0")
-    monkeypatch.setenv("CONDUIT_V4_CUDA_GRAPH", "0")
-    off = TorchV4Backend(4, 16, 8)
-    assert not off.batched_decode and not off.supports_cuda_graph
 
 
 def test_graph_context_buckets():
     """A V4 graph's entry widths are its context / rate: buckets x4 from 16K up to max_model_len."""
     from runtime.gpu.attention.base import AttentionBackend
-    from runtime.gpu.attention.v4_ref import TorchV4Backend
+    from runtime.gpu.models.deepseek_v4.attention import TorchV4Backend
 
     v4 = TorchV4Backend(4, 16, 8)
     assert v4.graph_contexts(8192) == [8192]

@@ -14,7 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.gpu.model_runner import ModelRunner, RunnerConfig
+from runtime.config import RunnerConfig
+from runtime.gpu.model_runner import ModelRunner
 from runtime.gpu.testing import PagedPlanBuilder, save_tiny_deepseek_v4, seq_start
 
 SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"

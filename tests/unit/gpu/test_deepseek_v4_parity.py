@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.gpu.model_runner import ModelRunner, RunnerConfig
+from runtime.config import RunnerConfig
+from runtime.gpu.model_runner import ModelRunner
 from runtime.gpu.testing import V4_TINY_CONFIGS, PagedPlanBuilder, save_tiny_deepseek_v4, seq_start
 
 TOL = 1e-4
@@ -41,10 +42,7 @@ def test_full_prefill_matches_reference_at_every_position(tiny):
     ref, runner = tiny
     ids = prompt(45, seed=1)  # 11 CSA entries (indexer picks 2), 5 HCA entries, windows slide
     plan = PagedPlanBuilder(PAGE).plan([1], [0], [45], ids, added=[seq_start(1, ids)])
-    runner._update_table(plan)
-    batch, _, _ = runner._build_batch(plan)  # all positions, not only the sampled one
-    with torch.inference_mode():
-        logits = runner.model.compute_logits(runner.model(batch.input_ids, batch.positions, batch))
+    logits = runner.token_logits(plan)  # all positions, not only the sampled one
     torch.testing.assert_close(logits, oracle(ref, ids), atol=TOL, rtol=0)
 
 
@@ -114,13 +112,14 @@ def test_mtp_block_loads_from_upstream_names_and_runs(tmp_path):
     torch.testing.assert_close(block.hc_head.hc_fn, mtp["mtp.0.hc_head_fn"], atol=0, rtol=0)
     ids = prompt(20, seed=4)
     plan = PagedPlanBuilder(PAGE, num_slots=256).plan([1], [0], [20], ids, added=[seq_start(1, ids)])
-    runner._update_table(plan)
-    batch, _, _ = runner._build_batch(plan)
+    batch = runner.prepare_batch(plan)
     with torch.inference_mode():
-        hidden = model(batch.input_ids, batch.positions, batch)
+        hidden = model(batch.input_ids, batch.positions, batch, runner.attn)
         torch.testing.assert_close(model.compute_logits(hidden), oracle(ref, ids), atol=TOL, rtol=0)
         streams = torch.randn(20, n, d, generator=g)
-        logits = model.compute_logits(model.mtp_forward(0, batch.input_ids, streams, batch.positions, batch))
+        logits = model.compute_logits(
+            model.mtp_forward(0, batch.input_ids, streams, batch.positions, batch, runner.attn)
+        )
     assert logits.shape == (20, 128) and torch.isfinite(logits).all()
 
 

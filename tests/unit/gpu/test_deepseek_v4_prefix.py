@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from runtime.actors.scheduler.testing import run_scheduler, tokenized
-from runtime.config import ServerConfig
-from runtime.gpu.model_runner import ModelRunner, RunnerConfig
+from runtime.config import RunnerConfig, ServerConfig
+from runtime.gpu.model_runner import ModelRunner
 from runtime.gpu.testing import V4_TINY_CONFIGS, save_tiny_deepseek_v4, v4_hit_vs_cold
 
 CONFIGS = V4_TINY_CONFIGS

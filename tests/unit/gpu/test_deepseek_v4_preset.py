@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from runtime.cli import build_parser, config_from_args
-from runtime.config import ServerConfig, apply_hf_overrides
+from runtime.config import RunnerConfig, ServerConfig, apply_hf_overrides
 from runtime.gpu import loader, presets
-from runtime.gpu.model_runner import ModelRunner, RunnerConfig
+from runtime.gpu.model_runner import ModelRunner
 from runtime.gpu.models import get_model_class
 from runtime.gpu.testing import PlanBuilder, seq_start
 from runtime.model_info import load_model_info

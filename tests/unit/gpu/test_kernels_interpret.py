@@ -232,11 +232,11 @@ def triton_backend_matches_torch_backend_mixed_then_decode():
     from runtime.gpu.kernels.decode_attention.triton import decode_attention
     from runtime.gpu.kernels.extend_attention.triton import extend_attention
     from runtime.gpu.kernels.testing import backend_outputs, close_ratio
-    from runtime.gpu.kv_cache import KVCache
+    from runtime.gpu.kv_pool import MHAKVPool
 
     hq, hkv, d, dtype = 6, 2, 64, torch.float32
     g = torch.Generator().manual_seed(4)
-    cache = KVCache(1, 400, hkv, d, dtype, "cpu")
+    cache = MHAKVPool(1, 400, hkv, d, dtype, "cpu")
     r2t = torch.zeros(5, 128, dtype=torch.int64)
     free = (torch.randperm(399, generator=g) + 1).tolist()
     lens = {1: 0, 2: 0, 3: 0}  # row -> tokens cached
@@ -270,7 +270,7 @@ def triton_backend_matches_torch_backend_mixed_then_decode():
         outs = backend_outputs(
             (TorchAttentionBackend(hq, hkv, d, d**-0.5), triton_backend), q, k, v, rows=rows,
             positions=positions, out_loc=out_loc, prefix_lens=[lens[r] for r in rows],
-            extend_lens=[ext[r] for r in rows], req_to_token=r2t, kv_cache=cache,
+            extend_lens=[ext[r] for r in rows], req_to_token=r2t, kv_pool=cache,
         )  # fmt: skip
         ratios.append(close_ratio(outs[1], outs[0], *_tol(dtype)))
         for row in rows:

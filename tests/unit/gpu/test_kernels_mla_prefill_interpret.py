@@ -65,9 +65,9 @@ def test_backend_prefills_in_one_call_equal_the_row_by_row_expanded_form(calls: 
     expanded together and attended by one op call give what `mla_expanded` gives row by row (with the
     prefix-shifted causal mask the backend used to build); so do two calls, when the expanded K/V of both
     rows would not fit EXPANDED_ELEMENTS."""
-    from runtime.gpu.attention import mla_ref
-    from runtime.gpu.attention.mla_ref import TorchMLABackend, mla_expanded
     from runtime.gpu.attention.torch_ref import _Prefill
+    from runtime.gpu.models.deepseek_v3 import attention_ref as mla_ref
+    from runtime.gpu.models.deepseek_v3.attention_ref import TorchMLABackend, mla_expanded
 
     if calls == 2:
         monkeypatch.setattr(mla_ref, "EXPANDED_ELEMENTS", 11 * 3 * (24 + 12))  # the second row alone

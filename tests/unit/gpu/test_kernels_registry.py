@@ -99,15 +99,15 @@ def _prepared_meta(backend, prefix: list[int], ext: list[int]):
         input_ids=torch.zeros(t, dtype=torch.int64), positions=torch.zeros(t, dtype=torch.int64),
         out_loc=torch.zeros(t, dtype=torch.int64), rows=torch.arange(n), rows_list=list(range(10, 10 + n)),
         prefix_lens=prefix, extend_lens=ext, req_to_token=torch.zeros(10 + n, 64, dtype=torch.int64),
-        kv_cache=None, attn_backend=backend,
+        kv_pool=None,
     )  # fmt: skip
     backend.prepare(batch)
     return batch.attn_meta
 
 
-def test_a_mixed_steps_leading_decode_rows_take_the_decode_kernel(monkeypatch) -> None:
+def test_a_mixed_steps_leading_decode_rows_take_the_decode_kernel() -> None:
     """TritonAttentionBackend.prepare: the leading single-token rows of a mixed step are its decode rows
-    (the rest run the prefill kernel); CONDUIT_MIXED_DECODE_KERNEL=0 sends them with the rest."""
+    (the rest run the prefill kernel)."""
     from runtime.gpu.attention.triton_backend import TritonAttentionBackend
 
     def num_decode(backend: TritonAttentionBackend, ext: list[int]) -> tuple[bool, int]:
@@ -118,15 +118,12 @@ def test_a_mixed_steps_leading_decode_rows_take_the_decode_kernel(monkeypatch) -
     assert num_decode(backend, [1, 1, 7, 1]) == (False, 2)
     assert num_decode(backend, [9, 1]) == (False, 0)
     assert num_decode(backend, [1, 1, 1]) == (True, 3)
-    monkeypatch.setenv("CONDUIT_MIXED_DECODE_KERNEL", "0")
-    assert num_decode(TritonAttentionBackend(4, 2, 16, 0.25), [1, 1, 7, 1]) == (False, 0)
 
 
-def test_prefill_rows_take_the_prefill_kernel_with_their_own_columns(monkeypatch) -> None:
+def test_prefill_rows_take_the_prefill_kernel_with_their_own_columns() -> None:
     """TritonAttentionBackend.prepare: a mixed step's non-decode rows get their own columns (each starting
     16-byte aligned), their longest new part and whether any has a cached prefix; the backend sends them
-    to the prefill kernel, or to the extend kernel under CONDUIT_PREFILL_KERNEL=0 or at head dims that
-    are not powers of two."""
+    to the prefill kernel, or to the extend kernel at head dims that are not powers of two."""
     from runtime.gpu.attention.triton_backend import TritonAttentionBackend
 
     backend = TritonAttentionBackend(4, 2, 16, 0.25)
@@ -144,7 +141,4 @@ def test_prefill_rows_take_the_prefill_kernel_with_their_own_columns(monkeypatch
     assert all(t.data_ptr() % 16 == 0 for t in m.prefill[:4])
     assert _prepared_meta(backend, [5, 0, 0], [1, 7, 2]).prefill[4:] == (7, False)
     assert _prepared_meta(backend, [5, 5], [1, 1]).prefill is None  # all decode
-    monkeypatch.setenv("CONDUIT_PREFILL_KERNEL", "0")
-    assert not TritonAttentionBackend(4, 2, 16, 0.25).prefill_kernel
-    monkeypatch.delenv("CONDUIT_PREFILL_KERNEL")
     assert not TritonAttentionBackend(4, 2, 24, 0.25).prefill_kernel  # head dim not a power of two

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.gpu.model_runner import ModelRunner, RunnerConfig
+from runtime.config import RunnerConfig
+from runtime.gpu.model_runner import ModelRunner
 from runtime.gpu.testing import PlanBuilder, reference_logits, save_tiny_llama, seq_start, shuffled_slots
 from runtime.gpu.testing import random_prompt as prompt
 
@@ -46,7 +47,7 @@ def test_norms_are_folded_unless_a_projection_has_a_bias(tiny):
 @pytest.mark.parametrize("folded_max", [512, 0], ids=["folded_path", "norm_kernels_on_folded_weights"])
 def test_full_prefill_matches_reference(tiny, monkeypatch, folded_max: int):
     """Both forms of a step over folded weights (small steps fold, big ones run unit-gain norms)."""
-    monkeypatch.setattr("runtime.gpu.models.llama.FOLDED_MAX_TOKENS", folded_max)
+    monkeypatch.setattr("runtime.gpu.models.llama.model.FOLDED_MAX_TOKENS", folded_max)
     ref, runner = tiny
     ids = prompt(40, seed=1)
     pb = PlanBuilder(shuffled_slots(1))
@@ -87,7 +88,7 @@ def test_mixed_batch_of_prefill_chunks_and_decodes(tiny):
     plan = pb.plan([4, 6], [0, 0], [29, 10], a[:29] + c[:10], sample=[True, False])
     plan = type(plan)(**{**_fields(plan), "added": [seq_start(4, a), seq_start(6, c)]})
     runner.forward_logits(plan)
-    runner.last_token[4] = a[29]  # as if step 1 had sampled A's next token
+    runner.tables.last_token[4] = a[29]  # as if step 1 had sampled A's next token
     # Step 2: A decodes via use_last, B prefills, C continues, D is a one-token prompt.
     plan = pb.plan(
         [5, 4, 6, 7],

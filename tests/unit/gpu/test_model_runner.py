@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.gpu.model_runner import ModelRunner, RunnerConfig
+from runtime.config import RunnerConfig
+from runtime.gpu.model_runner import ModelRunner
 from runtime.gpu.testing import PlanBuilder, save_tiny_llama, seq_start
+from runtime.gpu.warm_up import full_step_shape, warm_up
 from runtime.mailbox.messages import SamplingParams, SeqStart
 
 
@@ -54,12 +56,12 @@ def test_overlapped_decode_with_use_last_matches_greedy_generate(tiny):
     ids=["small", "full_step"],
 )
 def test_the_mixed_step_warm_up_leaves_serving_unchanged(tmp_path, cfg):
-    """warm_up_mixed_steps (run at start on CUDA) scribbles on scratch rows and slots only: requests that
+    """The warm-up (run at start on CUDA) scribbles on scratch rows and slots only: requests that
     then take those rows and slots generate what transformers does."""
     ref = save_tiny_llama(tmp_path, num_key_value_heads=2)
     runner = ModelRunner(RunnerConfig(str(tmp_path), **cfg))
-    runner.warm_up_mixed_steps()
-    assert runner.req_to_token[1:5].any()  # it ran (a CPU runner does not warm up by itself)
+    warm_up(runner.cfg, runner.forward_logits)
+    assert runner.tables.req_to_token[1:5].any()  # it ran (a CPU runner does not warm up by itself)
     prompts = {1: [3, 14, 15, 92, 65], 2: [35, 89, 79, 32, 38, 46, 26, 43]}
     pb = PlanBuilder()  # hands out slots from 1, the ones the warm-up wrote
     added = [seq_start(r, p) for r, p in prompts.items()]
@@ -80,8 +82,7 @@ def test_the_full_size_warm_up_step_is_a_serving_mixed_step_within_the_limits():
     nothing over the small shapes."""
 
     def shape(**kw):
-        cfg = RunnerConfig("unused", **kw)
-        return ModelRunner._full_step_shape(type("R", (), {"cfg": cfg})())
+        return full_step_shape(RunnerConfig("unused", **kw))
 
     n_dec, dec_prefix, prefills = shape(
         num_kv_slots=600000, max_reqs=256, max_model_len=8192, max_prefill_tokens=16384
@@ -151,7 +152,7 @@ def test_runner_reports_eos_ids_and_kv_bytes(tiny):
     assert runner.eos_token_ids == [2]
     cfg = runner.config
     assert (
-        runner.kv_bytes_per_token()
+        runner.kv_pool.bytes_per_token
         == 2 * cfg.num_hidden_layers * 2 * (cfg.hidden_size // cfg.num_attention_heads) * 4
     )
 
@@ -177,8 +178,10 @@ def test_fp8_kv_cache_halves_kv_bytes_and_stays_close_to_the_full_precision_cach
         )
         for kv in ("auto", "fp8_e4m3")
     }
-    assert runners["fp8_e4m3"].kv_cache.k[0].dtype == torch.float8_e4m3fn
-    assert runners["fp8_e4m3"].kv_bytes_per_token() * 4 == runners["auto"].kv_bytes_per_token()  # vs float32
+    assert runners["fp8_e4m3"].kv_pool.k[0].dtype == torch.float8_e4m3fn
+    assert (
+        runners["fp8_e4m3"].kv_pool.bytes_per_token * 4 == runners["auto"].kv_pool.bytes_per_token
+    )  # vs float32
     ids = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38]
     logits = {}
     for kv, runner in runners.items():

@@ -8,10 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.gpu.attention import v4_ref
+from runtime.config import RunnerConfig
 from runtime.gpu.kernels.sparse_attention.reference import sparse_attention
 from runtime.gpu.kernels.sparse_attention.testing import sparse_case
-from runtime.gpu.model_runner import ModelRunner, RunnerConfig
+from runtime.gpu.model_runner import ModelRunner
+from runtime.gpu.models.deepseek_v4 import attention as v4_ref
 from runtime.gpu.testing import PagedPlanBuilder, random_prompt, save_tiny_deepseek_v4, seq_start
 
 TOL = 1e-5
@@ -28,7 +29,7 @@ def v4_calls(tmp_path_factory) -> list[tuple]:
     runner = ModelRunner(
         RunnerConfig(str(path), num_kv_slots=1024, max_reqs=4, max_model_len=128, cpu_threads=1)
     )
-    runner.attn_backend.batched_decode = False
+    runner.attn.batched_decode = False
     calls, attend = [], v4_ref.attend_with_sink
 
     def record(q, kv, mask, sinks, scale):

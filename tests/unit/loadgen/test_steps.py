@@ -43,7 +43,8 @@ def test_moe_weights_count_the_experts_a_step_reaches(tmp_path):
     """A tiny DeepSeek-V3 (routed experts in every MoE layer): one token reads and multiplies exactly
     top_k experts per layer; many tokens read nearly every expert; a dense Llama reads everything."""
     from loadgen.steps import WeightCount
-    from runtime.gpu.model_runner import ModelRunner, RunnerConfig
+    from runtime.config import RunnerConfig
+    from runtime.gpu.model_runner import ModelRunner
     from runtime.gpu.testing import save_tiny_deepseek_v3, save_tiny_llama
 
     save_tiny_deepseek_v3(tmp_path / "v3", seed=1)
@@ -75,8 +76,9 @@ def test_expert_reach_hooks_one_eager_step_and_counts_distinct_experts(tmp_path)
     """`expert_reach` runs a plan once more with hooks on every RoutedExperts: per MoE layer, the distinct
     expert ids the step's tokens were routed to (top_k for one token, at most E), then removes the hooks."""
     from loadgen.steps import expert_reach
+    from runtime.config import RunnerConfig
     from runtime.gpu.layers.moe import RoutedExperts
-    from runtime.gpu.model_runner import ModelRunner, RunnerConfig
+    from runtime.gpu.model_runner import ModelRunner
     from runtime.gpu.testing import save_tiny_deepseek_v3, save_tiny_llama
     from runtime.mailbox.messages import SamplingParams, SeqStart, StepPlan
 

@@ -33,10 +33,8 @@ def test_messages_round_trip_through_msgpack_frames():
 
 
 class Recorder(Actor):
-    name = "recorder"
-
     def __init__(self, expected: int) -> None:
-        super().__init__()
+        super().__init__("recorder")
         self.seen: list = []
         self.done = asyncio.Event()
         self.expected = expected

@@ -1,7 +1,7 @@
 """mHC (DeepSeek-V4 hyper-connections) around each sublayer: `mhc_pre` collapses the hc_mult residual
 streams into the sublayer's input (optionally RMS-normed) and gives the post / comb mixings, `mhc_post`
 spreads the sublayer's output back over the streams and mixes them. The math lives in `reference.py`;
-`runtime.gpu.layers.mhc` calls these ops."""
+`runtime.gpu.models.deepseek_v4.mhc` calls these ops."""
 
 from runtime.gpu.kernels.registry import always, register, triton_on_cuda
 

@@ -1,5 +1,5 @@
 """mHC (manifold-constrained hyper-connections, DeepSeek-V4) in plain PyTorch: the truth for `mhc_pre` and
-`mhc_post`, and the math `runtime.gpu.layers.mhc` runs on the CPU.
+`mhc_post`, and the math `runtime.gpu.models.deepseek_v4.mhc` runs on the CPU.
 
 The residual is n streams h [T, n, D]. One projection of their RMS-normed concatenation gives
 (2 + n) n mixing logits per token: `pre` (sigmoid + eps) collapses the streams into the sublayer's input

@@ -6,7 +6,7 @@ MQA: every query head of token t attends the rows of `kv` that `indices[t]` name
 and as values, plus a per-head sink logit that takes probability mass but adds no value (gpt-oss style,
 FlashMLA's `attn_sink`): out = sum_k p_k kv_k with p = softmax over [scores | sink], sink column dropped.
 
-DeepSeek-V4 (runtime/gpu/attention/v4_ref.py) selects, per query, its sliding window of K=V rows and,
+DeepSeek-V4 (runtime/gpu/models/deepseek_v4/attention.py) selects, per query, its sliding window of K=V rows and,
 on CSA / HCA layers, compressed entries (CSA: the Lightning Indexer's top-k; HCA: every causal entry);
 the two can come from two pools (`kv`, `extra_kv`), attended in one softmax."""
 

@@ -3,13 +3,13 @@ hash-routed then learned-routed MoE with clamped SwiGLU.
 
 Exact against transformers' `deepseek_v4` (tests/unit/gpu/test_deepseek_v4_parity.py). A layer is
 `attn_hc -> input_layernorm -> attention -> mix`, then `ffn_hc -> post_attention_layernorm -> MoE -> mix`
-on `hc_mult` streams (layers/mhc.py). Attention per layer type: `sliding_attention` sees the last
+on `hc_mult` streams (mhc.py). Attention per layer type: `sliding_attention` sees the last
 `sliding_window` tokens; CSA adds 4x compressed entries picked by the Lightning Indexer; HCA adds all
-128x compressed entries (layers/compressor.py). How queries attend over the window ring and the
-compressed entries, across steps, is the backend's (attention/v4_ref.py, state in kv_cache_v4.py).
+128x compressed entries (compressor.py). How queries attend over the window ring and the compressed
+entries, across steps, is the backend's (attention.py and attention_decode.py, state in kv_pool.py).
 
 Loads Hugging Face names and the upstream ones (`attn.wq_a`, `ffn.experts.N.w1`, `hc_attn_fn`...), float,
-FP8 or with FP4 experts (deepseek_v4_weights.py).
+FP8 or with FP4 experts (weights.py).
 The MTP block (`mtp.{i}.*`, official code only) loads as `layers.{n + i}` and runs through
 `mtp_forward`; decoding does not use it yet. Checkpoints without it drop it."""
 
@@ -21,16 +21,19 @@ import structlog
 import torch
 from torch import nn
 
-from runtime.gpu.attention.v4_ref import TorchV4Backend
 from runtime.gpu.forward_batch import ForwardBatch
 from runtime.gpu.kernels.rms_norm.reference import unit_rms
-from runtime.gpu.kv_cache_v4 import V4StateCache
+from runtime.gpu.kv_pool import KVPoolSpec
 from runtime.gpu.layers import MergedLinear, RMSNorm
-from runtime.gpu.layers.compressor import Compressor, Indexer
-from runtime.gpu.layers.interleaved_rope import InterleavedRope
-from runtime.gpu.layers.mhc import HyperConnection, HyperHead
 from runtime.gpu.layers.moe import HashRouter, RoutedExperts, TopkRouter, swiglu
-from runtime.gpu.models.deepseek_v4_weights import checkpoint_tensors
+from runtime.gpu.models.base import CausalLM, ModelAbilities
+from runtime.gpu.models.deepseek_v3.weights import load_named
+from runtime.gpu.models.deepseek_v4.attention import TorchV4Backend
+from runtime.gpu.models.deepseek_v4.compressor import Compressor, Indexer
+from runtime.gpu.models.deepseek_v4.kv_pool import V4KVPool
+from runtime.gpu.models.deepseek_v4.mhc import HyperConnection, HyperHead
+from runtime.gpu.models.deepseek_v4.rope import InterleavedRope
+from runtime.gpu.models.deepseek_v4.weights import checkpoint_tensors
 
 log = structlog.get_logger(__name__)
 
@@ -82,12 +85,14 @@ class DeepseekV4Attention(nn.Module):
             if csa:
                 self.compressor.indexer = Indexer(config)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch, attn: TorchV4Backend
+    ) -> torch.Tensor:
         qr = self.q_a_norm(self.q_a_proj(x))
         q = unit_rms(self.q_b_proj(qr).view(-1, self.num_heads, self.head_dim), self.eps)
         q = self.rope(q, positions)
         kv = self.rope(self.kv_norm(self.kv_proj(x)), positions)
-        o = batch.attn_backend.forward_v4(self, q, kv, x, qr, batch)
+        o = attn.forward_v4(self, q, kv, x, qr, batch)
         o = self.rope(o, positions, inverse=True)
         return self.o_b_proj(
             self.o_a_proj(o.reshape(-1, self.o_groups, o.shape[1] * o.shape[2] // self.o_groups)).flatten(1)
@@ -146,11 +151,16 @@ class DeepseekV4DecoderLayer(nn.Module):
         self.mlp = DeepseekV4MoE(config, mlp_type == "hash_moe")
 
     def forward(
-        self, h: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
+        self,
+        h: torch.Tensor,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        batch: ForwardBatch,
+        attn: TorchV4Backend,
     ) -> torch.Tensor:
         """h: the residual streams [T, hc_mult, D]."""
         x, post, comb = self.attn_hc(h, norm=self.input_layernorm)  # x comes out normed
-        h = HyperConnection.merge(h, self.self_attn(x, positions, batch), post, comb)
+        h = HyperConnection.merge(h, self.self_attn(x, positions, batch, attn), post, comb)
         x, post, comb = self.ffn_hc(h, norm=self.post_attention_layernorm)
         return HyperConnection.merge(h, self.mlp(x, input_ids), post, comb)
 
@@ -175,10 +185,11 @@ class DeepseekV4MTPBlock(DeepseekV4DecoderLayer):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         batch: ForwardBatch,
+        attn: TorchV4Backend,
     ) -> torch.Tensor:
         """embeds [T, D] of the next tokens, streams [T, n, D] of the main model's last layer -> [T, D]."""
         h = self.e_proj(self.enorm(embeds)).unsqueeze(1) + self.h_proj(self.hnorm(streams))
-        return self.norm(self.hc_head(super().forward(h, input_ids, positions, batch)))
+        return self.norm(self.hc_head(super().forward(h, input_ids, positions, batch, attn)))
 
 
 class DeepseekV4Model(nn.Module):
@@ -194,18 +205,18 @@ class DeepseekV4Model(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.window, self.replay_from = config.sliding_window, replay_start(config)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch, attn: TorchV4Backend
+    ) -> torch.Tensor:
         h = self.embed_tokens(input_ids).unsqueeze(1).expand(-1, self.hc_mult, -1).contiguous()
         skipped = None
         for i, layer in enumerate(self.layers[: self.num_layers]):
             if i == self.replay_from and max(batch.extend_lens, default=0) > self.window:
                 # decoder bounded replay: the trailing sliding-only layers see each row's last `window`
                 # new tokens; the others keep their streams from here (their logits are never sampled)
-                batch, idx = batch.attn_backend.narrow(
-                    batch, [min(n, self.window) for n in batch.extend_lens]
-                )
+                batch, idx = attn.narrow(batch, [min(n, self.window) for n in batch.extend_lens])
                 skipped, h, input_ids, positions = h, h[idx], input_ids[idx], positions[idx]
-            h = layer(h, input_ids, positions, batch)
+            h = layer(h, input_ids, positions, batch, attn)
         if skipped is not None:
             h = skipped.index_copy(0, idx, h)
         return self.norm(self.hc_head(h))
@@ -228,7 +239,11 @@ def replay_start(config) -> int | None:
     return first
 
 
-class DeepseekV4ForCausalLM(nn.Module):
+class DeepseekV4ForCausalLM(CausalLM):
+    # Prefix-cache hits reuse the paged compressed entries and indexer keys; the sliding-window ring and
+    # compressor tails are rebuilt by replaying the tokens before the hit (kv_pool.py, StepPlan.replay).
+    abilities = ModelAbilities(prefix_cache=True)
+
     def __init__(self, config, max_positions: int | None = None) -> None:
         super().__init__()
         self.config = config
@@ -237,50 +252,44 @@ class DeepseekV4ForCausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
 
-    def tie_weights(self) -> None:
-        if getattr(self.config, "tie_word_embeddings", False):
-            self.lm_head.weight = self.model.embed_tokens.weight
-
-    num_kv_heads = 1
-    # Prefix-cache hits reuse the paged compressed entries and indexer keys; the sliding-window ring and
-    # compressor tails are rebuilt by replaying the tokens before the hit (kv_cache_v4, StepPlan.replay).
-    supports_prefix_cache = True
-
     def attention_layers(self) -> list[DeepseekV4Attention]:
         return [layer.self_attn for layer in self.model.layers]
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        return self.model(input_ids, positions, batch)
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch, attn: TorchV4Backend
+    ) -> torch.Tensor:
+        return self.model(input_ids, positions, batch, attn)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
 
-    # ------------------------------------------------------------------ serving hooks (ModelRunner)
-
-    def make_kv_cache(
-        self, num_slots: int, dtype: torch.dtype, device: torch.device | str, rows: int
-    ) -> V4StateCache:
-        """`rows`: request rows (the runner's max_reqs + 1); their per-row state is allocated here."""
-        return V4StateCache(self, num_slots, self.max_positions, dtype, device, rows)
+    # ------------------------------------------------------------------ KV layout and attention
 
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
-        return V4StateCache.bytes_per_token(self.config, dtype)
+        return V4KVPool.bytes_for(self.config, dtype)
 
-    def make_attention_backend(self, name: str) -> TorchV4Backend:
+    def make_kv_pool(self, spec: KVPoolSpec) -> V4KVPool:
+        """Per-row state is allocated for every request row of `spec` up front."""
+        return V4KVPool(self.config, self.attention_layers(), spec)
+
+    def make_attention_backend(self, name: str, page_size: int) -> TorchV4Backend:
         if name not in ("torch", "auto"):
             log.info("no V4 attention kernels yet; using the PyTorch reference", requested=name)
         c = self.config
-        return TorchV4Backend(c.num_attention_heads, c.head_dim, c.sliding_window)
+        backend = TorchV4Backend(c.num_attention_heads, c.head_dim, c.sliding_window)
+        backend.page_size = page_size
+        return backend
+
+    # ------------------------------------------------------------------ weights
 
     def load_weights(self, tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
-        """Hugging Face or upstream DeepSeek names, float or FP8/FP4 (deepseek_v4_weights)."""
-        from runtime.gpu.models.deepseek_v3 import _load
+        """Hugging Face or upstream DeepSeek names, float or FP8/FP4 (weights.py)."""
+        load_named(self, checkpoint_tensors(tensors, self.config, self.model.num_layers))
 
-        _load(self, checkpoint_tensors(tensors, self.config, self.model.num_layers))
-
-    def init_dummy_indices(self, seed: int) -> None:
-        """`--load-format dummy`: hash-routing tables with k distinct experts per token id from a random
-        start (all zeros would send every token of the hash layers to expert 0)."""
+    def init_dummy_weights(self, seed: int) -> None:
+        """Random weights, and hash-routing tables with k distinct experts per token id from a random start
+        (all zeros would send every token of the hash layers to expert 0)."""
+        super().init_dummy_weights(seed)
         g = torch.Generator().manual_seed(seed)
         for m in self.modules():
             if isinstance(m, HashRouter):
@@ -299,8 +308,9 @@ class DeepseekV4ForCausalLM(nn.Module):
         streams: torch.Tensor,
         positions: torch.Tensor,
         batch: ForwardBatch,
+        attn: TorchV4Backend,
     ) -> torch.Tensor:
         """MTP block k on the main model's last streams [T, n, D] (before the hyper-head) and the next
         tokens [T]; its normed hidden states (logits: `compute_logits`). Decoding does not use it yet."""
         embeds = self.model.embed_tokens(next_ids)
-        return self.mtp_layers[k].predict(embeds, streams, next_ids, positions, batch)
+        return self.mtp_layers[k].predict(embeds, streams, next_ids, positions, batch, attn)

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 import structlog
 import torch
 
-from runtime.gpu.attention.mla_ref import PrefillGroup, TorchMLABackend
 from runtime.gpu.forward_batch import ForwardBatch
 from runtime.gpu.kernels import registry
 from runtime.gpu.kernels.common import choose_num_splits
 from runtime.gpu.kernels.mla_decode.reference import page_table
+from runtime.gpu.models.deepseek_v3.attention_ref import PrefillGroup, TorchMLABackend
 
 log = structlog.get_logger(__name__)
 
@@ -79,7 +79,7 @@ class MLAKernelBackend(TorchMLABackend):
 
     def prepare(self, batch: ForwardBatch) -> None:
         device = batch.input_ids.device
-        self._bind(device, batch.kv_cache.kv[0].dtype)
+        self._bind(device, batch.kv_pool.kv[0].dtype)
         dec_tok, dec_rows, dec_lens, prefills = self._split_rows(batch)
         meta = _Meta(None, False, None, None, None, self.group_prefills(prefills, device))
         if dec_tok:
@@ -93,7 +93,7 @@ class MLAKernelBackend(TorchMLABackend):
     def prepare_decode_graph(self, batch: ForwardBatch, seq_lens: torch.Tensor, max_seq_len: int) -> None:
         """The split count is left to the kernel: each implementation derives it on the host from the
         batch, its own head block and req_to_token's width (max_model_len), so it is fixed per bucket."""
-        self._bind(batch.input_ids.device, batch.kv_cache.kv[0].dtype)
+        self._bind(batch.input_ids.device, batch.kv_pool.kv[0].dtype)
         batch.attn_meta = _Meta(None, True, batch.rows, seq_lens, None)
         self._decode_table(batch.attn_meta, batch.req_to_token)  # captured: replays re-derive it
 

@@ -6,8 +6,8 @@ routing (softmax, "greedy" or "group_limited_greedy", no correction bias) is rea
 Exact against transformers' `deepseek_v3` and `deepseek_v2` (tests/unit/gpu/test_deepseek_v3_parity.py,
 test_deepseek_v2_parity.py). A layer is `x + MLA(norm(x))`, then `x + FFN(norm(x))` where the FFN is a
 dense SwiGLU for the first `first_k_dense_replace` layers and DeepSeekMoE after. How MLA attends over the
-paged latent cache (expanded for prefill, absorbed for decode) lives in the attention backend
-(`attention/mla_ref.py`, the reference; `attention/mla_kernel.py`, decode through the `mla_decode` op).
+paged latent pool (`kv_pool.py`; expanded for prefill, absorbed for decode) lives in the attention backend
+(`attention_ref.py`, the reference; `attention_kernel.py`, decode through the `mla_decode` op).
 The routed experts run the `fused_moe` op. On CUDA neither reads the device on the host, so decode
 steps run as CUDA graphs.
 
@@ -17,33 +17,33 @@ and run FP8 GEMMs (`layers/fp8_linear.py`); a float checkpoint or dummy weights 
 `kv_b_proj` is dequantized anyway (MLA reads it as W_UK / W_UV); the router, norms, embedding and head
 stay in the model dtype. Without the flag FP8 checkpoints are dequantized on load.
 
-MTP layers are `model.layers.{num_hidden_layers + i}` in checkpoints; they are loaded when present and
+MTP layers are `model.layers.{num_hidden_layers + i}` in checkpoints (weights.py); they are loaded when present and
 run through `mtp_forward`, but decoding does not use them yet."""
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterator
 
 import structlog
 import torch
 from torch import nn
 
-from runtime.gpu.attention.mla_kernel import MLAKernelBackend
-from runtime.gpu.attention.mla_ref import TorchMLABackend
 from runtime.gpu.forward_batch import ForwardBatch
 from runtime.gpu.kernels import registry
-from runtime.gpu.kv_cache import LatentKVCache
+from runtime.gpu.kv_pool import KVPoolSpec
 from runtime.gpu.layers import MergedLinear, RMSNorm, RotaryEmbedding
-from runtime.gpu.layers.fp8_linear import Fp8Linear, MergedFp8Linear, load_float
+from runtime.gpu.layers.fp8_linear import Fp8Linear, MergedFp8Linear
 from runtime.gpu.layers.moe import RoutedExperts, TopkRouter
 from runtime.gpu.layers.rotary import rope_parameters
+from runtime.gpu.models.base import CausalLM, ModelAbilities
+from runtime.gpu.models.deepseek_v3.attention_kernel import MLAKernelBackend
+from runtime.gpu.models.deepseek_v3.attention_ref import TorchMLABackend
+from runtime.gpu.models.deepseek_v3.kv_pool import LatentKVPool
+from runtime.gpu.models.deepseek_v3.weights import load_deepseek_checkpoint
 from runtime.gpu.quant import fp8
 
 log = structlog.get_logger(__name__)
-
-_EXPERT_TENSOR = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
 
 def softmax_scale(config) -> float:
@@ -96,7 +96,9 @@ class DeepseekV3Attention(nn.Module):
         self.o_proj = _linear(self.num_heads * self.v_dim, hidden, bias, f8)
         self.rotary = rotary
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch, attn: TorchMLABackend
+    ) -> torch.Tensor:
         q = (
             self.q_proj(x)
             if self.q_lora_rank is None
@@ -112,7 +114,7 @@ class DeepseekV3Attention(nn.Module):
         q_pe, k_pe = self.rotary(positions, q_pe, k_pe)
         latent = torch.cat([c.unsqueeze(1), k_pe], dim=-1)  # [T, 1, r + dr]: what the cache holds
         w_uk, w_uv = self.up_projections()
-        o = batch.attn_backend.forward_mla(self.layer_id, q_nope, q_pe, latent, w_uk, w_uv, batch)
+        o = attn.forward_mla(self.layer_id, q_nope, q_pe, latent, w_uk, w_uv, batch)
         return self.o_proj(o.reshape(-1, self.num_heads * self.v_dim))
 
     def up_projections(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -171,13 +173,18 @@ class DeepseekV3DecoderLayer(nn.Module):
         )
 
     def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, batch: ForwardBatch
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        positions: torch.Tensor,
+        batch: ForwardBatch,
+        attn: TorchMLABackend,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x: the last sublayer's output, not yet added to `residual` (None before the first layer); the
         add is fused into the norm that follows it (as in Llama). Returns (this layer's FFN output,
         residual): the layer's output is their sum."""
         h, residual = (self.input_layernorm(x), x) if residual is None else self.input_layernorm(x, residual)
-        h = self.self_attn(h, positions, batch)
+        h = self.self_attn(h, positions, batch, attn)
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
 
@@ -202,10 +209,15 @@ class DeepseekV3MTPLayer(DeepseekV3DecoderLayer):
         self.shared_head = SharedHead(d, eps)
 
     def predict(
-        self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
+        self,
+        embeds: torch.Tensor,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        batch: ForwardBatch,
+        attn: TorchMLABackend,
     ) -> torch.Tensor:
         x = self.eh_proj(torch.cat([self.enorm(embeds), self.hnorm(hidden)], dim=-1))
-        return self.shared_head.norm(*super().forward(x, None, positions, batch))[0]
+        return self.shared_head.norm(*super().forward(x, None, positions, batch, attn))[0]
 
 
 class DeepseekV3Model(nn.Module):
@@ -220,16 +232,19 @@ class DeepseekV3Model(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch, attn: TorchMLABackend
+    ) -> torch.Tensor:
         x, residual = self.embed_tokens(input_ids), None
         for layer in self.layers[: self.num_layers]:
-            x, residual = layer(x, residual, positions, batch)
+            x, residual = layer(x, residual, positions, batch, attn)
         return self.norm(x, residual)[0]
 
 
-class DeepseekV3ForCausalLM(nn.Module):
-    supports_fp8_weights = True  # the runner passes fp8_weights=True under --quantization fp8 / auto
-    supports_fp8_kv_cache = True  # --kv-cache-dtype fp8_e4m3: an e4m3 latent pool (scale 1), read upcast
+class DeepseekV3ForCausalLM(CausalLM):
+    # fp8_weights: the runner passes fp8_weights=True under --quantization fp8 / auto; fp8 KV: an e4m3
+    # latent pool (scale 1), read upcast
+    abilities = ModelAbilities(fp8_kv_cache=True, fp8_weights=True)
 
     def __init__(self, config, max_positions: int | None = None, fp8_weights: bool = False) -> None:
         super().__init__()
@@ -239,19 +254,14 @@ class DeepseekV3ForCausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
 
-    def tie_weights(self) -> None:
-        if getattr(self.config, "tie_word_embeddings", False):
-            self.lm_head.weight = self.model.embed_tokens.weight
-
-    num_kv_heads = 1  # one latent "head" per token
-
     @property
     def mtp_layers(self) -> list[DeepseekV3MTPLayer]:
         return list(self.model.layers[self.model.num_layers :])
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        """Final hidden states of every token, [T, hidden]."""
-        return self.model(input_ids, positions, batch)
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch, attn: TorchMLABackend
+    ) -> torch.Tensor:
+        return self.model(input_ids, positions, batch, attn)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
@@ -263,24 +273,27 @@ class DeepseekV3ForCausalLM(nn.Module):
         hidden: torch.Tensor,
         positions: torch.Tensor,
         batch: ForwardBatch,
+        attn: TorchMLABackend,
     ) -> torch.Tensor:
         """MTP layer k on the hidden states `hidden` [T, D] (pre-norm output of the previous stage) and
         the next tokens `next_ids` [T]; returns its normed hidden states (logits: `compute_logits`)."""
-        return self.mtp_layers[k].predict(self.model.embed_tokens(next_ids), hidden, positions, batch)
+        embeds = self.model.embed_tokens(next_ids)
+        return self.mtp_layers[k].predict(embeds, hidden, positions, batch, attn)
 
-    # ------------------------------------------------------------------ serving hooks (ModelRunner)
+    # ------------------------------------------------------------------ KV layout and attention
 
-    def make_kv_cache(
-        self, num_slots: int, dtype: torch.dtype, device: torch.device | str, rows: int
-    ) -> LatentKVCache:  # (no per-row state: `rows` unused)
-        latent = self.config.kv_lora_rank + self.config.qk_rope_head_dim
-        return LatentKVCache(len(self.model.layers), num_slots, latent, dtype, device)
+    def _latent_dim(self) -> int:
+        return self.config.kv_lora_rank + self.config.qk_rope_head_dim
 
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
-        latent = self.config.kv_lora_rank + self.config.qk_rope_head_dim
-        return LatentKVCache.bytes_per_token(len(self.model.layers), latent, dtype)
+        return LatentKVPool.bytes_for(len(self.model.layers), self._latent_dim(), dtype)
 
-    def make_attention_backend(self, name: str) -> TorchMLABackend:
+    def make_kv_pool(self, spec: KVPoolSpec) -> LatentKVPool:
+        return LatentKVPool(
+            len(self.model.layers), spec.num_slots, self._latent_dim(), spec.dtype, spec.device
+        )
+
+    def make_attention_backend(self, name: str, page_size: int) -> TorchMLABackend:
         """Backend "torch": the PyTorch reference (SDPA) everywhere. Any other ("triton", the CUDA default):
         decode rows through the `mla_decode` op (FlashMLA / Triton on CUDA, the reference elsewhere)."""
         c = self.config
@@ -289,6 +302,7 @@ class DeepseekV3ForCausalLM(nn.Module):
             c.num_attention_heads, c.kv_lora_rank, c.qk_rope_head_dim, softmax_scale(c),
             qk_nope_dim=c.qk_nope_head_dim, v_dim=c.v_head_dim,
         )  # fmt: skip
+        backend.page_size = page_size
         device = self.lm_head.weight.device
         if device.type == "cuda" and registry.select("fused_moe", device).name == "reference":
             # the reference MoE reads expert counts on the host: a decode step cannot be captured
@@ -296,118 +310,7 @@ class DeepseekV3ForCausalLM(nn.Module):
             backend.supports_cuda_graph = False
         return backend
 
+    # ------------------------------------------------------------------ weights
+
     def load_weights(self, tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
-        """FP8 checkpoints: weights of FP8 modules stay FP8 when their blocks are the kernels' 128 x 128,
-        every other FP8 weight is dequantized (and requantized by `_load` if its module is FP8)."""
-        block = fp8.block_size(self.config)
-        if block:
-            params = dict(self.named_parameters())
-
-            def keep(name: str) -> bool:
-                dst = _destination(self, params, name)
-                return block == fp8.BLOCK and dst is not None and dst[0].dtype == fp8.FP8
-
-            tensors = fp8.dequantize_stream(tensors, block, keep)
-        _load(self, tensors)
-
-
-def _load(model: DeepseekV3ForCausalLM, tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
-    """Checkpoint tensors by Hugging Face name into `model`. Expert tensors land in slices of the stacked
-    expert weights; MTP layers' copies of the embedding and head are skipped (shared with the main
-    model); MTP layers absent from the checkpoint are dropped. Anything else missing is an error.
-    FP8 weights and their `weight_scale_inv` fill FP8 modules; a float weight for an FP8 module is
-    quantized into its weight and scale."""
-    params = dict(model.named_parameters())
-    pending = {key for name in params for key in _keys_of(model, name)}
-    first_mtp = model.model.num_layers
-    mtp_keys = {k for k in pending if _layer_of(k[0]) >= first_mtp}
-    unknown = []
-    for name, tensor in tensors:
-        if name.endswith(("rotary_emb.inv_freq", ".embed_tokens.weight", ".shared_head.head.weight")) and (
-            _layer_of(name) >= first_mtp or name.endswith("inv_freq")
-        ):
-            continue
-        found = _destination(model, params, name)
-        if found is None:
-            unknown.append(name)
-            continue
-        dst, key = found
-        if dst.dtype == fp8.FP8 and tensor.dtype != fp8.FP8:
-            scale_dst, scale_key = _destination(model, params, name + fp8.SCALE_SUFFIX)
-            load_float(dst, scale_dst, tensor)
-            pending -= {key, scale_key}
-            continue
-        if dst.shape != tensor.shape:
-            raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(dst.shape)}")
-        dst.copy_(tensor)
-        pending.discard(key)
-    if unknown:
-        log.warning("checkpoint tensors not used by the model", names=unknown[:20], count=len(unknown))
-    if mtp_keys and mtp_keys <= pending:
-        log.info("checkpoint has no MTP layers; dropping them", count=len(model.mtp_layers))
-        del model.model.layers[first_mtp:]
-        pending -= mtp_keys
-    if pending:
-        missing = sorted(f"{n}[{s}]" if s else n for n, s in pending)
-        raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:10]}")
-
-
-def _destination(
-    model: nn.Module, params: dict[str, nn.Parameter], name: str
-) -> tuple[torch.Tensor, tuple[str, object]] | None:
-    """The model tensor (a view: a merged part, an expert) that checkpoint tensor `name` (a weight or its
-    `weight_scale_inv`) fills, and its key among `_keys_of`; None when the model has no such tensor."""
-    scale = name.endswith(fp8.SCALE_SUFFIX)
-    weight_name = name.removesuffix(fp8.SCALE_SUFFIX)
-    m = _EXPERT_TENSOR.match(weight_name)
-    if m:
-        try:
-            experts = model.get_submodule(m[1])
-        except AttributeError:
-            return None
-        found = experts.checkpoint_slice(int(m[2]), m[3], scale)
-        if found is None:
-            return None
-        return found[1], (f"{m[1]}.{found[0]}", (int(m[2]), m[3]))
-    target, shard = _target(model, weight_name)
-    target += fp8.SCALE_SUFFIX if scale else ""
-    if target not in params:
-        return None
-    dst = params[target].data
-    if shard is not None:
-        merged = model.get_submodule(target.rpartition(".")[0])
-        off, size = merged.shard_offset(shard, scale=True) if scale else merged.shard_offset(shard)
-        dst = dst.narrow(0, off, size)
-    return dst, (target, shard)
-
-
-def _target(model: nn.Module, name: str) -> tuple[str, str | None]:
-    """Checkpoint name -> (our parameter name, part of a merged linear or None), as `loader._target`,
-    for float and FP8 merged linears."""
-    module_name, _, leaf = name.rpartition(".")
-    parent, _, child = module_name.rpartition(".")
-    try:
-        siblings = model.get_submodule(parent).named_children()
-    except AttributeError:
-        return name, None
-    for merged_name, merged in siblings:
-        if child in getattr(merged, "shard_names", ()):
-            return f"{parent}.{merged_name}.{leaf}" if parent else f"{merged_name}.{leaf}", child
-    return name, None
-
-
-def _keys_of(model: nn.Module, param_name: str) -> list[tuple[str, object]]:
-    """What must be loaded for one parameter: whole, per merged shard, or per (expert, part)."""
-    module = model.get_submodule(param_name.rpartition(".")[0])
-    if isinstance(module, RoutedExperts):
-        leaf = param_name.rpartition(".")[2]
-        parts = ("down_proj",) if leaf.startswith("down_proj") else ("gate_proj", "up_proj")
-        return [(param_name, (e, p)) for e in range(module.num_experts) for p in parts]
-    if isinstance(module, (MergedLinear, MergedFp8Linear)):
-        return [(param_name, s) for s in module.shard_names]
-    return [(param_name, None)]
-
-
-def _layer_of(name: str) -> int:
-    m = re.match(r"model\.layers\.(\d+)\.", name)
-    return int(m[1]) if m else -1
+        load_deepseek_checkpoint(self, tensors)

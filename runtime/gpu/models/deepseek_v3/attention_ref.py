@@ -1,6 +1,6 @@
 """Multi-head latent attention (MLA, DeepSeek V2/V3) in plain PyTorch over the paged latent cache.
 
-Each token caches one row `[c (kv_lora_rank) | k_pe (qk_rope_head_dim)]` (`LatentKVCache`). Per head h,
+Each token caches one row `[c (kv_lora_rank) | k_pe (qk_rope_head_dim)]` (`LatentKVPool`, kv_pool.py). Per head h,
 keys are `[W_UK[h] c | k_pe]` and values `W_UV[h] c`, with W_UK/W_UV the two halves of `kv_b_proj`.
 
 - Prefill rows: expanded form. The latents of the step's prefill rows are expanded to per-head K and V
@@ -91,7 +91,7 @@ class TorchMLABackend(TorchAttentionBackend):
     """The reference MLA backend. Models call `forward_mla`; `forward` (separate K and V) does not apply.
 
     Graph-safe like the reference MHA backend (decode rows padded to `max_seq_len` keys and masked), so
-    slow under CUDA graphs for long contexts; `mla_kernel.MLAKernelBackend` is the fast path. The step
+    slow under CUDA graphs for long contexts; `attention_kernel.MLAKernelBackend` is the fast path. The step
     metadata's `prefills` are `PrefillGroup`s here (built once per step in `prepare`)."""
 
     supports_cuda_graph = True
@@ -130,7 +130,7 @@ class TorchMLABackend(TorchAttentionBackend):
     ) -> torch.Tensor:
         """q_nope [T, H, dn], q_pe [T, H, dr]; latent [T, 1, r + dr] of the new tokens (stored here);
         w_uk [H, dn, r], w_uv [H, dv, r]. Returns [T, H, dv]."""
-        cache, meta = batch.kv_cache, batch.attn_meta
+        cache, meta = batch.kv_pool, batch.attn_meta
         cache.store(layer, batch.out_loc, latent)
         pool = cache.kv[layer]  # [slots, 1, r + dr]
         out = q_nope.new_empty(*q_nope.shape[:2], w_uv.shape[1])

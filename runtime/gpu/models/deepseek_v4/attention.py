@@ -1,4 +1,4 @@
-"""DeepSeek-V4 attention in plain PyTorch over the paged pools and per-row state (`kv_cache_v4`).
+"""DeepSeek-V4 attention in plain PyTorch over the paged pools and per-row state (`kv_pool.py`).
 
 Per request and layer, each query t attends one shared K=V head over
 - the sliding window: keys at positions (t - window, t], from the row's ring plus this step's rows;
@@ -6,8 +6,8 @@ Per request and layer, each query t attends one shared K=V head over
   this step closes), gathered from the pool through req_to_token, and for CSA only the Lightning
   Indexer's top-k of those;
 plus a per-head sink logit that takes probability mass but has no value. Requests are attended one by
-one here; prefill and chunked prefill take this path, and so does decode with `batched_decode` off
-(decode steps otherwise go to attention/v4_decode.py, every row at once, the same math). On CUDA the
+one here (prefill, chunked prefill, replay); decode steps go to attention_decode.py, every row at once,
+the same math. On CUDA the
 attention itself runs the `sparse_attention` kernel op on each request's keys and mask
 (`attend_selected`); the rest is PyTorch.
 
@@ -20,21 +20,16 @@ H - R (the row's state starts there), which is why bounded replay is close to, n
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 import torch
 
-from runtime import envs
-from runtime.gpu.attention import v4_decode
 from runtime.gpu.attention.base import AttentionBackend
 from runtime.gpu.forward_batch import ForwardBatch
 from runtime.gpu.kernels import registry
-from runtime.gpu.kv_cache_v4 import RowState, Tail
-
-if TYPE_CHECKING:
-    from runtime.gpu.layers.compressor import Compressor
-    from runtime.gpu.layers.interleaved_rope import InterleavedRope
-    from runtime.gpu.models.deepseek_v4 import DeepseekV4Attention
+from runtime.gpu.models.deepseek_v4 import attention_decode
+from runtime.gpu.models.deepseek_v4.compressor import Compressor
+from runtime.gpu.models.deepseek_v4.kv_pool import RowState, Tail, V4Layer
+from runtime.gpu.models.deepseek_v4.rope import InterleavedRope
 
 GRAPH_CONTEXT_START = 16384  # the smallest context bucket of V4's decode graphs (`graph_contexts`)
 
@@ -109,20 +104,23 @@ def compress_step(
 @dataclass
 class _Meta:
     rows: list[_Row]  # the rows with new tokens (none for a batched decode step)
-    decode: v4_decode.DecodeMeta | None  # a decode step, for the batched path
+    decode: attention_decode.DecodeMeta | None  # a decode step, for the batched path
 
 
 class TorchV4Backend(AttentionBackend):
     def __init__(self, num_heads: int, head_dim: int, sliding_window: int) -> None:
         super().__init__(num_heads, 1, head_dim, head_dim**-0.5)
         self.window = sliding_window
-        # decode steps through attention/v4_decode.py (every row at once); False: request by request
-        self.batched_decode = envs.v4_batched_decode()
-        self.supports_cuda_graph = envs.v4_cuda_graph()
+        # decode steps through attention_decode.py, every row at once; False sends them request by request
+        # (the same math in another order: the tests' oracle for the batched path)
+        self.batched_decode = True
+
+    supports_cuda_graph = True
 
     def prepare_decode_graph(self, batch: ForwardBatch, seq_lens: torch.Tensor, max_seq_len: int) -> None:
-        """The batched decode path from device tensors alone (attention/v4_decode.py)."""
-        batch.attn_meta = _Meta([], v4_decode.prepare(batch, batch.kv_cache, self.window, max_seq_len))
+        """The batched decode path from device tensors alone (attention_decode.py)."""
+        meta = attention_decode.prepare(batch, batch.kv_pool, self.window, max_seq_len)
+        batch.attn_meta = _Meta([], meta)
 
     def graph_contexts(self, max_model_len: int) -> list[int]:
         """Compressed-entry widths are fixed per graph (max_seq_len / rate, every entry scored or
@@ -135,27 +133,27 @@ class TorchV4Backend(AttentionBackend):
         return [*out, max_model_len]
 
     def prepare(self, batch: ForwardBatch) -> None:
-        rows, start, cache = [], 0, batch.kv_cache
-        batched = self.batched_decode and v4_decode.is_decode(batch)
+        rows, start, cache = [], 0, batch.kv_pool
+        batched = self.batched_decode and attention_decode.is_decode(batch)
         replay = batch.replay_lens or [0] * len(batch.rows_list)
         for row, prefix, length, rp in zip(
             batch.rows_list, batch.prefix_lens, batch.extend_lens, replay, strict=True
         ):
             if length:
                 if prefix == 0 or rp:  # a request starts here, or rebuilds its state before a cached prefix
-                    cache.reset(row, prefix)
+                    cache.reset_row(row, prefix)
                 state = cache.row(row)  # raises for a row whose state is not here
                 if not batched:  # (the batched path reads the pooled state through its DecodeMeta)
                     positions = batch.positions[start : start + length]
                     table = batch.req_to_token[row]
                     rows.append(_Row(row, start, length, prefix, prefix + rp, positions, table, state))
             start += length
-        decode = v4_decode.prepare(batch, cache, self.window) if batched else None
+        decode = attention_decode.prepare(batch, cache, self.window) if batched else None
         batch.attn_meta = _Meta(rows, decode)
 
     def narrow(self, batch: ForwardBatch, keep: list[int]) -> tuple[ForwardBatch, torch.Tensor]:
         """The step cut to each row's last `keep[i]` tokens, for sliding-only layers that run on those
-        alone (decoder bounded replay, models/deepseek_v4.py). A cut row's window attention reads nothing
+        alone (decoder bounded replay, model.py). A cut row's window attention reads nothing
         below its first kept token: its state view starts there, over the same ring, so the kept tokens'
         keys land where later steps read them. Returns the cut batch and the kept tokens' step indices.
         Not for layers with a compressor (a cut would skip the windows it must pool)."""
@@ -190,12 +188,9 @@ class TorchV4Backend(AttentionBackend):
         )
         return cut_batch, idx_t
 
-    def forward(self, layer, q, k, v, batch, rope=None):  # noqa: ANN001 - the MHA entry point
-        raise NotImplementedError("V4 layers call forward_v4")
-
     def forward_v4(
         self,
-        attn: DeepseekV4Attention,
+        attn: V4Layer,
         q: torch.Tensor,
         kv: torch.Tensor,
         x: torch.Tensor,
@@ -205,9 +200,9 @@ class TorchV4Backend(AttentionBackend):
         """q [T, H, d], kv [T, d] (roped) of the step's tokens; x [T, D] the layer input and qr [T, q_lora]
         the normed q latent (for the compressors and the indexer). Returns [T, H, d]."""
         if batch.attn_meta.decode is not None:
-            return v4_decode.forward(attn, q, kv, x, qr, batch, batch.attn_meta.decode, self.scale)
+            return attention_decode.forward(attn, q, kv, x, qr, batch, batch.attn_meta.decode, self.scale)
         out = torch.empty_like(q)
-        w, lid, cache = self.window, attn.layer_id, batch.kv_cache
+        w, lid, cache = self.window, attn.layer_id, batch.kv_pool
         for r in batch.attn_meta.rows:
             s, e, p, pos = r.start, r.start + r.length, r.prefix, r.positions
             layer = r.state.layers[lid]

@@ -1,6 +1,6 @@
 """Llama (2, 3, 3.1+, SmolLM2, ...): pre-norm decoder, RoPE, grouped-query attention, SwiGLU MLP.
 
-Caching and batching live in the attention backend (`batch.attn_backend`); a layer here is just the
+Caching and batching live in the attention backend (`attn`, an `MHABackend`); a layer here is just the
 sequence of its sublayers, applied to the flattened tokens of a step.
 
 Folded norms (`LlamaForCausalLM.fold_norms`, done after loading when no projection has a bias): an
@@ -9,17 +9,20 @@ proj(norm(h)) = proj'(h) / rms(h) per token. The projection then reads the resid
 the 1 / rms is applied by the kernel that consumes its output (RoPE + KV store for q/k/v, SwiGLU for
 gate/up), and the residual add is the output projection's GEMM accumulating into h (beta = 1). Each
 layer drops its two norm launches and two adds: at batch 1 on an H200 the norm kernels alone were 0.14
-of 4.55 ms per Llama-8B step (docs/PERF.md)."""
+of 4.55 ms per Llama-8B step."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from runtime.gpu.attention.base import Rope
+from runtime.gpu.attention import get_attention_backend
+from runtime.gpu.attention.base import MHABackend, Rope
 from runtime.gpu.forward_batch import ForwardBatch
 from runtime.gpu.kernels import registry
+from runtime.gpu.kv_pool import KVPoolSpec, MHAKVPool
 from runtime.gpu.layers import MergedLinear, RMSNorm, RotaryEmbedding
+from runtime.gpu.models.base import CausalLM, ModelAbilities
 
 # Steps up to this many tokens take the folded path; bigger ones (prefill chunks) run the norm kernels,
 # which on folded weights are unit-gain norms (fold_norms sets the gains to one), so both paths compute
@@ -45,20 +48,23 @@ class LlamaAttention(nn.Module):
         self.o_proj = nn.Linear(q, config.hidden_size, bias=bias)
         self.rotary = rotary
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        return self.o_proj(self._attend(x, positions, batch, None, 0.0))
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch, attn: MHABackend
+    ) -> torch.Tensor:
+        return self.o_proj(self._attend(x, positions, batch, attn, None, 0.0))
 
     def forward_folded(
-        self, h: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch, eps: float
+        self, h: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch, attn: MHABackend, eps: float
     ) -> None:
         """h += o_proj(attention(norm(h))), the norm folded into qkv_proj (module docstring)."""
-        h.addmm_(self._attend(h, positions, batch, h, eps), self.o_proj.weight.t())
+        h.addmm_(self._attend(h, positions, batch, attn, h, eps), self.o_proj.weight.t())
 
     def _attend(
         self,
         x: torch.Tensor,
         positions: torch.Tensor,
         batch: ForwardBatch,
+        attn: MHABackend,
         rms_x: torch.Tensor | None,
         eps: float,
     ) -> torch.Tensor:
@@ -68,7 +74,7 @@ class LlamaAttention(nn.Module):
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         # applied as k is stored (one kernel), with the folded norm's scale when rms_x is given
         rope = Rope(positions, self.rotary.cos, self.rotary.sin, rms_x, eps)
-        o = batch.attn_backend.forward(self.layer_id, q, k, v, batch, rope)
+        o = attn.forward(self.layer_id, q, k, v, batch, rope)
         return o.reshape(-1, self.num_heads * self.head_dim)
 
 
@@ -101,18 +107,25 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(config)
 
     def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, batch: ForwardBatch
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        positions: torch.Tensor,
+        batch: ForwardBatch,
+        attn: MHABackend,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x: the last sublayer's output, not yet added to `residual` (None before the first layer); the
         add is fused into the norm that follows it. Returns (this layer's MLP output, residual)."""
         h, residual = (self.input_layernorm(x), x) if residual is None else self.input_layernorm(x, residual)
-        h = self.self_attn(h, positions, batch)
+        h = self.self_attn(h, positions, batch, attn)
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
 
-    def forward_folded(self, h: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> None:
+    def forward_folded(
+        self, h: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch, attn: MHABackend
+    ) -> None:
         """The same layer on folded weights: updates the residual stream h in place."""
-        self.self_attn.forward_folded(h, positions, batch, self.input_layernorm.eps)
+        self.self_attn.forward_folded(h, positions, batch, attn, self.input_layernorm.eps)
         self.mlp.forward_folded(h, self.post_attention_layernorm.eps)
 
     def can_fold_norms(self) -> bool:
@@ -142,19 +155,23 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.norms_folded = False
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch, attn: MHABackend
+    ) -> torch.Tensor:
         if self.norms_folded and input_ids.shape[0] <= FOLDED_MAX_TOKENS:
             h = self.embed_tokens(input_ids)  # a fresh tensor: the layers update it in place
             for layer in self.layers:
-                layer.forward_folded(h, positions, batch)
+                layer.forward_folded(h, positions, batch, attn)
             return self.norm(h)
         x, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
-            x, residual = layer(x, residual, positions, batch)
+            x, residual = layer(x, residual, positions, batch, attn)
         return self.norm(x, residual)[0]
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(CausalLM):
+    abilities = ModelAbilities(fp8_kv_cache=True)
+
     def __init__(self, config, max_positions: int | None = None) -> None:
         super().__init__()
         self.config = config
@@ -162,29 +179,24 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
 
-    def tie_weights(self) -> None:
-        """Share the embedding with the head when the config says so (again after moving devices)."""
-        if getattr(self.config, "tie_word_embeddings", False):
-            self.lm_head.weight = self.model.embed_tokens.weight
-
-    def fold_norms(self) -> bool:
-        """Fold each layer's two RMSNorm gains into the projections after them (module docstring), once,
-        after the weights are loaded; False (nothing changed) when a projection has a bias."""
+    def prepare_for_serving(self) -> None:
+        """Fold each layer's two RMSNorm gains into the projections after them (module docstring), once;
+        nothing when a projection has a bias."""
         model = self.model
         if model.norms_folded or not all(layer.can_fold_norms() for layer in model.layers):
-            return model.norms_folded
+            return
         for layer in model.layers:
             layer.fold_norms()
         model.norms_folded = True
-        return True
 
     @property
     def num_kv_heads(self) -> int:
         return self.model.layers[0].self_attn.num_kv_heads
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        """Final hidden states of every token, [T, hidden]."""
-        return self.model(input_ids, positions, batch)
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch, attn: MHABackend
+    ) -> torch.Tensor:
+        return self.model(input_ids, positions, batch, attn)
 
     @property
     def logits_dtype(self) -> torch.dtype:
@@ -194,3 +206,23 @@ class LlamaForCausalLM(nn.Module):
         """In the model's dtype: the sampler widens to float32 where it computes, and a greedy argmax
         does not need to (widening keeps the order). At B=256 that saves a 130 MB copy a step."""
         return self.lm_head(hidden)
+
+    # ------------------------------------------------------------------ KV layout and attention
+
+    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
+        c = self.config
+        return MHAKVPool.bytes_for(c.num_hidden_layers, self.num_kv_heads, head_dim_of(c), dtype)
+
+    def make_kv_pool(self, spec: KVPoolSpec) -> MHAKVPool:
+        c = self.config
+        return MHAKVPool(
+            c.num_hidden_layers, spec.num_slots, self.num_kv_heads, head_dim_of(c), spec.dtype, spec.device
+        )
+
+    def make_attention_backend(self, name: str, page_size: int) -> MHABackend:
+        hd = head_dim_of(self.config)
+        backend = get_attention_backend(name)(
+            self.config.num_attention_heads, self.num_kv_heads, hd, hd**-0.5
+        )
+        backend.page_size = page_size
+        return backend

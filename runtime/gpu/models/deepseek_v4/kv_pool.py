@@ -1,4 +1,4 @@
-"""DeepSeek-V4's attention state: paged pools the radix cache shares, plus a small state per request row.
+"""DeepSeek-V4's KV pool: paged pools the radix cache shares, plus a small state per request row.
 
 Paged, per CSA / HCA layer, addressed through the scheduler's token slots (so drawn from its page budget
 and cached by the radix tree with the tokens):
@@ -10,7 +10,7 @@ out by position (position p of a request at offset p % page_size of its page) an
 of every rate (`page_multiple`; `check_plan` refuses plans that break it). An entry is written once, by
 the step that closes its window, and only read afterwards: a cached prefix's entries are shared as is.
 
-Per row (bounded size, not cached; rebuilt by replay on a prefix hit, see attention/v4_ref.py):
+Per row (bounded size, not cached; rebuilt by replay on a prefix hit, see attention.py):
 - every layer: a ring of the last `sliding_window` roped K=V rows (position p at p % window);
 - CSA / HCA layers: the compressor's tail, the raw (kv, gate) projections of the tokens it still needs
   (`Compressor.tail_len`, by position modulo that length), and the same for the indexer.
@@ -26,11 +26,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from runtime.gpu.forward_batch import token_positions
-from runtime.gpu.layers.compressor import Compressor
+from runtime.gpu.kv_pool import KVPool, KVPoolSpec, RequestKV, SlotTensor, dtype_bytes
+from runtime.gpu.models.deepseek_v4.compressor import Compressor
+from runtime.gpu.models.deepseek_v4.rope import InterleavedRope
+from runtime.mailbox.messages import StepPlan
+
+
+class V4Layer(Protocol):
+    """What the pool and the attention backends read of a V4 attention layer."""
+
+    layer_id: int
+    compressor: Compressor | None
+    rope: InterleavedRope
+    sinks: torch.Tensor
 
 
 @dataclass
@@ -52,29 +65,23 @@ class RowState:
     layers: list[LayerRow]
 
 
-class V4StateCache:
-    def __init__(
-        self,
-        model,
-        num_slots: int,
-        max_positions: int,
-        dtype: torch.dtype,
-        device: torch.device | str,
-        rows: int,
-    ) -> None:
-        self.model, self.max_positions, self.dtype, self.device = model, max_positions, dtype, device
-        self.num_rows = rows
+class V4KVPool(KVPool):
+    def __init__(self, config, layers: list[V4Layer], spec: KVPoolSpec) -> None:
+        self.config, self.layers = config, layers
+        self.max_positions, self.dtype, self.device = spec.max_positions, spec.dtype, spec.device
+        self.num_slots, self.num_rows = spec.num_slots, spec.num_rows
+        num_slots, rows = spec.num_slots, spec.num_rows
         self.rows: dict[int, RowState] = {}  # the rows holding a request
         # RowState.start of every row on the device, for decode steps that read it without the host
-        # (attention/v4_decode.py); row 0, the padding row of CUDA-graph batches, stays at 0
-        self.starts = torch.zeros(rows, dtype=torch.int64, device=device)
+        # (attention_decode.py); row 0, the padding row of CUDA-graph batches, stays at 0
+        self.starts = torch.zeros(rows, dtype=torch.int64, device=self.device)
         self.entries: dict[int, torch.Tensor] = {}  # layer id -> [num_slots // rate, head_dim]
         self.index_keys: dict[int, torch.Tensor] = {}  # CSA layer id -> [num_slots // rate, index_head_dim]
         self.rings: dict[int, torch.Tensor] = {}  # layer id -> [rows, sliding_window, head_dim]
         self.tails: dict[int, Tail] = {}  # compressor layer id -> [rows, tail_len, width] kv and gate
         self.index_tails: dict[int, Tail] = {}  # CSA layer id -> the indexer's, likewise
-        cfg, rates = model.config, [1]
-        for attn in model.attention_layers():
+        cfg, rates = config, [1]
+        for attn in layers:
             lid = attn.layer_id
             self.rings[lid] = self._zeros(rows, cfg.sliding_window, cfg.head_dim)
             comp = attn.compressor
@@ -97,7 +104,7 @@ class V4StateCache:
 
     # ------------------------------------------------------------------ rows
 
-    def reset(self, row: int, start: int) -> None:
+    def reset_row(self, row: int, start: int) -> None:
         """The request in `row` (re)builds its state from position `start` (0, or a replay's first).
         Nothing is zeroed: `start` bounds every read of the row's slices."""
         if not 0 <= row < self.num_rows:
@@ -108,7 +115,7 @@ class V4StateCache:
             state.start = start
             return
         layers = []
-        for attn in self.model.attention_layers():
+        for attn in self.layers:
             lid = attn.layer_id
             layer = LayerRow(self.rings[lid][row])
             if lid in self.tails:
@@ -118,8 +125,8 @@ class V4StateCache:
             layers.append(layer)
         self.rows[row] = RowState(start, layers)
 
-    def release(self, row: int) -> None:
-        """The request in `row` left (the next request there starts with `reset`)."""
+    def release_row(self, row: int) -> None:
+        """The request in `row` left (the next request there starts with `reset_row`)."""
         self.rows.pop(row, None)
 
     def row(self, row: int) -> RowState:
@@ -138,13 +145,13 @@ class V4StateCache:
         mode."""
         if exact:
             return self.max_positions
-        needed = self.model.config.sliding_window - 1
-        for attn in self.model.attention_layers():
+        needed = self.config.sliding_window - 1
+        for attn in self.layers:
             if attn.compressor is not None and attn.compressor.overlap:
                 needed = max(needed, attn.compressor.rate)
-        return max(needed, requested if requested is not None else self.model.config.sliding_window)
+        return max(needed, requested if requested is not None else self.config.sliding_window)
 
-    def check_plan(self, plan) -> None:  # noqa: ANN001 - a StepPlan
+    def check_plan(self, plan: StepPlan) -> None:
         """Refuse slots that break the pools' addressing (a token off its position's offset mod rate)."""
         m = self.page_multiple
         if m == 1:
@@ -158,10 +165,56 @@ class V4StateCache:
                 f"DeepSeek-V4 needs position-aligned pages of a multiple of {m} tokens"
             )
 
+    @property
+    def bytes_per_token(self) -> int:
+        return self.bytes_for(self.config, self.dtype)
+
+    def slot_tensors(self) -> list[SlotTensor]:
+        rate = {a.layer_id: a.compressor.rate for a in self.layers if a.compressor is not None}
+        out = [SlotTensor(f"entries.{lid}", t, rate[lid]) for lid, t in self.entries.items()]
+        return out + [SlotTensor(f"index_keys.{lid}", t, rate[lid]) for lid, t in self.index_keys.items()]
+
+    def row_state(self, row: int) -> RequestKV:
+        """The row's ring and compressor / indexer tails (by position modulo their lengths), and `start`."""
+        out = {"start": self.starts[row : row + 1].clone()}
+        for lid, ring in self.rings.items():
+            out[f"ring.{lid}"] = ring[row].clone()
+        for kind, tails in (("tail", self.tails), ("index_tail", self.index_tails)):
+            for lid, tail in tails.items():
+                out[f"{kind}.{lid}.kv"], out[f"{kind}.{lid}.gate"] = (
+                    tail.kv[row].clone(),
+                    tail.gate[row].clone(),
+                )
+        return out
+
+    def load_row_state(self, row: int, state: RequestKV, start: int) -> None:
+        expected = set(self.row_state(0))
+        if set(state) != expected:
+            raise ValueError(f"V4 row state has {sorted(state)}, this pool needs {sorted(expected)}")
+        self.reset_row(row, int(state["start"][0]))
+        for lid, ring in self.rings.items():
+            ring[row] = state[f"ring.{lid}"].to(ring.device, ring.dtype)
+        for kind, tails in (("tail", self.tails), ("index_tail", self.index_tails)):
+            for lid, tail in tails.items():
+                tail.kv[row] = state[f"{kind}.{lid}.kv"].to(tail.kv.device, tail.kv.dtype)
+                tail.gate[row] = state[f"{kind}.{lid}.gate"].to(tail.gate.device, tail.gate.dtype)
+
+    def truncate(self, row: int, length: int, n: int) -> None:
+        """Paged entries need nothing (an entry is written by the token that closes its window, and a
+        dropped window is written again when it closes again). The ring and the tails hold the last
+        `sliding_window` / `tail_len` positions in place: the positions the dropped tokens overwrote are
+        gone, so the state cannot be rolled back here (a request must rebuild it by replay)."""
+        super().truncate(row, length, n)
+        if n:
+            raise ValueError(
+                f"row {row}: DeepSeek-V4's ring and compressor tails cannot drop {n} tokens in place; "
+                "replay the request from a cached prefix instead"
+            )
+
     @staticmethod
-    def bytes_per_token(config, dtype: torch.dtype) -> int:
+    def bytes_for(config, dtype: torch.dtype) -> int:
         """Paged bytes per token slot: compressed entries (+ indexer keys), one per `rate` slots."""
-        size = torch.empty((), dtype=dtype).element_size()
+        size = dtype_bytes(dtype)
         rates = config.compress_rates
         total = 0.0
         for kind in config.layer_types:
@@ -174,7 +227,7 @@ class V4StateCache:
     @staticmethod
     def bytes_per_row(config, dtype: torch.dtype) -> int:
         """Per running request, outside the page budget: rings and compressor / indexer tails."""
-        size = torch.empty((), dtype=dtype).element_size()
+        size = dtype_bytes(dtype)
         rates = config.compress_rates
         total = 0
         for kind in config.layer_types:

@@ -1,12 +1,12 @@
 """DeepSeek-V4 attention for a decode step, every row at once (no Python loop over requests).
 
-`v4_ref.py` attends request by request (any step: prefill, chunked prefill, replay). A decode step, one
+`attention.py` attends request by request (any step: prefill, chunked prefill, replay). A decode step, one
 new token per row, has the same shape for every row, so here each layer runs a fixed number of batched
 ops whatever the batch size, and no op's shape depends on a row's length except through the entries'
 padded width (the step's largest; under a CUDA graph, max_model_len / rate). Padding rows of a graph
 batch (row 0, position 0) write only row 0's slices and page 0, and their outputs are dropped:
 
-- the sliding window is read in place from the pooled rings (`V4StateCache.rings`, [rows, window, d]):
+- the sliding window is read in place from the pooled rings (`V4KVPool.rings`, [rows, window, d]):
   the token is written at its ring slot first, then each row attends every slot of its ring whose
   position (the latest one congruent to the slot, p - ((p - j) mod window)) is at or past the row's
   state start;
@@ -18,24 +18,20 @@ batch (row 0, position 0) write only row 0's slices and page 0, and their output
   top-k indices, so the attention's width is top-k however many entries a row has);
 - one `sparse_attention` call takes the rings as its first source and the entry pool as its second.
 
-The math is v4_ref's; only the order of the keys in the softmax sums differs (tests/unit/gpu/
+The math is attention.py's; only the order of the keys in the softmax sums differs (tests/unit/gpu/
 test_deepseek_v4_decode.py compares the two paths' logits)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
+from runtime.gpu.forward_batch import ForwardBatch
 from runtime.gpu.kernels import registry
-
-if TYPE_CHECKING:
-    from runtime.gpu.forward_batch import ForwardBatch
-    from runtime.gpu.kv_cache_v4 import Tail, V4StateCache
-    from runtime.gpu.layers.compressor import Compressor, Indexer
-    from runtime.gpu.layers.interleaved_rope import InterleavedRope
-    from runtime.gpu.models.deepseek_v4 import DeepseekV4Attention
+from runtime.gpu.models.deepseek_v4.compressor import Compressor, Indexer
+from runtime.gpu.models.deepseek_v4.kv_pool import Tail, V4KVPool, V4Layer
+from runtime.gpu.models.deepseek_v4.rope import InterleavedRope
 
 
 @dataclass
@@ -53,9 +49,7 @@ def is_decode(batch: ForwardBatch) -> bool:
     return bool(batch.extend_lens) and all(n == 1 for n in batch.extend_lens) and not any(batch.replay_lens)
 
 
-def prepare(
-    batch: ForwardBatch, cache: V4StateCache, window: int, max_seq_len: int | None = None
-) -> DecodeMeta:
+def prepare(batch: ForwardBatch, cache: V4KVPool, window: int, max_seq_len: int | None = None) -> DecodeMeta:
     """Once per step: the ring slots each row sees and, per compression rate, its entries' pool indices.
     Entry widths: the step's largest (from the host's prefix lengths), or with `max_seq_len` the most
     any row can have, for a CUDA graph (device tensors only, fixed shapes)."""
@@ -78,7 +72,7 @@ def prepare(
 
 
 def forward(
-    attn: DeepseekV4Attention,
+    attn: V4Layer,
     q: torch.Tensor,
     kv: torch.Tensor,
     x: torch.Tensor,
@@ -89,7 +83,7 @@ def forward(
 ) -> torch.Tensor:
     """q [B, H, d], kv [B, d] (roped), x [B, D] the layer input, qr [B, q_lora] the normed q latent.
     Returns [B, H, d]."""
-    cache, lid = batch.kv_cache, attn.layer_id
+    cache, lid = batch.kv_pool, attn.layer_id
     ring = cache.rings[lid]
     window = ring.shape[1]
     ring[meta.rows, meta.positions % window] = kv
@@ -119,7 +113,7 @@ def push_and_pool(
     table: torch.Tensor,
     rope: InterleavedRope,
 ) -> None:
-    """Every row's token into its tail; the window it closes pooled into `pool` (v4_ref.compress_step
+    """Every row's token into its tail; the window it closes pooled into `pool` (attention.compress_step
     for one token per row). Rows whose window stays open rewrite an entry of theirs with its own value:
     no other row writes that entry this step (an entry is written only by the step that closes its
     window; padding rows, row 0, use page 0, which is never handed out)."""

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.gpu.layers.interleaved_rope import InterleavedRope
 from runtime.gpu.layers.norm import RMSNorm
+from runtime.gpu.models.deepseek_v4.rope import InterleavedRope
 
 
 class Compressor(nn.Module):
