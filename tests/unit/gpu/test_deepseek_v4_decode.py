@@ -13,8 +13,8 @@ import torch
 
 from runtime.config import RunnerConfig
 from runtime.gpu.model_runner import ModelRunner
-from runtime.gpu.models.deepseek_v4 import attention_decode as v4_decode
 from runtime.gpu.models.deepseek_v4 import attention as v4_ref
+from runtime.gpu.models.deepseek_v4 import attention_decode as v4_decode
 from runtime.gpu.testing import V4_TINY_CONFIGS, save_tiny_deepseek_v4, v4_decode_scenario
 
 
