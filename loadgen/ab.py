@@ -13,7 +13,7 @@ round, its mean, and the ratio of that mean to the first variant's.
     python -m loadgen ab --out-dir out/ab --rounds 2 \\
         --variant bf16 "--model llama-3.1-8b --load-format dummy --device cuda" \\
         --variant fp8kv "--model llama-3.1-8b --load-format dummy --device cuda --kv-cache-dtype fp8_e4m3" \\
-        --variant-env fp8kv CONDUIT_FOLD_NORMS=0 \\
+        --variant-env fp8kv CONDUIT_KERNEL_DECODE_ATTENTION=triton \\
         --backend completions --dataset-name random-ids --num-prompts 512 --random-input-len 1000 \\
         --random-output-len 1000 --random-range-ratio 1.0 --max-concurrency 256
 """
