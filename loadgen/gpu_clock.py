@@ -1,11 +1,12 @@
 """The GPU's SM clock and power during a benchmark, sampled with `nvidia-smi` when this machine has one.
 
 Why it is in every results file: a throughput run on an H200 is power-capped, and under sustained load
-the SM clock settles anywhere between about 1,550 and 1,700 MHz depending on the machine. Throughput
-follows it (docs/PERF.md: the same server read 11,625 tok/s at 1,613 MHz and 12,048 at 1,664), so
-figures from different machines compare only with their clocks beside them. The samples cover the
-benchmark window only (not the warm-up); a GPU idling at the start or end of the window is left out
-by keeping samples drawing at least LOADED_FRACTION of the run's peak power."""
+the SM clock settles anywhere between about 1,500 and 1,700 MHz depending on the machine. Throughput
+follows it (docs/PERF.md, "Llama-3.1-8B shape, one H200: end to end": the same kernels read 12,470
+tok/s at 1,513 MHz and 13,029 at 1,627), so figures from different machines compare only with their
+clocks beside them. The samples cover the benchmark window only (not the warm-up); a GPU idling at the
+start or end of the window is left out by keeping samples drawing at least LOADED_FRACTION of the
+run's peak power."""
 
 from __future__ import annotations
 

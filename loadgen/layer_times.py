@@ -96,7 +96,7 @@ def _report(title: str, wall: float, layers: dict[int, float], kinds: list[str])
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model-path", required=True, help="model directory or dummy preset name")
+    p.add_argument("--model-path", "--model", required=True, help="model directory or dummy preset name")
     p.add_argument("--hf-overrides", type=json.loads, default=None, help="JSON merged into config.json")
     p.add_argument("--prefill-context", type=int, default=32768)
     p.add_argument("--prefill-tokens", type=int, default=4096)

@@ -41,8 +41,9 @@ def _ints(s: str) -> list[int]:
 
 
 def add_args(p) -> None:
-    p.add_argument("--model-path", help="HF model directory (config.json is enough with dummy weights) or a "
-                   "preset name (llama-3.1-8b); default: a tiny Llama config")  # fmt: skip
+    p.add_argument("--model-path", "--model",
+                   help="HF model directory (config.json is enough with dummy weights) or a preset name "
+                   "(llama-3.1-8b); default: a tiny Llama config")  # fmt: skip
     p.add_argument("--load-format", choices=("dummy", "auto"), default="dummy")
     p.add_argument("--device", help="default: cuda if available, else cpu")
     p.add_argument("--dtype", help="default: bfloat16 on cuda, float32 on cpu")

@@ -14,6 +14,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
     g.add_argument(
         "--model",
+        "--model-path",
         default=None,
         help="Hugging Face model directory (config.json + safetensors), or with --load-format dummy "
         "a preset name (llama-3.1-8b, llama-3.2-1b, deepseek-v4-flash). Default: the embedded "

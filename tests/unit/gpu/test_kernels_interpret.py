@@ -279,7 +279,7 @@ def triton_backend_matches_torch_backend_mixed_then_decode():
     return max(ratios)
 
 
-# ------------------------------------------------------------------ DeepSeek ops (issue 8)
+# ------------------------------------------------------------------ DeepSeek ops
 
 
 def _mla(lens: list[int], hq: int, page: int, dtype, splits=None, block_table: bool = False) -> float:
