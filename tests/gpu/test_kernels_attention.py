@@ -204,7 +204,7 @@ def test_triton_backend_is_the_cuda_choice_and_matches_the_torch_backend() -> No
     from runtime.gpu.attention.triton_backend import TritonAttentionBackend
     from runtime.gpu.kv_cache import KVCache
 
-    assert registry.select("decode_attention", "cuda").name != "reference"
+    assert registry.op("decode_attention").select("cuda").name != "reference"
     hq, hkv, d, dtype = 32, 8, 128, torch.bfloat16
     g = torch.Generator("cuda").manual_seed(0)
     cache = KVCache(1, 20000, hkv, d, dtype, "cuda")

@@ -152,7 +152,7 @@ def test_fp8_linear_end_to_end(tokens: tuple[int, int], k: int) -> None:
     rel = _rel(y, x.float() @ w.T)
     weight_only = tokens[0] * tokens[1] <= WEIGHT_ONLY_MAX_M and k <= WEIGHT_ONLY_MAX_K
     ops = ("fp8_weight_gemm",) if weight_only else ("fp8_act_quant", "fp8_block_gemm")
-    chosen = ", ".join(f"{op}={registry.select(op, 'cuda').name}" for op in ops)
+    chosen = ", ".join(f"{op}={registry.op(op).select('cuda').name}" for op in ops)
     print(f"\n  fp8_linear {tokens} ({chosen}): rel. error vs float32 {rel:.4f}")
     assert y.shape == (*tokens, 2112) and rel < (0.005 if weight_only else 0.06)
 

@@ -28,7 +28,7 @@ from runtime import envs
 from runtime.gpu.attention import v4_decode
 from runtime.gpu.attention.base import AttentionBackend
 from runtime.gpu.forward_batch import ForwardBatch
-from runtime.gpu.kernels import registry
+from runtime.gpu.kernels.sparse_attention import SPARSE_ATTENTION
 from runtime.gpu.kv_cache_v4 import RowState, Tail
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ def attend_selected(
     selects the columns of `kv` its mask keeps (indices, -1 elsewhere), so no [H, L, K] score tensor."""
     if q.device.type != "cuda":
         return attend_with_sink(q, kv, mask, sinks, scale)
-    return registry.get("sparse_attention", q.device)(q, kv, selected_indices(mask), sinks, scale)
+    return SPARSE_ATTENTION.get(q.device)(q, kv, selected_indices(mask), sinks, scale)
 
 
 def selected_indices(mask: torch.Tensor) -> torch.Tensor:

@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         if w.op.startswith("fp8") or w.label.startswith("fp8"):  # vs the FP8 matmul peak (_scaled_mm), once
             fp8_peak = fp8_peak or fp8_ceiling(device, small)
             w_peak = fp8_peak or peak
-        for impl in registry.implementations(w.op):
+        for impl in registry.op(w.op).implementations():
             is_ref = impl.name == "reference"
             if not impl.available(device) or (is_ref and not (a.reference and w.tokens <= 8192)):
                 continue

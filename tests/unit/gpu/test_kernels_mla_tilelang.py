@@ -12,14 +12,14 @@ from runtime.gpu.kernels.mla_decode import tilelang as tl
 
 
 def test_tilelang_comes_after_flash_mla_and_before_triton() -> None:
-    names = [i.name for i in registry.implementations("mla_decode")]
+    names = [i.name for i in registry.op("mla_decode").implementations()]
     assert names == ["flash_mla", "tilelang", "triton", "reference"]
 
 
 def test_tilelang_is_not_available_on_the_cpu() -> None:
-    impl = registry.named("mla_decode", "tilelang")
+    impl = registry.op("mla_decode").named("tilelang")
     assert not impl.available(torch.device("cpu"))
-    assert registry.select("mla_decode", "cpu").name == "reference"
+    assert registry.op("mla_decode").select("cpu").name == "reference"
 
 
 def test_tilelang_needs_an_importable_tilelang(monkeypatch) -> None:

@@ -346,21 +346,11 @@ def stage1(
 
 
 def decode_attention(
-    q: torch.Tensor,
-    k_pool: torch.Tensor,
-    v_pool: torch.Tensor,
-    req_to_token: torch.Tensor,
-    rows: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    num_splits: int | None = None,
-    out: torch.Tensor | None = None,
-    page_size: int = 1,
-) -> torch.Tensor:
-    """`reference.decode_attention`'s contract. An fp8 pool that `supported` covers runs this stage 1:
-    with one split it writes the output itself, otherwise Triton's stage 2 merges the splits. Anything
-    else (16-bit pools, float32 tests) runs the Triton kernel whole. `num_splits` None: chosen from the
-    batch and req_to_token's width (no sync); fix it under graphs."""
+    q, k_pool, v_pool, req_to_token, rows, seq_lens, scale, num_splits=None, out=None, page_size=1
+):
+    """`DecodeAttention`. An fp8 pool that `supported` covers runs this stage 1: with one split it
+    writes the output itself, otherwise Triton's stage 2 merges the splits. Anything else (16-bit pools,
+    float32 tests) runs the Triton kernel whole."""
     from runtime.gpu.kernels.decode_attention import triton
 
     args = (q, k_pool, v_pool, req_to_token, rows, seq_lens, scale)

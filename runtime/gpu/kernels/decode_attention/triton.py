@@ -201,20 +201,9 @@ def stage1(
 
 
 def decode_attention(
-    q: torch.Tensor,
-    k_pool: torch.Tensor,
-    v_pool: torch.Tensor,
-    req_to_token: torch.Tensor,
-    rows: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    num_splits: int | None = None,
-    out: torch.Tensor | None = None,
-    page_size: int = 1,
-) -> torch.Tensor:
-    """Same contract as `reference.decode_attention`. `num_splits` None: chosen from the batch and
-    req_to_token's width (an upper bound on lengths, so no sync); pass a fixed one under CUDA graphs.
-    Slots are looked up per token, so `page_size` changes nothing here."""
+    q, k_pool, v_pool, req_to_token, rows, seq_lens, scale, num_splits=None, out=None, page_size=1
+):
+    """`DecodeAttention`. Slots are looked up per token, so `page_size` changes nothing here."""
     assert q.shape[1] % k_pool.shape[1] == 0 and q.stride(2) == 1 and k_pool.stride(2) == 1
     assert v_pool.stride(2) == 1 and req_to_token.stride(1) == 1
     args = (q, k_pool, v_pool, req_to_token, rows, seq_lens, scale)

@@ -24,11 +24,10 @@ import time
 
 import torch
 
-from runtime.gpu.kernels import registry
+from runtime.gpu.kernels.fp8_gemm import FP8_BLOCK_GEMM
 from runtime.gpu.kernels.fp8_gemm.tilelang import TileConfig, brief, choose_config, with_split
 from runtime.gpu.kernels.testing import close_ratio
 
-OP = "fp8_block_gemm"
 NK = ((7168, 2048), (4096, 7168), (2112, 7168))
 SHAPES = [(m, n, k) for m in (64, 128, 4096) for n, k in NK]
 SMALL_SHAPES = [(4, 256, 512), (64, 320, 384)]
@@ -167,7 +166,7 @@ def run(
     shapes = shapes or (SHAPES if device.type == "cuda" else SMALL_SHAPES)
     names = impls or [
         i.name
-        for i in registry.implementations(OP)
+        for i in FP8_BLOCK_GEMM.implementations()
         if i.available(device) and (i.name != "reference" or reference or device.type != "cuda")
     ]
     if "tilelang" in names:
@@ -187,7 +186,7 @@ def run(
         rows = [("scaled_mm (no block scales)", None, {})] if device.type == "cuda" else []
         for name in names:
             try:
-                fn = registry.named(OP, name).load()
+                fn = FP8_BLOCK_GEMM.named(name).load()
             except Exception as e:  # noqa: BLE001
                 print(f"{name:<32} {shape:<22} import failed: {type(e).__name__}: {e}", flush=True)
                 failures += 1

@@ -452,18 +452,10 @@ def _mark_name(key: tuple) -> str:
     return f"tilelang-{tl_version}-fp8_block_gemm-{n}x{k}-{out}-{cfg.label()}"
 
 
-def fp8_block_gemm(
-    x_fp8: torch.Tensor,
-    x_scale: torch.Tensor,
-    w: torch.Tensor,
-    w_scale: torch.Tensor,
-    out_dtype: torch.dtype = torch.bfloat16,
-    out: torch.Tensor | None = None,
-    config: TileConfig | None = None,
-) -> torch.Tensor:
-    """Same contract as `reference.fp8_block_gemm`: x_fp8 [M, K] e4m3, x_scale [M, ceil(K/128)] float32
-    (any strides: made contiguous here), w [N, K] e4m3, w_scale [ceil(N/128), ceil(K/128)] float32.
-    Returns [M, N] out_dtype. K not a multiple of 128 (and other unsupported inputs): Triton."""
+def fp8_block_gemm(x_fp8, x_scale, w, w_scale, out_dtype=torch.bfloat16, out=None, config=None):
+    """`Fp8BlockGemm` (`config`: the tile, `choose_config`'s when None; the fp8 bench's `--configs` and
+    `--tiles` compare them). K not a multiple of 128 and other inputs `supported` does not cover go to
+    the Triton kernel."""
     if not supported(x_fp8, w, out_dtype):
         from runtime.gpu.kernels.fp8_gemm import triton
 

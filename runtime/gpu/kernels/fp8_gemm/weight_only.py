@@ -67,11 +67,8 @@ def launch(m: int, n: int, device: torch.device) -> tuple[int, int, int, int]:
     return block_m, block_n, 4, 4
 
 
-def fp8_weight_gemm(
-    x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, out: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Same contract as `reference.fp8_weight_gemm`: x [M, K] bf16/fp16/fp32 (last stride 1), w [N, K]
-    e4m3, w_scale [ceil(N/128), ceil(K/128)] float32 -> [M, N] in x's dtype."""
+def fp8_weight_gemm(x, w, w_scale, out=None):
+    """`Fp8WeightGemm`."""
     m, k = x.shape
     n = w.shape[0]
     assert w.shape[1] == k and x.stride(1) == 1 and w.stride(1) == 1
@@ -104,8 +101,8 @@ def main(argv: list[str] | None = None) -> None:
     """`python -m runtime.gpu.kernels.fp8_gemm.weight_only`: per projection, CUDA-graph replay time of
     this kernel, of W8A8 (`fp8_act_quant` + `fp8_block_gemm` from the registry) and of a bf16 matmul
     with the dequantized weight; weight-read bandwidth of the first two."""
-    from runtime.gpu.kernels import registry
     from runtime.gpu.kernels.bench import bench_ms
+    from runtime.gpu.kernels.fp8_gemm import FP8_ACT_QUANT, FP8_BLOCK_GEMM
     from runtime.gpu.kernels.fp8_gemm.reference import fp8_weight_gemm as reference
     from runtime.gpu.kernels.testing import close_ratio
     from runtime.gpu.quant.fp8 import quantize
@@ -115,11 +112,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", choices=sorted(SHAPES), nargs="*", default=sorted(SHAPES))
     a = p.parse_args(argv)
     dev = torch.device("cuda")
-    quant = registry.get("fp8_act_quant", dev)
-    block = registry.get("fp8_block_gemm", dev)
-    print(
-        f"# {torch.cuda.get_device_name(dev)}, fp8_block_gemm = {registry.select('fp8_block_gemm', dev).name}"
-    )
+    quant = FP8_ACT_QUANT.get(dev)
+    block = FP8_BLOCK_GEMM.get(dev)
+    print(f"# {torch.cuda.get_device_name(dev)}, fp8_block_gemm = {FP8_BLOCK_GEMM.select(dev).name}")
     print(f"{'model':<8} {'N x K':<12} {'M':>3} {'w8a16 us':>9} {'GB/s':>6} {'w8a8 us':>8} {'GB/s':>6} "
           f"{'bf16 us':>8} {'check':>6}")  # fmt: skip
     for model in a.model:

@@ -864,9 +864,8 @@ def mla_decode_paged(
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The launcher, `triton.mla_decode_paged`'s contract: q [B, Hq, D]; pool [slots, D]; token pos of
-    row r lives in slot `table[r, pos // page] * page + pos % page`. Returns (out [B, Hq, r] in q's
-    dtype, lse [B, Hq] float32 natural log). What `supported` does not cover runs the Triton kernel."""
+    """`triton.mla_decode_paged` (the launcher both entry points share) on this kernel; what `supported`
+    does not cover runs the Triton one."""
     batch, num_heads, dim = q.shape
     d_pe = dim - kv_lora_rank
     if not supported(q, kv_lora_rank) or pool.dtype != q.dtype:
@@ -902,21 +901,11 @@ def mla_decode_paged(
 
 
 def mla_decode(
-    q: torch.Tensor,
-    latent_pool: torch.Tensor,
-    req_to_token: torch.Tensor,
-    rows: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    kv_lora_rank: int = 512,
-    num_splits: int | None = None,
-    out: torch.Tensor | None = None,
-    return_lse: bool = False,
-    page_size: int = 1,
-):
-    """Same contract as `reference.mla_decode`: with a page table of pages of a multiple of 64 tokens,
-    whole tiles arrive by TMA and the seesaw schedule runs (`schedule`). `num_splits` None: chosen on
-    the host from the batch and the table's width (no sync); fix it under CUDA graphs."""
+    q, latent_pool, req_to_token, rows, seq_lens, scale, kv_lora_rank=512, num_splits=None, out=None,
+    return_lse=False, page_size=1,
+):  # fmt: skip
+    """`MlaDecode`: with a page table of pages of a multiple of 64 tokens, whole tiles arrive by TMA and
+    the seesaw schedule runs (`schedule`)."""
     o, lse = mla_decode_paged(
         q, pool_2d(latent_pool), req_to_token, rows, seq_lens, scale, kv_lora_rank, page_size, num_splits, out
     )

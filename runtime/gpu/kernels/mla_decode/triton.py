@@ -203,21 +203,10 @@ def mla_decode_paged(
 
 
 def mla_decode(
-    q: torch.Tensor,
-    latent_pool: torch.Tensor,
-    req_to_token: torch.Tensor,
-    rows: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    kv_lora_rank: int = 512,
-    num_splits: int | None = None,
-    out: torch.Tensor | None = None,
-    return_lse: bool = False,
-    page_size: int = 1,
-    config: MLAConfig | None = None,
-):
-    """Same contract as `reference.mla_decode`. `num_splits` None: chosen on the host from the batch,
-    head blocks and req_to_token's width (no sync); pass a fixed one under CUDA graphs."""
+    q, latent_pool, req_to_token, rows, seq_lens, scale, kv_lora_rank=512, num_splits=None, out=None,
+    return_lse=False, page_size=1, config=None,
+):  # fmt: skip
+    """`MlaDecode` (`config`: the launch, `default_config`'s when None)."""
     o, lse = mla_decode_paged(
         q, pool_2d(latent_pool), req_to_token, rows, seq_lens, scale, kv_lora_rank, page_size,
         num_splits, out, None, config,

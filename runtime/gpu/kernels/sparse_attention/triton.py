@@ -1,4 +1,4 @@
-"""Sparse attention over selected rows (DeepSeek-V4) in Triton: same contract as `reference.py`.
+"""Sparse attention over selected rows (DeepSeek-V4) in Triton (`SparseAttention`).
 
 One program per (token, block of BLOCK_H query heads); a token's head blocks are adjacent in the grid, so
 the rows it gathers are read from memory once and from L2 by the other blocks. A program walks the
@@ -128,21 +128,10 @@ def _source(kv: torch.Tensor, indices: torch.Tensor, length: torch.Tensor | None
 
 
 def sparse_attention(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    indices: torch.Tensor,
-    sinks: torch.Tensor | None,
-    scale: float,
-    topk_length: torch.Tensor | None = None,
-    extra_kv: torch.Tensor | None = None,
-    extra_indices: torch.Tensor | None = None,
-    extra_topk_length: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    config: SparseConfig | None = None,
-) -> torch.Tensor:
-    """Same contract as `reference.sparse_attention`: q [T, H, d] (last stride 1), kv [S, d] in q's dtype,
-    indices [T, K] int32/int64 (-1: none), sinks [H] float32 or None; returns [T, H, d]. Grid and shapes
-    come from the host tensors' sizes: no device sync, CUDA-graph safe."""
+    q, kv, indices, sinks, scale, topk_length=None, extra_kv=None, extra_indices=None, extra_topk_length=None,
+    out=None, config=None,
+):  # fmt: skip
+    """`SparseAttention` (`config`: the launch, `default_config`'s when None)."""
     tokens, num_heads, dim = q.shape
     assert q.stride(-1) == 1
     out = q.new_empty(tokens, num_heads, dim) if out is None else out
