@@ -60,7 +60,7 @@ def test_fp8_block_gemm_matches_reference(name: str, shape: tuple) -> None:
 
 
 def _tilelang_configs() -> list:
-    from runtime.gpu.kernels.fp8_gemm.bench import TILELANG_CONFIGS
+    from benchmarks.kernels.fp8_gemm import TILELANG_CONFIGS
     from runtime.gpu.kernels.fp8_gemm.tilelang import TileConfig
 
     return [

@@ -22,7 +22,7 @@ from runtime.gpu.kernels.triton_utils import dot_f32, dot_operand
 # with PREFETCH_SLOTS, 3 stages were the best of 2-4 (BLOCK_N 256 and 8 warps lost; docs/PERF.md).
 LAUNCH = {4: (64, 4, 4), 2: (64, 4, 4), 1: (128, 4, 3)}
 
-# How an fp8 (e4m3) pool's values reach the tensor cores; `sweep --kv-dtype fp8` times both.
+# How an fp8 (e4m3) pool's values reach the tensor cores; `benchmarks.kernels.decode_attention_sweep --kv-dtype fp8` times both.
 #   "q":    upcast to q's dtype. For bf16 queries that is the slow path: there is no one-instruction
 #           e4m3 -> bf16 conversion (248.8 us per layer at B=256, 1K on the H200).
 #   "f16":  to float16 (`cvt.rn.f16x2.e4m3x2`, two values per instruction); q and p go to float16 too
@@ -178,7 +178,7 @@ def stage1(
     num_splits: int,
 ):
     """Launch stage 1: (partial outputs [B, Hq, splits, D] f32, their lse [B, Hq, splits] f32, and
-    Triton's compiled kernel, whose `asm` / `n_regs` / `metadata.shared` `sweep --compiled` prints)."""
+    Triton's compiled kernel, whose `asm` / `n_regs` / `metadata.shared` `benchmarks.kernels.decode_attention_sweep --compiled` prints)."""
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads = k_pool.shape[1]
     group = num_q_heads // num_kv_heads

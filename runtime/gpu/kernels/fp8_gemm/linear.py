@@ -13,7 +13,7 @@ import torch
 
 from runtime.gpu.kernels.fp8_gemm import FP8_ACT_QUANT, FP8_BLOCK_GEMM, FP8_WEIGHT_GEMM
 
-# Where x stays unquantized (W8A16), from `python -m runtime.gpu.kernels.fp8_gemm.weight_only` on the
+# Where x stays unquantized (W8A16), from `python -m benchmarks.kernels.fp8_weight_only` on the
 # H200 (docs/PERF.md): at M <= 16 and K <= 2816 it was faster than W8A8 (TileLang), or within 0.9 us,
 # at every V2-Lite/V3 projection (e.g. 8.5 vs 12.3 us at 5632x2048); at K = 7168 its unsplit K loop lost
 # (20.5 vs 12.3 us at 1536x7168), and above 16 rows so did its 32-row tile.

@@ -81,7 +81,7 @@ class TileConfig:
 
 
 def choose_config(m: int, n: int, k: int, device: torch.device) -> TileConfig:
-    """From `python -m runtime.gpu.kernels.fp8_gemm.bench --configs` on the H200 (docs/PERF.md): M > 128
+    """From `python -m benchmarks.kernels.fp8_gemm --configs` on the H200 (docs/PERF.md): M > 128
     takes DeepGEMM's 128 x 128 tile on two math warpgroups, 4 stages, at every measured shape (64-wide N
     tiles fill the last wave better at N = 2112 but ran 20% slower), in the persistent kernel that
     promotes under the next wgmma ("pd": 4-8% faster at M = 4096) when K has an even number of 128-wide

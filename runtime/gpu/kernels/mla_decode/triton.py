@@ -37,7 +37,7 @@ class MLAConfig:
 
 def default_config(num_heads: int, device: torch.device) -> MLAConfig:
     """Fixed guesses (SGLang's grouped Triton MLA kernel uses 16 x 32, 4 warps, 2 stages on Hopper);
-    `python -m runtime.gpu.kernels.bench --ops mla_decode --sweep` measures the alternatives."""
+    `python -m benchmarks.kernels.ops --ops mla_decode --sweep` measures the alternatives."""
     if device.type != "cuda":
         return MLAConfig(block_h=16, block_n=16, num_warps=1, num_stages=1)
     return MLAConfig()

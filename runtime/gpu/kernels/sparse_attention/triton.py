@@ -36,7 +36,7 @@ class SparseConfig:
 
 def default_config(num_heads: int, dim: int, dtype: torch.dtype, device: torch.device) -> SparseConfig:
     """Untuned guesses from the MLA decode kernel (16 x 32, 4 warps, 2 stages at d 576); float32 rows
-    twice as wide take half the block. `python -m runtime.gpu.kernels.bench --ops sparse_attention
+    twice as wide take half the block. `python -m benchmarks.kernels.ops --ops sparse_attention
     --sweep` times the alternatives."""
     if device.type != "cuda":
         return SparseConfig(block_h=16, block_n=16, num_warps=1, num_stages=1)

@@ -1,9 +1,9 @@
 """Kernel benchmark: time, achieved bandwidth and FLOP rate of every op implementation at Llama-3.1-8B
 shapes, against ceilings measured in the same run (device-to-device copy bandwidth, bf16 matmul peak).
 
-    python -m runtime.gpu.kernels.bench                      # all ops, all non-reference impls
-    python -m runtime.gpu.kernels.bench --ops decode_attention --reference
-    python -m runtime.gpu.kernels.bench --ops fp8_block_gemm --fp8-configs   # see fp8_gemm/bench.py
+    python -m benchmarks.kernels.ops                      # all ops, all non-reference impls
+    python -m benchmarks.kernels.ops --ops decode_attention --reference
+    python -m benchmarks.kernels.ops --ops fp8_block_gemm --fp8-configs   # see benchmarks/kernels/fp8_gemm.py
     CONDUIT_KERNEL_DECODE_ATTENTION=reference ...            # (the registry's forcing also applies)
 
 On CUDA, times are triton.testing.do_bench medians. `--device cpu` runs the references with wall-clock
@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import statistics
 import sys
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
+from benchmarks.kernels.timing import bench_ms, ceilings, fp8_ceiling
 from runtime.gpu.kernels import registry
 from runtime.gpu.kernels.testing import paged_case
 
@@ -37,63 +36,6 @@ class Work:
     bytes: float  # minimum bytes moved
     flops: float
     tokens: int = 1  # new tokens (the reference is skipped on long prefills: its scores would not fit)
-
-
-def bench_ms(fn: Callable[[], object], device: torch.device, graph: bool = False) -> float:
-    """Median ms. `graph`: replay a CUDA graph of the call, so host launch overhead is excluded (as in
-    the engine's graph-captured decode); falls back to plain launches if the call cannot be captured."""
-    if device.type == "cuda":
-        import triton.testing
-
-        if graph:
-            try:
-                return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
-            except Exception:  # e.g. a host sync inside: not capturable
-                torch.cuda.synchronize()
-        return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-    fn()
-    n, t0 = 0, time.perf_counter()
-    while n < 3 or time.perf_counter() - t0 < 0.2:
-        fn()
-        n += 1
-    return (time.perf_counter() - t0) / n * 1e3
-
-
-def round_robin(n: int, rounds: int) -> Iterator[int]:
-    """The order to time n runs `rounds` times: 0..n-1, each round starting one run later. The GPU's
-    clock falls as it warms under a long run, so a fixed order favours whoever goes first (PERF.md,
-    thirteenth session)."""
-    for r in range(rounds):
-        for i in range(n):
-            yield (r + i) % n
-
-
-def round_robin_medians(timings: Sequence[Callable[[], float]], rounds: int) -> list[float | Exception]:
-    """Each timing's median over `rounds` calls made in `round_robin` order. A timing that raises is not
-    called again and its exception stands in for its median."""
-    times: list[list[float]] = [[] for _ in timings]
-    failed: dict[int, Exception] = {}
-    for i in round_robin(len(timings), rounds):
-        if i in failed:
-            continue
-        try:
-            times[i].append(timings[i]())
-        except Exception as e:  # noqa: BLE001
-            failed[i] = e
-    return [failed[i] if i in failed else statistics.median(t) for i, t in enumerate(times)]
-
-
-def ceilings(device: torch.device, small: bool) -> tuple[float, float]:
-    """(copy bytes/s counting read + write, bf16 matmul FLOP/s)."""
-    n = (64 if small else 2048) << 20
-    src = torch.empty(n, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    copy_bw = 2 * n / (bench_ms(lambda: dst.copy_(src), device) * 1e-3)
-    m = 1024 if small else 8192
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    a, b = (torch.randn(m, m, device=device).to(dtype) for _ in range(2))
-    peak = 2 * m**3 / (bench_ms(lambda: a @ b, device) * 1e-3)
-    return copy_bw, peak
 
 
 def _attention_bytes(c, hq: int, tokens: int) -> float:
@@ -215,10 +157,10 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
     if "fp8_block_gemm" in ops:  # its own table: every impl and config checked, vs DeepGEMM's figures
-        from runtime.gpu.kernels.fp8_gemm import bench as fp8_bench
+        from benchmarks.kernels import fp8_gemm as fp8_bench
 
         fp8_peak = fp8_peak or fp8_ceiling(device, small)
-        print("# fp8_block_gemm (runtime.gpu.kernels.fp8_gemm.bench)", flush=True)
+        print("# fp8_block_gemm (benchmarks.kernels.fp8_gemm)", flush=True)
         failures += fp8_bench.run(
             device, fp8_bench.SMALL_SHAPES if small else None, None, a.fp8_configs, a.sweep,
             not a.no_graph, fp8_peak, reference=a.reference,
@@ -234,26 +176,6 @@ FLASH_MLA_H200 = {
     (128, 128): {1024: "469 TF", 4096: "575 TF", 16384: "537 TF", 32768: "525 TF"},
     (16, 128): {4096: "3.56 TB/s", 32768: "4.11 TB/s"},
 }
-
-
-def fp8_ceiling(device: torch.device, small: bool) -> float | None:
-    """FP8 e4m3 matmul FLOP/s (torch._scaled_mm, per-tensor scales, 8192^3); None where unsupported."""
-    if device.type != "cuda":
-        return None
-    try:
-        m = 1024 if small else 8192
-        a = torch.randn(m, m, device=device).to(torch.float8_e4m3fn)
-        b = torch.randn(m, m, device=device).to(torch.float8_e4m3fn).T
-        one = torch.ones((), device=device)
-        ms = bench_ms(lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16), device)
-        f = 2 * m**3 / (ms * 1e-3)
-        print(
-            f"# ceilings: fp8 matmul {f / 1e12:.1f} TFLOP/s (torch._scaled_mm, %mm of fp8 ops is against this)"
-        )
-        return f
-    except Exception as e:  # noqa: BLE001 - an old torch / GPU: fall back to the bf16 peak
-        print(f"# fp8 matmul ceiling unavailable ({type(e).__name__}); fp8 %mm is against bf16")
-        return None
 
 
 def _cfg_label(c) -> str:
@@ -309,7 +231,7 @@ SWEEPS = {
 def deepseek_workloads(ops: list[str], device: torch.device, small: bool) -> Iterator[Work]:
     """MLA decode (bf16 latent pool, page 64, FlashMLA FLOP/byte accounting: FLOPs = 2 * sum(seqlen) *
     h_q * (576 + 512), bytes = KV + Q + O) at h_q 128/16, batch 64/128, contexts 1K..32K; the FP8
-    activation quantizer at DeepSeek-V3 shapes (the FP8 GEMM has its own table: fp8_gemm/bench.py); V4
+    activation quantizer at DeepSeek-V3 shapes (the FP8 GEMM has its own table: `fp8_gemm.py` here); V4
     sparse attention (FLOPs = 4 * selected rows * heads * d, bytes = selected rows * d + indices + Q + O).
     Labels carry the anchor to compare with."""
     if "mla_decode" in ops:

@@ -1,15 +1,15 @@
 """FP8 block GEMM, every implementation side by side at DeepSeek-V3 shapes (M 64 / 128 / 4096; N x K
 7168x2048, 4096x7168, 2112x7168). Each implementation (and config) is checked against the reference
-on its first call at each shape, then timed (CUDA-graph replays, `kernels.bench.bench_ms`), and printed
+on its first call at each shape, then timed (CUDA-graph replays, `timing.bench_ms`), and printed
 as TFLOP/s, % of the FP8 matmul ceiling (torch._scaled_mm with per-tensor scales at 8192^3; the
 `scaled_mm` row is the same call at the row's shape: no block scales, not checked) and the ratio to
 DeepGEMM's published H800 figure for the shape.
 
-    python -m runtime.gpu.kernels.fp8_gemm.bench              # tilelang (chosen config), triton, deep_gemm
-    python -m runtime.gpu.kernels.fp8_gemm.bench --configs    # + TILELANG_CONFIGS (K splits per shape)
-    python -m runtime.gpu.kernels.fp8_gemm.bench --sweep      # + the Triton kernel's alternative configs
-    python -m runtime.gpu.kernels.fp8_gemm.bench --configs --compile-only   # fill the compile cache
-    python -m runtime.gpu.kernels.bench --ops fp8_block_gemm [--fp8-configs] [--sweep]   # the same rows
+    python -m benchmarks.kernels.fp8_gemm              # tilelang (chosen config), triton, deep_gemm
+    python -m benchmarks.kernels.fp8_gemm --configs    # + TILELANG_CONFIGS (K splits per shape)
+    python -m benchmarks.kernels.fp8_gemm --sweep      # + the Triton kernel's alternative configs
+    python -m benchmarks.kernels.fp8_gemm --configs --compile-only   # fill the compile cache
+    python -m benchmarks.kernels.ops --ops fp8_block_gemm [--fp8-configs] [--sweep]   # the same rows
 
 TileLang kernels are compiled first, in parallel worker processes (TileLang's disk cache then serves
 this one). A config that fails to compile, to run or the check prints its error and the rest go on;
@@ -24,6 +24,7 @@ import time
 
 import torch
 
+from benchmarks.kernels.timing import bench_ms, fp8_ceiling
 from runtime.gpu.kernels.fp8_gemm import FP8_BLOCK_GEMM
 from runtime.gpu.kernels.fp8_gemm.tilelang import TileConfig, brief, choose_config, with_split
 from runtime.gpu.kernels.testing import close_ratio
@@ -160,7 +161,6 @@ def run(
     """Print one row per (shape, implementation, config); returns the number of failures (compile, run
     or check). `impls` None: every available non-reference implementation (+ the reference when
     `reference` or on the CPU)."""
-    from runtime.gpu.kernels.bench import bench_ms
     from runtime.gpu.kernels.fp8_gemm.reference import fp8_block_gemm as ref_gemm
 
     shapes = shapes or (SHAPES if device.type == "cuda" else SMALL_SHAPES)
@@ -236,8 +236,6 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.stderr.write("no CUDA device; use --device cpu for a smoke test of the references\n")
         return 2
-    from runtime.gpu.kernels.bench import fp8_ceiling
-
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"# {name}  torch {torch.__version__}", flush=True)
     shapes = [tuple(int(v) for v in s.split(":")) for s in a.shapes] if a.shapes else None

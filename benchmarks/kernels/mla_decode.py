@@ -1,6 +1,6 @@
 """MLA decode against FlashMLA's H200 figures (issue 8), in one command that fits a short GPU lease:
 
-    python -m runtime.gpu.kernels.mla_decode.bench [--impls tilelang triton flash_mla] [--no-check] [--no-bench]
+    python -m benchmarks.kernels.mla_decode [--impls tilelang triton flash_mla] [--no-check] [--no-bench]
 
 1. compiles the TileLang variants it will use in parallel worker processes (TileLang's disk cache then
    serves the main process), so compilation costs one variant's time, not ten;
@@ -31,7 +31,7 @@ Accounting as FlashMLA's and TileLang's benchmarks: FLOPs = 2 sum(seqlen) h_q (5
 Q + O. Each check or point runs under its own try, so one failure does not hide the rest.
 
 Timers (`--timers`, each a column of runs, round-robin with the rest):
-- `graph`: the median of CUDA-graph replays (`kernels.bench.bench_ms`, triton's do_bench_cudagraph): about
+- `graph`: the median of CUDA-graph replays (`timing.bench_ms`, triton's do_bench_cudagraph): about
   100 ms of back-to-back launches, so the GPU runs at its power-capped clock under sustained load.
 - `do_bench`: the median of triton's do_bench, the method FlashMLA's reference figures were measured
   with: every launch follows a 256 MB cache-clearing write, so L2 starts cold, and the GPU is not under
@@ -49,7 +49,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import torch
 
-from runtime.gpu.kernels.bench import bench_ms, ceilings, round_robin_medians
+from benchmarks.kernels.timing import bench_ms, ceilings, round_robin_medians
 from runtime.gpu.kernels.mla_decode import reference
 from runtime.gpu.kernels.mla_decode.testing import mla_case
 from runtime.gpu.kernels.testing import TOLERANCE, close_ratio
@@ -259,7 +259,7 @@ def bench(
     layouts: tuple[str, ...] = ("shuffled",),
 ) -> None:
     """Time every (implementation, entry, schedule, timer) at every point and page layout: a point's
-    runs are timed `rounds` times in `kernels.bench.round_robin` order and report their medians."""
+    runs are timed `rounds` times in `timing.round_robin` order and report their medians."""
 
     print(
         f"{'impl':<8} {'schedule':<13} {'entry':<5} {'timer':<8} {'pages':<10} {'h_q':>3} {'B':>4} {'ctx':>6} {'us':>8} {'TFLOP/s':>8} {'TB/s':>6} {'FlashMLA':>10} {'ratio':>6} {'vs here':>8}"

@@ -1,5 +1,5 @@
 """Sweep the Triton decode kernel's block size, warps, pipeline stages and split count on CUDA, each
-configuration checked against the reference: `python -m runtime.gpu.kernels.decode_attention.sweep`.
+configuration checked against the reference: `python -m benchmarks.kernels.decode_attention_sweep`.
 
 Small batches are launch-bound under do_bench (about 10 us to issue a launch on the device host), but a
 decode step replays a CUDA graph: `--graph` times 32 back-to-back calls (one per Llama-8B layer)
@@ -15,7 +15,7 @@ import itertools
 import torch
 import triton
 
-from runtime.gpu.kernels.bench import round_robin_medians
+from benchmarks.kernels.timing import round_robin_medians
 from runtime.gpu.kernels.common import choose_num_splits
 from runtime.gpu.kernels.decode_attention import triton as kernel
 from runtime.gpu.kernels.decode_attention.reference import decode_attention as reference
@@ -69,7 +69,7 @@ TILELANG_SHAPES = [(256, 1024), (256, 1536), (64, 4096), (128, 2048), (32, 8192)
 def sweep_tilelang(variants: list[str], page_size: int, rounds: int = 1) -> None:
     """fp8 pools: each TileLang stage-1 variant at its best split count, and the Triton kernel's default
     launch on the same case (its best split count), per layer of the Llama-3.1-8B shape. A case's runs
-    are timed `rounds` times in `kernels.bench.round_robin` order and keep their medians."""
+    are timed `rounds` times in `timing.round_robin` order and keep their medians."""
     from runtime.gpu.kernels.decode_attention import tilelang
 
     for batch, ctx in TILELANG_SHAPES:
