@@ -7,9 +7,8 @@ DeepGEMM's published H800 figure for the shape.
 
     python -m benchmarks.kernels.fp8_gemm              # tilelang (chosen config), triton, deep_gemm
     python -m benchmarks.kernels.fp8_gemm --configs    # + TILELANG_CONFIGS (K splits per shape)
-    python -m benchmarks.kernels.fp8_gemm --sweep      # + the Triton kernel's alternative configs
     python -m benchmarks.kernels.fp8_gemm --configs --compile-only   # fill the compile cache
-    python -m benchmarks.kernels.ops --ops fp8_block_gemm [--fp8-configs] [--sweep]   # the same rows
+    python -m benchmarks.kernels.ops --ops fp8_block_gemm [--fp8-configs]   # the same rows
 
 TileLang kernels are compiled first, in parallel worker processes (TileLang's disk cache then serves
 this one). A config that fails to compile, to run or the check prints its error and the rest go on;
@@ -50,27 +49,6 @@ TILELANG_CONFIGS = (
 )
 
 
-def triton_configs(m: int) -> list:
-    """--sweep: the Triton kernel's alternatives to its `choose_config`."""
-    from runtime.gpu.kernels.fp8_gemm.triton import GemmConfig
-
-    if m <= 128:
-        return [
-            GemmConfig(bm, bn, sk, 8, warps, st)
-            for bm, bn, sk, warps, st in (
-                (16, 64, 1, 4, 4), (16, 64, 4, 4, 4), (16, 128, 2, 4, 4), (32, 64, 2, 4, 4),
-                (64, 64, 2, 4, 3), (64, 128, 1, 4, 3), (64, 128, 2, 4, 4), (16, 32, 4, 2, 5),
-            )
-        ]  # fmt: skip
-    return [
-        GemmConfig(bm, bn, 1, gm, warps, st)
-        for bm, bn, gm, warps, st in (
-            (64, 128, 8, 4, 3), (64, 128, 32, 4, 4), (128, 128, 8, 8, 3), (128, 128, 8, 4, 3),
-            (128, 256, 8, 8, 3), (128, 64, 8, 4, 4), (64, 256, 8, 8, 3), (128, 128, 16, 8, 4),
-        )
-    ]  # fmt: skip
-
-
 def tilelang_configs(
     m: int, n: int, k: int, device: torch.device, configs: bool, tiles: list[TileConfig] | None = None
 ) -> list[TileConfig]:
@@ -85,7 +63,7 @@ def tilelang_configs(
     return [chosen] + [c for c in dict.fromkeys(others) if c != chosen]
 
 
-def variants(name: str, m: int, n: int, k: int, device: torch.device, configs: bool, sweep: bool, tiles=None):
+def variants(name: str, m: int, n: int, k: int, device: torch.device, configs: bool, tiles=None):
     """(label, extra kwargs) to time for one implementation at one shape; `*` marks the config that
     `tilelang.choose_config` picks."""
     if name == "tilelang":
@@ -93,13 +71,7 @@ def variants(name: str, m: int, n: int, k: int, device: torch.device, configs: b
         return [
             (f"tilelang:{c.label()}" + ("*" if i == 0 else ""), {"config": c}) for i, c in enumerate(cfgs)
         ]
-    if name == "triton" and sweep:
-        return [("triton", {})] + [(f"triton:{_triton_label(c)}", {"config": c}) for c in triton_configs(m)]
     return [(name, {})]
-
-
-def _triton_label(c) -> str:
-    return f"{c.block_m}x{c.block_n}k{c.split_k}g{c.group_m}w{c.num_warps}s{c.num_stages}"
 
 
 # ------------------------------------------------------------------ compiling ahead
@@ -151,7 +123,6 @@ def run(
     shapes: list[tuple[int, int, int]] | None = None,
     impls: list[str] | None = None,
     configs: bool = False,
-    sweep: bool = False,
     graph: bool = True,
     peak: float | None = None,
     workers: int = 12,
@@ -191,7 +162,7 @@ def run(
                 print(f"{name:<32} {shape:<22} import failed: {type(e).__name__}: {e}", flush=True)
                 failures += 1
                 continue
-            rows += [(label, fn, kw) for label, kw in variants(name, m, n, k, device, configs, sweep, tiles)]
+            rows += [(label, fn, kw) for label, kw in variants(name, m, n, k, device, configs, tiles)]
         for label, fn, kw in rows:
             try:
                 if fn is None:
@@ -223,7 +194,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--impls", nargs="*", default=None, help="default: every available one")
     p.add_argument("--configs", action="store_true", help="also time TILELANG_CONFIGS")
-    p.add_argument("--sweep", action="store_true", help="also time the Triton kernel's alternative configs")
     p.add_argument(
         "--tiles", nargs="*", default=None, help="TileLang tiles to time instead of TILELANG_CONFIGS"
     )
@@ -245,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     peak = fp8_ceiling(device, small=device.type != "cuda")
     failures = run(
-        device, shapes, a.impls, a.configs, a.sweep, not a.no_graph, peak, a.compile_workers, tiles=tiles
+        device, shapes, a.impls, a.configs, not a.no_graph, peak, a.compile_workers, tiles=tiles
     )  # fmt: skip
     return 1 if failures else 0
 

@@ -111,7 +111,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--page-size", type=int, default=16, help="slots are shuffled a page at a time")
     p.add_argument("--small", action="store_true", help="small shapes (smoke test)")
     p.add_argument("--no-graph", action="store_true", help="time plain launches, not CUDA graph replays")
-    p.add_argument("--sweep", action="store_true", help="also time the Triton kernels' alternative configs")
     p.add_argument(
         "--fp8-configs", action="store_true", help="fp8_block_gemm: also time the TileLang tile configs"
     )
@@ -144,26 +143,21 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             fn = impl.load()
             graph = not (is_ref or a.no_graph)
-            variants = [(impl.name, {})]
-            if a.sweep and impl.name == "triton" and w.op in SWEEPS:
-                variants += [(f"triton:{_cfg_label(c)}", {"config": c}) for c in SWEEPS[w.op](w)]
-            for label, extra in variants:
-                kw = {**w.kwargs, **extra}
-                ms = bench_ms(lambda fn=fn, w=w, kw=kw: fn(*w.args, **kw), device, graph)
-                bw, fl = w.bytes / (ms * 1e-3), w.flops / (ms * 1e-3)
-                print(
-                    f"{w.op:<18} {label:<10} {w.label:<26} {ms * 1e3:9.1f} {bw / 1e9:8.0f} "
-                    f"{100 * bw / copy_bw:5.0f}% {fl / 1e12:8.2f} {100 * fl / w_peak:4.0f}%",
-                    flush=True,
-                )
+            ms = bench_ms(lambda fn=fn, w=w: fn(*w.args, **w.kwargs), device, graph)
+            bw, fl = w.bytes / (ms * 1e-3), w.flops / (ms * 1e-3)
+            print(
+                f"{w.op:<18} {impl.name:<10} {w.label:<26} {ms * 1e3:9.1f} {bw / 1e9:8.0f} "
+                f"{100 * bw / copy_bw:5.0f}% {fl / 1e12:8.2f} {100 * fl / w_peak:4.0f}%",
+                flush=True,
+            )
     if "fp8_block_gemm" in ops:  # its own table: every impl and config checked, vs DeepGEMM's figures
         from benchmarks.kernels import fp8_gemm as fp8_bench
 
         fp8_peak = fp8_peak or fp8_ceiling(device, small)
         print("# fp8_block_gemm (benchmarks.kernels.fp8_gemm)", flush=True)
         failures += fp8_bench.run(
-            device, fp8_bench.SMALL_SHAPES if small else None, None, a.fp8_configs, a.sweep,
-            not a.no_graph, fp8_peak, reference=a.reference,
+            device, fp8_bench.SMALL_SHAPES if small else None, None, a.fp8_configs, not a.no_graph,
+            fp8_peak, reference=a.reference,
         )  # fmt: skip
     return 1 if failures else 0
 
@@ -175,56 +169,6 @@ FLASH_MLA_H200 = {
     (128, 64): {1024: "446 TF", 4096: "578 TF", 16384: "570 TF", 32768: "588 TF"},
     (128, 128): {1024: "469 TF", 4096: "575 TF", 16384: "537 TF", 32768: "525 TF"},
     (16, 128): {4096: "3.56 TB/s", 32768: "4.11 TB/s"},
-}
-
-
-def _cfg_label(c) -> str:
-    if hasattr(c, "block_h"):
-        return f"h{c.block_h}n{c.block_n}w{c.num_warps}s{c.num_stages}"
-    return f"{c.block_m}x{c.block_n}x{c.block_k}w{c.num_warps}s{c.num_stages}"
-
-
-def _mla_sweep(w: Work) -> list:
-    from runtime.gpu.kernels.mla_decode.triton import MLAConfig
-
-    return [
-        MLAConfig(h, n, warps, stages)
-        for h, n, warps, stages in (
-            (16, 16, 4, 2), (16, 64, 4, 2), (16, 32, 4, 3), (16, 32, 8, 2),
-            (32, 32, 8, 2), (32, 16, 4, 2), (64, 32, 8, 2), (64, 16, 8, 1),
-        )
-    ]  # fmt: skip
-
-
-def _moe_sweep(w: Work) -> list:
-    from runtime.gpu.kernels.fused_moe.triton import MoEConfig
-
-    small_m = ((16, 64, 128, 4, 4), (16, 32, 128, 4, 4), (16, 64, 64, 4, 5), (16, 128, 128, 4, 3),
-               (16, 64, 256, 4, 3), (16, 32, 256, 2, 4), (32, 64, 128, 4, 4))  # fmt: skip
-    large_m = ((64, 128, 64, 4, 3), (64, 128, 64, 4, 4), (128, 128, 64, 8, 3), (64, 256, 64, 8, 3),
-               (128, 128, 32, 4, 4), (64, 64, 128, 4, 3))  # fmt: skip
-    large_m += ((64, 128, 128, 4, 3), (64, 128, 128, 8, 3), (128, 128, 128, 8, 3))  # fmt: skip
-    per_expert = w.args[4].numel() / w.args[1].shape[0]
-    cfgs = [MoEConfig(*c) for c in (small_m if per_expert <= 16 else large_m)]
-    return [c for c in cfgs if c.block_k == 128] if "w13_scale" in w.kwargs else cfgs  # FP8: K step = group
-
-
-def _sparse_sweep(w: Work) -> list:
-    from runtime.gpu.kernels.sparse_attention.triton import SparseConfig
-
-    return [
-        SparseConfig(h, n, warps, stages)
-        for h, n, warps, stages in (
-            (16, 16, 4, 2), (16, 64, 4, 2), (16, 32, 4, 3), (16, 32, 8, 2),
-            (32, 32, 8, 2), (32, 16, 8, 2), (64, 16, 8, 2), (64, 32, 8, 1),
-        )
-    ]  # fmt: skip
-
-
-SWEEPS = {
-    "mla_decode": _mla_sweep,
-    "fused_moe": _moe_sweep,
-    "sparse_attention": _sparse_sweep,
 }
 
 

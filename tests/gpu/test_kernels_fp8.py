@@ -67,7 +67,6 @@ def _tilelang_configs() -> list:
         *TILELANG_CONFIGS,
         TileConfig(64, 64, 4, 128, split_k=2),
         TileConfig(128, 128, 4, 256, split_k=4),
-        TileConfig(schedule="p"),
         TileConfig(schedule="pd"),
     ]
 
@@ -87,7 +86,7 @@ def test_fp8_block_gemm_tilelang_every_config_matches_reference(cfg) -> None:
     assert got.data_ptr() == out.data_ptr() and ratio <= 1.0
 
 
-@pytest.mark.parametrize("cfg", ["128x128s4t256k1-p", "128x128s4t256k1-pd", "128x128s3t256k1-pd"])
+@pytest.mark.parametrize("cfg", ["128x128s4t256k1-pd", "128x128s3t256k1-pd"])
 def test_fp8_block_gemm_persistent_walks_many_tiles(cfg: str) -> None:
     """The persistent kernel with more output tiles than CTAs (16 x 9 = 144 on 132 SMs: some CTAs take
     two) and 6 K groups on 4 or 3 stages, so the stage ring's position and parity carry from one tile into the next

@@ -65,7 +65,7 @@ def test_unsupported_inputs_are_left_to_triton() -> None:
 
 @pytest.mark.parametrize(
     "label",
-    ["128x128s4t256k1", "64x64s4t128k4", "128x128s4t256k1p16", "128x128s5t256k1-pd", "128x128s4t256k1p8-p"],
+    ["128x128s4t256k1", "64x64s4t128k4", "128x128s4t256k1p16", "128x128s5t256k1-pd", "128x128s4t256k1p8-pd"],
 )
 def test_tile_labels_parse_back(label: str) -> None:
     assert tl.TileConfig.parse(label).label() == label

@@ -34,9 +34,9 @@ class GemmConfig:
 
 
 def choose_config(m: int, n: int, k: int, device: torch.device) -> GemmConfig:
-    """Fixed guesses to start from (SGLang's tuned H100/H200 block-FP8 configs are mostly 64x128, 4 warps,
-    3 stages at large M); `python -m benchmarks.kernels.ops --ops fp8_block_gemm --sweep` measures
-    the alternatives. Small M: a narrower N tile and split-K until the grid covers the SMs."""
+    """Fixed guesses, not tuned on the device (SGLang's tuned H100/H200 block-FP8 configs are mostly
+    64x128, 4 warps, 3 stages at large M). Small M: a narrower N tile and split-K until the grid covers
+    the SMs."""
     if device.type != "cuda":
         return GemmConfig(block_m=16, block_n=32, split_k=2 if k > GROUP else 1, num_warps=1, num_stages=1)
     if m <= 64:

@@ -182,10 +182,8 @@ def _down_weighted(
     tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=valid[:, None] & mask_n[None, :])
 
 
-def fused_moe(
-    x, w13, w2, topk_weights, topk_ids, swiglu_limit=None, w13_scale=None, w2_scale=None, config=None
-):
-    """`FusedMoe` (`config`: the launch, `choose_config`'s when None)."""
+def fused_moe(x, w13, w2, topk_weights, topk_ids, swiglu_limit=None, w13_scale=None, w2_scale=None):
+    """`FusedMoe`."""
     num_tokens, hidden = x.shape
     num_experts, two_i, _ = w13.shape
     inter, k = two_i // 2, topk_ids.shape[1]
@@ -197,7 +195,7 @@ def fused_moe(
         assert w13.dtype == w2.dtype == torch.float8_e4m3fn, (w13.dtype, w2.dtype)
     if num_tokens == 0:
         return x.new_zeros(0, hidden)
-    cfg = config or choose_config(num_tokens * k, num_experts, x.device, x.dtype, scales is not None)
+    cfg = choose_config(num_tokens * k, num_experts, x.device, x.dtype, scales is not None)
     assert scales is None or cfg.block_k == GROUP, "FP8 experts take one 128-group per K step"
     small = num_tokens * k <= LAYOUT_MAX_PAIRS  # decode: one launch instead of a dozen
     lay = (moe_layout_triton if small else moe_layout)(topk_ids, num_experts, cfg.block_m)

@@ -36,8 +36,7 @@ class SparseConfig:
 
 def default_config(num_heads: int, dim: int, dtype: torch.dtype, device: torch.device) -> SparseConfig:
     """Untuned guesses from the MLA decode kernel (16 x 32, 4 warps, 2 stages at d 576); float32 rows
-    twice as wide take half the block. `python -m benchmarks.kernels.ops --ops sparse_attention
-    --sweep` times the alternatives."""
+    twice as wide take half the block."""
     if device.type != "cuda":
         return SparseConfig(block_h=16, block_n=16, num_warps=1, num_stages=1)
     if dim <= 128:
@@ -129,9 +128,9 @@ def _source(kv: torch.Tensor, indices: torch.Tensor, length: torch.Tensor | None
 
 def sparse_attention(
     q, kv, indices, sinks, scale, topk_length=None, extra_kv=None, extra_indices=None, extra_topk_length=None,
-    out=None, config=None,
+    out=None,
 ):  # fmt: skip
-    """`SparseAttention` (`config`: the launch, `default_config`'s when None)."""
+    """`SparseAttention`."""
     tokens, num_heads, dim = q.shape
     assert q.stride(-1) == 1
     out = q.new_empty(tokens, num_heads, dim) if out is None else out
@@ -143,7 +142,7 @@ def sparse_attention(
     )  # fmt: skip
     if tokens == 0:
         return out
-    cfg = config or default_config(num_heads, dim, q.dtype, q.device)
+    cfg = default_config(num_heads, dim, q.dtype, q.device)
     block_h = max(16, min(cfg.block_h, next_pow2(num_heads)))
     sinks_arg = sinks if sinks is not None else q  # unused without HAS_SINK
     grid = (tokens * -(-num_heads // block_h),)
