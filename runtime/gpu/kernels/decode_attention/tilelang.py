@@ -288,18 +288,7 @@ def _kernel(
 _WARP_SOURCE = (Path(__file__).parent / "gqa_fp8_warp.cuh").read_text()
 
 
-def stage1(
-    q: torch.Tensor,
-    k_pool: torch.Tensor,
-    v_pool: torch.Tensor,
-    req_to_token: torch.Tensor,
-    rows: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    num_splits: int,
-    out: torch.Tensor | None = None,
-    page_size: int = 1,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def stage1(q, k_pool, v_pool, req_to_token, rows, seq_lens, scale, num_splits, out=None, page_size=1):
     """`triton.stage1`'s contract (partial outputs [B, Hq, splits, D] and their base-2 LSE, float32) for
     what `supported` covers; split boundaries are multiples of BLOCK_N (tell stage 2). With `out` (one
     split, heads dense): the attention output goes straight to `out`, and the partials are not written.

@@ -57,20 +57,10 @@ def choose_num_splits(batch: int, head_blocks: int, max_tokens: int, device: tor
 
 
 def mla_decode_paged(
-    q: torch.Tensor,
-    pool: torch.Tensor,
-    table: torch.Tensor,
-    rows: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    kv_lora_rank: int,
-    page: int,
-    num_splits: int | None = None,
-    out: torch.Tensor | None = None,
-    lse: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`triton.mla_decode_paged` (the launcher both entry points share) on this kernel; what `supported`
-    does not cover runs the Triton one."""
+    q, pool, table, rows, seq_lens, scale, kv_lora_rank, page, num_splits=None, out=None, lse=None
+):
+    """`triton.mla_decode_paged`'s parameters and results (the launcher both entry points share) on this
+    kernel; what `supported` does not cover runs the Triton one."""
     batch, num_heads, dim = q.shape
     d_pe = dim - kv_lora_rank
     if not supported(q, kv_lora_rank) or pool.dtype != q.dtype:

@@ -35,8 +35,6 @@ size, table shape and split count are dynamic, so a serving run compiles a handf
 # No `from __future__ import annotations`: TileLang reads the prim_func parameter annotations
 # (T.Tensor shapes built from local variables) at decoration time.
 import functools
-from dataclasses import dataclass
-from typing import Any
 
 BLOCK_H = 64  # q heads per CTA: the wgmma M tile (fewer heads are zero-padded)
 BLOCK_N = 64  # tokens per KV tile
@@ -48,33 +46,6 @@ def tiled(page: int) -> bool:
     """Whole 64-token tiles lie in one page: they arrive by TMA, and the seesaw schedule (which only pays
     with TMA) runs. Otherwise the three-role schedule gathers every tile."""
     return page % BLOCK_N == 0
-
-
-@dataclass(frozen=True)
-class Shape:
-    """What a schedule's macros are built for: the kernel's sizes and dtypes, and the dynamic extents
-    (TileLang variables) shared with the prim_func."""
-
-    num_heads: int
-    d_v: int
-    d_pe: int
-    half: int  # each consumer warpgroup owns half of the output columns
-    head_blocks: int
-    dtype: str
-    accum: str
-    page: int
-    sm_scale: float
-    batch: Any
-    num_splits: Any  # a TileLang variable with splits, else 1
-
-
-@dataclass(frozen=True)
-class Common:
-    """The macros both schedules use (built in `kernel`)."""
-
-    write_lse: Any
-    write_out: Any
-    shared_tiles: Any
 
 
 @functools.cache
@@ -174,9 +145,12 @@ def kernel(
             if tx == 0:
                 Lse[bid, h] = T.if_then_else(total > 0, (T.log2(total) + base) * LN2, -T.infinity(accum))
 
-    shape = Shape(num_heads, d_v, d_pe, half, head_blocks, dtype, accum, page, sm_scale, batch, num_splits)
     schedule = tilelang_seesaw if tiled(page) else tilelang_roles
-    attend = schedule.attend(shape, Common(write_lse, write_out, shared_tiles))
+    attend = schedule.attend(
+        num_heads=num_heads, d_v=d_v, d_pe=d_pe, half=half, head_blocks=head_blocks, dtype=dtype, accum=accum,
+        page=page, sm_scale=sm_scale, batch=batch, num_splits=num_splits, write_lse=write_lse,
+        write_out=write_out, shared_tiles=shared_tiles,
+    )  # fmt: skip
 
     if split:
 

@@ -39,20 +39,13 @@ from runtime.gpu.kernels.mla_decode.tilelang_kernel import BLOCK_H, BLOCK_N
 M0_READY, M1_READY, P0_READY, P1_READY = 8, 9, 10, 11
 
 
-def attend(shape, common):
-    """The schedule's kernel body, a macro of (Q, KV, Table, Rows, SeqLens, Out, Lse, MidO, MidLse)."""
+def attend(
+    *, num_heads, d_v, d_pe, half, head_blocks, dtype, accum, page, sm_scale, batch, num_splits, write_lse,
+    write_out, shared_tiles,
+):  # fmt: skip
+    """The schedule's kernel body, a macro of (Q, KV, Table, Rows, SeqLens, Out, Lse, MidO, MidLse), built
+    for `tilelang_kernel.kernel`'s sizes, dtypes, dynamic extents and shared macros."""
     import tilelang.language as T
-
-    num_heads, d_v, d_pe, half, head_blocks = (
-        shape.num_heads,
-        shape.d_v,
-        shape.d_pe,
-        shape.half,
-        shape.head_blocks,
-    )
-    dtype, accum, page, sm_scale = shape.dtype, shape.accum, shape.page, shape.sm_scale
-    batch, num_splits = shape.batch, shape.num_splits
-    write_lse, write_out, shared_tiles = common.write_lse, common.write_out, common.shared_tiles
 
     @T.macro
     def gather_copies(KV, slots, dst, col0, width, lane_row, lane_col):
