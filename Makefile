@@ -22,16 +22,16 @@ serve: $(STAMP)
 	$(VENV)/bin/conduit serve $(ARGS)
 
 test: $(STAMP)
-	$(PY) -m ruff check runtime loadgen tests
-	$(PY) -m ruff format --check runtime loadgen tests
+	$(PY) -m ruff check runtime loadgen benchmarks tests
+	$(PY) -m ruff format --check runtime loadgen benchmarks tests
 	$(PY) -m pytest -q $(ARGS)
 
 lint: $(STAMP)
-	$(PY) -m ruff check runtime loadgen tests
-	$(PY) -m ruff format --check runtime loadgen tests
+	$(PY) -m ruff check runtime loadgen benchmarks tests
+	$(PY) -m ruff format --check runtime loadgen benchmarks tests
 
 format: $(STAMP)
-	$(PY) -m ruff format runtime loadgen tests
+	$(PY) -m ruff format runtime loadgen benchmarks tests
 
 clean:
 	rm -rf $(VENV)

@@ -28,12 +28,6 @@ def forced_kernel(op: str) -> str | None:
     return os.environ.get(f"CONDUIT_KERNEL_{op.upper()}")
 
 
-def decode_tma_pages() -> bool:
-    """$CONDUIT_DECODE_TMA=0 has the fp8 decode kernel gather every tile token by token even when the pool's
-    pages hold whole 64-token tiles (kernels/decode_attention/tilelang.py), for before/after runs."""
-    return os.environ.get("CONDUIT_DECODE_TMA", "1") != "0"
-
-
 def step_trace_path() -> str | None:
     """$CONDUIT_STEP_TRACE=file: the scheduler appends a JSON line per step (rows, decode rows, prefill
     tokens, device start and end), for finding where a benchmark's time goes."""

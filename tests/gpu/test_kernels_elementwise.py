@@ -17,7 +17,7 @@ ULP = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16:
 
 
 def _pair(op: str) -> list[tuple]:
-    impls = registry.implementations(op)
+    impls = registry.op(op).implementations()
     ref = next(i for i in impls if i.name == "reference")
     return [(i, ref) for i in impls if i.name != "reference"]
 

@@ -20,7 +20,7 @@ SHAPES = {"v2lite": (64, 6, 2048, 1408), "v3": (256, 8, 7168, 2048), "ragged": (
 
 
 def _impl(name: str):
-    return registry.named("fused_moe", name).load()
+    return registry.op("fused_moe").named(name).load()
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +182,7 @@ def test_moe_route_matches_reference(tokens, experts, k, groups, topk_group, sco
     logits = torch.randn(tokens, experts, generator=g, device="cuda") * 3
     b = torch.rand(experts, generator=g, device="cuda") * 0.4 - 0.2 if bias else None
     args = (logits, b, k, groups, topk_group, scoring, True, 2.5)
-    impls = {i.name: i.load() for i in registry.implementations("moe_route")}
+    impls = {i.name: i.load() for i in registry.op("moe_route").implementations()}
     w_ref, ids_ref = impls["reference"](*args)
     w, ids = impls["triton"](*args)
     ids_ref, o_ref = ids_ref.sort(-1)

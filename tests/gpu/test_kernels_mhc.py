@@ -25,14 +25,14 @@ DEVICE = "cuda"  # set to "cpu" (triton marked available there) under TRITON_INT
 
 
 def _impls(op: str) -> list:
-    impls = registry.implementations(op)
+    impls = registry.op(op).implementations()
     return [i for i in impls if i.name != "reference"]
 
 
 def _pair(impl) -> tuple:
     if not impl.available(torch.device(DEVICE)):
         pytest.skip(f"{impl.op}/{impl.name} not available here")
-    ref = registry.named(impl.op, "reference")
+    ref = registry.op(impl.op).named("reference")
     return impl.load(), ref.load()
 
 

@@ -117,7 +117,7 @@ def test_flash_mla_signature_front_end(s_q: int) -> None:
     for i in range(s_q):
         seen = c.seq_lens - (s_q - 1 - i)
         want, want_lse = ref(q[:, i], c.pool, c.req_to_token, c.rows, seen, c.scale, 512, return_lse=True)
-        name = f"api[{registry.select(OP, 'cuda').name}] s_q={s_q} query {i}"
+        name = f"api[{registry.op(OP).select('cuda').name}] s_q={s_q} query {i}"
         _check(name, out[:, i], want, lse[:, :, i], want_lse, torch.bfloat16, 0.0)
 
 

@@ -65,4 +65,4 @@ def test_mla_prefill_at_the_tiny_test_models_dims(name: str, dtype: torch.dtype)
 
 
 def test_triton_is_the_cuda_choice() -> None:
-    assert registry.select(OP, "cuda").name == "triton"
+    assert registry.op(OP).select("cuda").name == "triton"

@@ -27,8 +27,8 @@ def test_moe_grouped_gemm_matches_reference(tokens: int, experts: int, n: int, k
     offsets = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)]).cuda()
     x = torch.randn(tokens, k, device="cuda").to(torch.bfloat16)
     w = (torch.randn(experts, n, k, device="cuda") * 0.05).to(torch.bfloat16)
-    impl = registry.named("moe_grouped_gemm", "triton").load()
-    want = registry.implementations("moe_grouped_gemm")[-1].load()(x, w, offsets)
+    impl = registry.op("moe_grouped_gemm").named("triton").load()
+    want = registry.op("moe_grouped_gemm").implementations()[-1].load()(x, w, offsets)
     got = impl(x, w, offsets)
     import triton.testing
 

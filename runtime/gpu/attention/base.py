@@ -6,8 +6,8 @@ from typing import NamedTuple
 import torch
 
 from runtime.gpu.forward_batch import ForwardBatch
-from runtime.gpu.kernels import registry
 from runtime.gpu.kernels.rms_norm.reference import scale_by_inv_rms
+from runtime.gpu.kernels.rope import ROPE_STORE
 
 
 class Rope(NamedTuple):
@@ -109,7 +109,7 @@ class MHABackend(AttentionBackend):
         if rope is None:
             cache.store(layer, batch.out_loc, k, v)
             return q
-        op = registry.get("rope_store", q.device)
+        op = ROPE_STORE.get(q.device)
         return op(
             rope.positions, q, k, v, rope.cos, rope.sin, batch.out_loc, cache.k[layer], cache.v[layer],
             rope.rms_x, rope.rms_eps, write_kv,

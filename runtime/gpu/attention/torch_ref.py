@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from runtime.gpu.attention.base import MHABackend, Rope
 from runtime.gpu.forward_batch import ForwardBatch
-from runtime.gpu.kernels import registry
+from runtime.gpu.kernels.rope import ROPE
 
 
 @dataclass
@@ -100,7 +100,7 @@ class TorchAttentionBackend(MHABackend):
         cache, meta = batch.kv_pool, batch.attn_meta
         if rope is not None:  # unfused: a fresh prompt below attends this step's rotated k directly
             q, k, v = rope.prescale(q, k, v)
-            q, k = registry.get("rope", q.device)(rope.positions, q, k, rope.cos, rope.sin)
+            q, k = ROPE.get(q.device)(rope.positions, q, k, rope.cos, rope.sin)
         cache.store(layer, batch.out_loc, k, v)
         k_pool, v_pool = cache.k[layer], cache.v[layer]
         out = torch.empty_like(q)

@@ -20,8 +20,9 @@ import torch
 
 from runtime.gpu.attention.base import MHABackend, Rope
 from runtime.gpu.forward_batch import ForwardBatch, columns_to_device
-from runtime.gpu.kernels import registry
 from runtime.gpu.kernels.common import choose_num_splits
+from runtime.gpu.kernels.decode_attention import DECODE_ATTENTION
+from runtime.gpu.kernels.extend_attention import EXTEND_ATTENTION, PREFILL_ATTENTION
 
 
 @dataclass
@@ -66,11 +67,11 @@ class TritonAttentionBackend(MHABackend):
     def _bind(self, device: torch.device) -> None:
         """The kernels from the registry, on the first step's device (tests may set them beforehand)."""
         if self.decode_fn is None:
-            self.decode_fn = registry.get("decode_attention", device)
+            self.decode_fn = DECODE_ATTENTION.get(device)
         if self.extend_fn is None:
-            self.extend_fn = registry.get("extend_attention", device)
+            self.extend_fn = EXTEND_ATTENTION.get(device)
         if self.prefill_fn is None:
-            self.prefill_fn = registry.get("prefill_attention", device)
+            self.prefill_fn = PREFILL_ATTENTION.get(device)
 
     supports_cuda_graph = True
     wants_warm_up = True

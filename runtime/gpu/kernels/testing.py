@@ -121,21 +121,21 @@ TOLERANCE = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-3, 2e-3), torch.bfl
 
 def impl_names(op: str) -> list[str]:
     """The op's implementations other than the reference: what a kernel test compares to it."""
-    return [i.name for i in registry.implementations(op) if i.name != "reference"]
+    return [i.name for i in registry.op(op).implementations() if i.name != "reference"]
 
 
 def load_impl(op: str, name: str, device: str = "cuda") -> Callable[..., Any]:
     """The named implementation, or the calling test skipped when it cannot run here."""
     import pytest
 
-    impl = registry.named(op, name)
+    impl = registry.op(op).named(name)
     if not impl.available(torch.device(device)):
         pytest.skip(f"{op}/{name} not available here")
     return impl.load()
 
 
 def load_reference(op: str) -> Callable[..., Any]:
-    return registry.named(op, "reference").load()
+    return registry.op(op).named("reference").load()
 
 
 def backend_outputs(backends, q, k, v, *, rows, positions, out_loc, prefix_lens, extend_lens, req_to_token,
@@ -205,8 +205,11 @@ class InterpreterCases:
         import sys
         from pathlib import Path
 
-        env = dict(os.environ, TRITON_INTERPRET="1")
         root = Path(__file__).resolve().parents[3]
+        # the subprocess imports this `runtime` (a script's sys.path starts at its own folder, so without
+        # this an installed copy elsewhere, e.g. another checkout's editable install, would be tested)
+        path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
+        env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=path)
         proc = subprocess.run(
             [sys.executable, test_file], env=env, cwd=root, capture_output=True, text=True, timeout=timeout
         )

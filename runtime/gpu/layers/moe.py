@@ -14,8 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.gpu.kernels import registry
+from runtime.gpu.kernels.fused_moe import FUSED_MOE
 from runtime.gpu.kernels.fused_moe.reference import swiglu
+from runtime.gpu.kernels.moe_route import MOE_ROUTE
 from runtime.gpu.kernels.moe_route.reference import score
 from runtime.gpu.layers.fp8_linear import fp8_parameter, keep_dtypes, load_float, normal, scale_parameter
 from runtime.gpu.quant import fp8
@@ -67,7 +68,7 @@ class TopkRouter(nn.Module):
         logits = F.linear(x.float(), self.weight)
         bias = self.e_score_correction_bias if self.has_bias else None
         args = (self.top_k, self.num_groups, self.topk_group, self.scoring, self.norm_topk_prob, self.scaling)
-        return registry.get("moe_route", x.device)(logits, bias, *args)
+        return MOE_ROUTE.get(x.device)(logits, bias, *args)
 
 
 class RoutedExperts(nn.Module):
@@ -131,7 +132,7 @@ class RoutedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """x: [T, D]; weights, ids: [T, k]. Returns sum_k weights[t, k] * expert_{ids[t, k]}(x[t])."""
-        fn = registry.get("fused_moe", x.device)
+        fn = FUSED_MOE.get(x.device)
         if not self.fp8_weights:
             return fn(x, self.gate_up_proj, self.down_proj, weights, ids, self.swiglu_limit)
         scales = dict(w13_scale=self.gate_up_proj_scale_inv, w2_scale=self.down_proj_scale_inv)

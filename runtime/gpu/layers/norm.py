@@ -3,7 +3,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from runtime.gpu.kernels import registry
+from runtime.gpu.kernels.rms_norm import RMS_NORM
 
 
 class RMSNorm(nn.Module):
@@ -23,7 +23,7 @@ class RMSNorm(nn.Module):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         res2 = None if residual is None else residual.reshape(-1, shape[-1])
-        out = registry.get("rms_norm", x.device)(x2, self.weight, self.eps, res2)
+        out = RMS_NORM.get(x.device)(x2, self.weight, self.eps, res2)
         if residual is None:
             return out.view(shape)
         y, h = out

@@ -64,6 +64,6 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """q: [T, Hq, D], k: [T, Hkv, D], positions: [T]."""
-        from runtime.gpu.kernels import registry  # the op registry: fused Triton kernel on CUDA
+        from runtime.gpu.kernels.rope import ROPE  # the op registry: fused Triton kernel on CUDA
 
-        return registry.get("rope", q.device)(positions, q, k, self.cos, self.sin)
+        return ROPE.get(q.device)(positions, q, k, self.cos, self.sin)

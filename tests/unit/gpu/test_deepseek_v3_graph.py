@@ -85,13 +85,14 @@ def test_flash_mla_serves_only_16_bit_pools_paged_in_whole_tiles(monkeypatch, pa
     from runtime.gpu.kernels import registry
     from runtime.gpu.kernels.mla_decode import reference
 
-    impls = registry.implementations("mla_decode")
+    op = registry.op("mla_decode")
+    impls = op.implementations()
     assert impls[0].name == "flash_mla"
     stand_in = dataclasses.replace(
         impls[0], available=lambda device: True, target="runtime.gpu.kernels.mla_decode.reference:pool_2d"
     )
-    monkeypatch.setattr(registry, "select", lambda op, device: stand_in)
-    monkeypatch.setattr(registry, "implementations", lambda op: [stand_in, *impls[1:]])
+    monkeypatch.setattr(op, "select", lambda device: stand_in)
+    monkeypatch.setattr(op, "implementations", lambda: [stand_in, *impls[1:]])
     backend = MLAKernelBackend(4, 32, 8, 0.1, qk_nope_dim=16, v_dim=16)
     backend.page_size = page_size
     backend._bind(torch.device("cpu"), pool_dtype)

@@ -15,13 +15,13 @@ from runtime.gpu.quant.fp8 import quantize
 @pytest.fixture
 def ops_called(monkeypatch) -> list[str]:
     """The registry ops `fp8_linear` asks for, in order (the implementations stay the real ones)."""
-    called, get = [], registry.get
+    called, get = [], registry.Op.get
 
     def spy(op, device):  # noqa: ANN001, ANN202
-        called.append(op)
+        called.append(op.name)
         return get(op, device)
 
-    monkeypatch.setattr(registry, "get", spy)
+    monkeypatch.setattr(registry.Op, "get", spy)
     return called
 
 

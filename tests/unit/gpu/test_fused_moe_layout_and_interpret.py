@@ -136,8 +136,8 @@ def test_reference_rounds_like_the_kernels_in_bfloat16():
 
 @pytest.mark.parametrize("op", ["fused_moe", "moe_route"])
 def test_registry_picks_the_reference_on_the_cpu(op):
-    assert [i.name for i in registry.implementations(op)] == ["triton", "reference"]
-    assert registry.select(op, "cpu").name == "reference"
+    assert [i.name for i in registry.op(op).implementations()] == ["triton", "reference"]
+    assert registry.op(op).select("cpu").name == "reference"
 
 
 def test_empty_batch():

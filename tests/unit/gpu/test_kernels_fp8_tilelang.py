@@ -14,12 +14,12 @@ H200_SMS = 132
 
 
 def test_tilelang_comes_after_deep_gemm_and_before_triton() -> None:
-    names = [i.name for i in registry.implementations("fp8_block_gemm")]
+    names = [i.name for i in registry.op("fp8_block_gemm").implementations()]
     assert names == ["deep_gemm", "tilelang", "triton", "reference"]
 
 
 def test_tilelang_needs_hopper_and_an_importable_tilelang(monkeypatch) -> None:
-    impl = registry.named("fp8_block_gemm", "tilelang")
+    impl = registry.op("fp8_block_gemm").named("tilelang")
     assert not impl.available(torch.device("cpu"))
     monkeypatch.setattr(registry, "is_hopper", lambda device: True)
     monkeypatch.setattr(registry, "tilelang_importable", lambda: False)
@@ -65,7 +65,7 @@ def test_unsupported_inputs_are_left_to_triton() -> None:
 
 @pytest.mark.parametrize(
     "label",
-    ["128x128s4t256k1", "64x64s4t128k4", "128x128s4t256k1p16", "128x128s5t256k1-pd", "128x128s4t256k1p8-p"],
+    ["128x128s4t256k1", "64x64s4t128k4", "128x128s4t256k1p16", "128x128s5t256k1-pd", "128x128s4t256k1p8-pd"],
 )
 def test_tile_labels_parse_back(label: str) -> None:
     assert tl.TileConfig.parse(label).label() == label

@@ -55,8 +55,8 @@ def test_reference_leaves_tokens_of_no_row_alone() -> None:
 
 
 def test_registry_picks_the_reference_on_the_cpu() -> None:
-    assert registry.select("mla_prefill", "cpu").name == "reference"
-    assert [i.name for i in registry.implementations("mla_prefill")] == ["triton", "reference"]
+    assert registry.op("mla_prefill").select("cpu").name == "reference"
+    assert [i.name for i in registry.op("mla_prefill").implementations()] == ["triton", "reference"]
 
 
 @pytest.mark.parametrize("calls", [1, 2])

@@ -1,6 +1,7 @@
 """The MLA decode kernels' host side, on the CPU: where the TileLang kernel sits in the registry, when it
-is available, how many KV splits the launcher picks, the bench's case layouts and FlashMLA calls, and the
-FlashMLA front end's metadata (the kernels themselves are tested on CUDA in tests/gpu/test_kernels_mla.py)."""
+is available, how many KV splits the launcher picks, the bench's case layouts, and the FlashMLA front
+end's metadata (the kernels themselves are tested on CUDA in tests/gpu/test_kernels_mla.py; the bench's
+FlashMLA calls in tests/unit/benchmarks/test_mla_decode_benchmark.py)."""
 
 from __future__ import annotations
 
@@ -12,14 +13,14 @@ from runtime.gpu.kernels.mla_decode import tilelang as tl
 
 
 def test_tilelang_comes_after_flash_mla_and_before_triton() -> None:
-    names = [i.name for i in registry.implementations("mla_decode")]
+    names = [i.name for i in registry.op("mla_decode").implementations()]
     assert names == ["flash_mla", "tilelang", "triton", "reference"]
 
 
 def test_tilelang_is_not_available_on_the_cpu() -> None:
-    impl = registry.named("mla_decode", "tilelang")
+    impl = registry.op("mla_decode").named("tilelang")
     assert not impl.available(torch.device("cpu"))
-    assert registry.select("mla_decode", "cpu").name == "reference"
+    assert registry.op("mla_decode").select("cpu").name == "reference"
 
 
 def test_tilelang_needs_an_importable_tilelang(monkeypatch) -> None:
@@ -59,15 +60,16 @@ def test_unsupported_dtypes_are_not_the_kernels() -> None:
 @pytest.mark.parametrize(
     ("page", "want"),
     [
-        (64, ("seesaw", "tma")),  # a FlashMLA block table: whole tiles by TMA, the seesaw schedule
-        (128, ("seesaw", "tma")),
-        (1, ()),  # the engine's per-token table gathers with the three-role schedule
-        (16, ()),
+        (64, True),  # a FlashMLA block table: whole tiles by TMA, the seesaw schedule
+        (128, True),
+        (1, False),  # the engine's per-token table gathers with the three-role schedule
+        (16, False),
     ],
 )
-def test_the_seesaw_schedule_runs_where_tiles_arrive_by_tma(page: int, want: tuple) -> None:
-    assert tl.schedule(tl.DEFAULT_OPTS, page) == want
-    assert tl.schedule(("early_p", "seesaw", "tma"), page) == tuple(sorted(("early_p", *want)))
+def test_the_seesaw_schedule_runs_where_tiles_arrive_by_tma(page: int, want: bool) -> None:
+    from runtime.gpu.kernels.mla_decode.tilelang_tiles import tiled
+
+    assert tiled(page) is want
 
 
 def test_a_page_table_reads_the_same_slots_as_the_per_token_table() -> None:
@@ -134,41 +136,3 @@ def test_the_flash_mla_front_ends_metadata_is_built_once_per_batch(monkeypatch) 
     torch.testing.assert_close(out[:, 0], want, equal_nan=True)
     torch.testing.assert_close(again, out, equal_nan=True)
     torch.testing.assert_close(lse[:, :, 0], want_lse)
-
-
-def test_the_bench_times_flash_mla_with_its_metadata_built_once_per_case(monkeypatch) -> None:
-    """`bench --impls flash_mla`, block-table entry: FlashMLA's scheduler metadata is built once per case
-    (outside the timed call, as FlashMLA's own benchmark does) and rebuilt for the next case, and the
-    call goes through the adapter with the case's block table. A stand-in `flash_mla` (the v1 API over
-    the reference) plays the library."""
-    import sys
-    import types
-
-    from runtime.gpu.kernels.mla_decode import bench, reference
-    from runtime.gpu.kernels.mla_decode.testing import mla_case
-
-    built = []
-
-    def get_mla_metadata(cache_seqlens, num_heads_per_head_k, num_heads_k):
-        built.append((cache_seqlens, num_heads_per_head_k, num_heads_k))
-        return torch.zeros(1, 8, dtype=torch.int32), torch.zeros(len(cache_seqlens) + 1, dtype=torch.int32)
-
-    def flash_mla_with_kvcache(q, k_cache, table, seqlens, d_v, meta, num_splits, softmax_scale, causal):
-        b, _, _, dim = q.shape
-        out, lse = reference.mla_decode(
-            q[:, 0], k_cache.view(-1, dim), table.long(), torch.arange(b), seqlens.long(), softmax_scale,
-            d_v, return_lse=True, page_size=k_cache.shape[1],
-        )  # fmt: skip
-        return out.unsqueeze(1), lse.unsqueeze(-1)
-
-    fake = types.ModuleType("flash_mla")
-    fake.get_mla_metadata, fake.flash_mla_with_kvcache = get_mla_metadata, flash_mla_with_kvcache
-    monkeypatch.setitem(sys.modules, "flash_mla", fake)
-    for seed, lens in enumerate(([130, 64, 1], [7, 200])):
-        c = mla_case(lens, 16, torch.float32, "cpu", page_size=64, seed=seed)
-        want, want_lse = reference.mla_decode(*c.args(), return_lse=True)
-        for _ in range(2):
-            got, lse = bench._run("flash_mla", "table", c)
-            torch.testing.assert_close(got, want)
-            torch.testing.assert_close(lse, want_lse)
-        assert len(built) == seed + 1 and built[-1][0] is c.cache_seqlens and built[-1][1:] == (16, 1)

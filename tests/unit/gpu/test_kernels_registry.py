@@ -1,13 +1,18 @@
 """The op registry picks the first available implementation per device, honours CONDUIT_KERNEL_<OP>,
-and refuses unknown or unavailable forced choices."""
+refuses unknown or unavailable forced choices, and every implementation takes its op's contract."""
 
 from __future__ import annotations
+
+import inspect
 
 import pytest
 import torch
 
 from runtime.gpu import kernels
 from runtime.gpu.kernels import registry
+from runtime.gpu.kernels.decode_attention import DECODE_ATTENTION
+from runtime.gpu.kernels.mla_decode import MLA_DECODE
+from runtime.gpu.kernels.rms_norm import RMS_NORM, RmsNorm
 
 LLAMA_OPS = ["decode_attention", "extend_attention", "rms_norm", "rope", "silu_and_mul"]
 
@@ -16,7 +21,7 @@ def test_every_llama_op_has_a_triton_impl_first_and_the_reference_last() -> None
     """...except decode attention, whose TileLang entry (fp8 pools on Hopper) comes before Triton."""
     assert set(LLAMA_OPS) <= set(kernels.ops())
     for op in LLAMA_OPS:
-        names = [i.name for i in kernels.implementations(op)]
+        names = [i.name for i in kernels.op(op).implementations()]
         first = ["tilelang", "triton"] if op == "decode_attention" else ["triton"]
         assert names[: len(first)] == first and names[-1] == "reference", (op, names)
 
@@ -46,7 +51,7 @@ def test_cuda_prefers_triton_when_it_is_installed(monkeypatch) -> None:
     monkeypatch.setattr(registry, "has_module", lambda name: name == "triton")
     registry.clear_cache()
     try:
-        assert registry.select("decode_attention", "cuda").name == "triton"
+        assert DECODE_ATTENTION.select("cuda").name == "triton"
     finally:
         registry.clear_cache()
 
@@ -54,38 +59,60 @@ def test_cuda_prefers_triton_when_it_is_installed(monkeypatch) -> None:
 def test_forcing_an_implementation_by_environment(monkeypatch) -> None:
     monkeypatch.setenv("CONDUIT_KERNEL_RMS_NORM", "reference")
     registry.clear_cache()
-    assert registry.select("rms_norm", "cuda").name == "reference"
+    assert RMS_NORM.select("cuda").name == "reference"
     monkeypatch.setenv("CONDUIT_KERNEL_RMS_NORM", "triton")
     registry.clear_cache()
     with pytest.raises(RuntimeError, match="not available"):
-        registry.select("rms_norm", "cpu")
+        RMS_NORM.select("cpu")
     monkeypatch.setenv("CONDUIT_KERNEL_RMS_NORM", "nope")
     registry.clear_cache()
     with pytest.raises(ValueError, match="choose from"):
-        registry.select("rms_norm", "cpu")
+        RMS_NORM.get("cpu")
     monkeypatch.delenv("CONDUIT_KERNEL_RMS_NORM")
     registry.clear_cache()
-    assert registry.select("rms_norm", "cpu").name == "reference"
+    assert RMS_NORM.select("cpu").name == "reference"
 
 
 def test_get_returns_the_callable_of_the_chosen_implementation() -> None:
     x = torch.randn(3, 8)
-    fn = kernels.get("rms_norm", "cpu")
+    fn = RMS_NORM.get("cpu")
+    assert fn is RMS_NORM.get(torch.device("cpu")) is RMS_NORM.select("cpu").load()
     torch.testing.assert_close(
         fn(x, torch.ones(8), 1e-6), x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
     )
 
 
-def test_an_op_registered_twice_under_one_name_is_an_error() -> None:
+def test_an_op_is_found_by_name_with_its_contract() -> None:
+    assert kernels.op("rms_norm") is RMS_NORM and RMS_NORM.contract is RmsNorm
+    with pytest.raises(KeyError, match="unknown kernel op"):
+        kernels.op("nope")
+
+
+def test_an_op_or_an_implementation_declared_twice_is_an_error() -> None:
     with pytest.raises(ValueError, match="twice"):
-        registry.register("rms_norm", "reference", "x:y", registry.always)
+        RMS_NORM.register("reference", "x:y", registry.always)
+    with pytest.raises(ValueError, match="twice"):
+        registry.Op("rms_norm", RmsNorm)
 
 
 def test_named_finds_an_implementation_available_or_not() -> None:
-    assert registry.named("mla_decode", "flash_mla").name == "flash_mla"  # not importable here
-    assert registry.named("mla_decode", "reference").load() is registry.get("mla_decode", "cpu")
+    assert MLA_DECODE.named("flash_mla").name == "flash_mla"  # not importable here
+    assert MLA_DECODE.named("reference").load() is MLA_DECODE.get("cpu")
     with pytest.raises(KeyError, match="no implementation 'nope'"):
-        registry.named("mla_decode", "nope")
+        MLA_DECODE.named("nope")
+
+
+@pytest.mark.parametrize("name", kernels.ops())
+def test_every_implementation_takes_its_ops_contract(name: str) -> None:
+    """Each implementation's parameters begin with the contract's (same names, kinds and defaults, in
+    order); any it adds after them have defaults, so every call the Protocol allows is one it takes."""
+    op = kernels.op(name)
+    want = list(inspect.signature(op.contract.__call__).parameters.values())[1:]  # without self
+    for impl in op.implementations():
+        got = list(inspect.signature(impl.load()).parameters.values())
+        head = [(p.name, p.kind, p.default) for p in got[: len(want)]]
+        assert head == [(p.name, p.kind, p.default) for p in want], (name, impl.name)
+        assert all(p.default is not p.empty for p in got[len(want) :]), (name, impl.name)
 
 
 def _prepared_meta(backend, prefix: list[int], ext: list[int]):

@@ -20,20 +20,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, caus
 
 
 def decode_attention(
-    q: torch.Tensor,
-    k_pool: torch.Tensor,
-    v_pool: torch.Tensor,
-    req_to_token: torch.Tensor,
-    rows: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    num_splits: int | None = None,
-    out: torch.Tensor | None = None,
-    page_size: int = 1,
-) -> torch.Tensor:
-    """q: [B, Hq, D], one token per row; row b attends the KV slots req_to_token[rows[b], :seq_lens[b]]
-    of k_pool/v_pool ([num_slots, Hkv, D]). Returns [B, Hq, D] in q's dtype. `num_splits` and
-    `page_size` (the pool's) are ignored."""
+    q, k_pool, v_pool, req_to_token, rows, seq_lens, scale, num_splits=None, out=None, page_size=1
+):
+    """`DecodeAttention`, row by row."""
     out = torch.empty_like(q) if out is None else out
     for b, (row, n) in enumerate(zip(rows.tolist(), seq_lens.tolist(), strict=True)):
         slots = req_to_token[row, :n]

@@ -33,7 +33,6 @@ from pathlib import Path
 
 import torch
 
-from runtime import envs
 from runtime.gpu.kernels.common import LOG2E, num_sms
 from runtime.gpu.kernels.registry import is_hopper as _hopper
 from runtime.gpu.kernels.registry import tilelang_importable as _importable
@@ -43,13 +42,11 @@ MAX_GROUP = 8  # q heads per kv head: the mma tile's 8 columns
 STAGES = 5  # ring buffers of fp8 K and V (16 KB a stage at d 128; 4 at d 256)
 AHEAD = 2  # the producer looks slots up this many tiles before it copies them
 BLOCKS_PER_SM = 2  # CTAs an SM should hold (caps registers at 65536 / (256 x this))
-# Two persistent CTAs an SM walk the work items, against one CTA per item: 2-4% faster per layer at
-# B=64-256 on the H200, where a CTA per item spends its start-up (row, length and slot loads) idle. With
-# no more items than CTAs there is nothing to walk: those launches keep a CTA per item (docs/PERF.md).
-PERSISTENT = True
-# Whole 64-token pages by TMA where the pool's pages allow (docs/PERF.md, fourteenth session);
-# CONDUIT_DECODE_TMA=0 gathers them instead, for before/after runs. Read once, not per launch.
-TMA_PAGES = envs.decode_tma_pages()
+# Persistent CTAs, BLOCKS_PER_SM an SM, walk the work items when there are more items than that: 2-4%
+# faster per layer at B=64-256 on the H200 than a CTA per item, which spends its start-up (row, length
+# and slot loads) idle. With no more items than CTAs there is nothing to walk: those launches keep a CTA
+# per item (docs/PERF.md). Whole 64-token pages arrive by TMA where the pool's pages allow (fourteenth
+# session: 0-3% a layer over the gather on the same pages).
 
 _TL_DTYPE = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.int32: "int32", torch.int64: "int64"}
 
@@ -84,10 +81,6 @@ def _kernel(
     rows_dtype: str,
     lens_dtype: str,
     sm_scale: float,
-    stages: int = STAGES,
-    ahead: int = AHEAD,
-    opts: tuple[str, ...] = (),
-    blocks_per_sm: int = BLOCKS_PER_SM,
     ctas: int = 0,
     direct: bool = False,
     page: int = 1,
@@ -95,18 +88,16 @@ def _kernel(
     """Compile one variant; `sm_scale` is the softmax scale times log2(e). Batch, pool size, table shape
     and split count are dynamic; `ctas` > 0: that many persistent CTAs, 0: a CTA per work item. `direct`
     (one split): the output itself goes to Out in q's dtype, MidO and MidLse are not written. `page`: the
-    pool's page size (64: whole tiles by TMA at head dim 128; 1: any layout). Diagnostics (`opts`; wrong
-    results, for timing): "no_load" skips the K/V copies, "no_compute" the consumer's math; "gather"
-    gathers every tile even when pages allow TMA."""
+    pool's page size (64: whole tiles by TMA at head dim 128; 1: any layout)."""
     import tilelang
     import tilelang.language as T
     from tilelang.layout import make_full_bank_swizzled_layout
 
-    assert set(opts) <= {"no_load", "no_compute", "gather"}, opts
-    load = "no_load" not in opts
+    stages = STAGES if head_dim <= 128 else 4
+    ahead = AHEAD
+    blocks_per_sm = BLOCKS_PER_SM
     # TMA's 128-byte swizzle is the warps' chunk ^ (row % 8) only for 128-byte rows
-    use_tma = page % BLOCK_N == 0 and head_dim == 128 and "gather" not in opts
-    compute = "no_compute" not in opts
+    use_tma = page % BLOCK_N == 0 and head_dim == 128
     num_q_heads = num_kv_heads * group
     kv_dtype = "float8_e4m3fn"
     accum = "float32"
@@ -142,17 +133,16 @@ def _kernel(
         for r in T.unroll(row_passes):
             tok = r * rows_per_pass + lane_row
             col = lane_chunk * 16 if use_tma else (lane_chunk ^ (tok % chunks)) * 16
-            if load:
-                T.ptx_cp_async(
-                    T.access_ptr(k_ring[s, tok, col], "w", 16),
-                    T.access_ptr(K[slots[j, r], kvh, lane_chunk * 16], "r", 16),
-                    16,
-                )
-                T.ptx_cp_async(
-                    T.access_ptr(v_ring[s, tok, col], "w", 16),
-                    T.access_ptr(V[slots[j, r], kvh, lane_chunk * 16], "r", 16),
-                    16,
-                )
+            T.ptx_cp_async(
+                T.access_ptr(k_ring[s, tok, col], "w", 16),
+                T.access_ptr(K[slots[j, r], kvh, lane_chunk * 16], "r", 16),
+                16,
+            )
+            T.ptx_cp_async(
+                T.access_ptr(v_ring[s, tok, col], "w", 16),
+                T.access_ptr(V[slots[j, r], kvh, lane_chunk * 16], "r", 16),
+                16,
+            )
 
     @T.macro
     def locate(item, Rows, SeqLens, at):
@@ -236,19 +226,16 @@ def _kernel(
                     for t in T.serial(num_tiles):
                         s = (done + t) % stages
                         T.barrier_wait(ready[s], ((done + t) // stages) & 1)
-                        if compute:
-                            T.call_extern(
-                                "handle", f"gqa_fp8::load_kv<{d}>", T.address_of(k_ring[s, 0, 0]),
-                                T.address_of(v_ring[s, 0, 0]), T.address_of(kr[0]), T.address_of(vr[0]), warp,
-                                lane,
-                            )  # fmt: skip
+                        T.call_extern(
+                            "handle", f"gqa_fp8::load_kv<{d}>", T.address_of(k_ring[s, 0, 0]),
+                            T.address_of(v_ring[s, 0, 0]), T.address_of(kr[0]), T.address_of(vr[0]), warp, lane,
+                        )  # fmt: skip
                         T.barrier_arrive(free[s])
-                        if compute:
-                            T.call_extern(
-                                "handle", f"gqa_fp8::attend<{d}>", T.address_of(kr[0]), T.address_of(vr[0]),
-                                T.address_of(qa[0]), T.address_of(acc[0]), T.address_of(ml[0]), warp, lane,
-                                start + t * BLOCK_N, end, sm_scale,
-                            )  # fmt: skip
+                        T.call_extern(
+                            "handle", f"gqa_fp8::attend<{d}>", T.address_of(kr[0]), T.address_of(vr[0]),
+                            T.address_of(qa[0]), T.address_of(acc[0]), T.address_of(ml[0]), warp, lane,
+                            start + t * BLOCK_N, end, sm_scale,
+                        )  # fmt: skip
                     T.call_extern(
                         "handle", f"gqa_fp8::finish<{d}, {str(direct).lower()}, {bf16}>", T.address_of(acc[0]),
                         T.address_of(ml[0]), T.address_of(o_merge[0]), T.address_of(m_merge[0]),
@@ -282,13 +269,12 @@ def _kernel(
                                 if use_tma and start + t * BLOCK_N + BLOCK_N <= at[4]:
                                     # a whole page: its slots are consecutive from the tile's first
                                     base = slots[j, 0] - lane_row
-                                    if load:
-                                        # no L2 evict-first hint (MLA's): with it these reads were
-                                        # up to 5% slower than the gather at 32+ tiles a row (PERF.md)
-                                        page_k = K[base : base + BLOCK_N, kvh, 0:head_dim]
-                                        page_v = V[base : base + BLOCK_N, kvh, 0:head_dim]
-                                        T.tma_copy(page_k, k_ring[s, :, :], barrier=ready[s])
-                                        T.tma_copy(page_v, v_ring[s, :, :], barrier=ready[s])
+                                    # no L2 evict-first hint (MLA's): with it these reads were up to
+                                    # 5% slower than the gather at 32+ tiles a row (PERF.md)
+                                    page_k = K[base : base + BLOCK_N, kvh, 0:head_dim]
+                                    page_v = V[base : base + BLOCK_N, kvh, 0:head_dim]
+                                    T.tma_copy(page_k, k_ring[s, :, :], barrier=ready[s])
+                                    T.tma_copy(page_v, v_ring[s, :, :], barrier=ready[s])
                                     T.barrier_arrive(ready[s])
                                 else:
                                     gather(K, V, k_ring, v_ring, s, slots, j, kvh, lane_row, lane_chunk)
@@ -302,23 +288,7 @@ def _kernel(
 _WARP_SOURCE = (Path(__file__).parent / "gqa_fp8_warp.cuh").read_text()
 
 
-def stage1(
-    q: torch.Tensor,
-    k_pool: torch.Tensor,
-    v_pool: torch.Tensor,
-    req_to_token: torch.Tensor,
-    rows: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    num_splits: int,
-    stages: int | None = None,
-    ahead: int = AHEAD,
-    opts: tuple[str, ...] = (),
-    blocks_per_sm: int = BLOCKS_PER_SM,
-    persistent: bool = PERSISTENT,
-    out: torch.Tensor | None = None,
-    page_size: int = 1,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def stage1(q, k_pool, v_pool, req_to_token, rows, seq_lens, scale, num_splits, out=None, page_size=1):
     """`triton.stage1`'s contract (partial outputs [B, Hq, splits, D] and their base-2 LSE, float32) for
     what `supported` covers; split boundaries are multiples of BLOCK_N (tell stage 2). With `out` (one
     split, heads dense): the attention output goes straight to `out`, and the partials are not written.
@@ -330,13 +300,11 @@ def stage1(
     assert k_pool.is_contiguous() and v_pool.is_contiguous(), "K/V pools are [slots, kv heads, dim], dense"
     assert q.stride(1) == head_dim and q.stride(2) == 1 and req_to_token.stride(1) == 1
     req_to_token = req_to_token.contiguous()  # a no-op for the engine's table
-    stages = stages or (STAGES if head_dim <= 128 else 4)
-    ctas = blocks_per_sm * num_sms(q.device)
+    ctas = BLOCKS_PER_SM * num_sms(q.device)
     kernel = _kernel(
         num_kv_heads, num_q_heads // num_kv_heads, head_dim, _TL_DTYPE[q.dtype], _TL_DTYPE[req_to_token.dtype],
-        _TL_DTYPE[rows.dtype], _TL_DTYPE[seq_lens.dtype], float(scale * LOG2E), stages, ahead, opts, blocks_per_sm,
-        ctas if persistent and batch * num_kv_heads * num_splits > ctas else 0, direct,
-        BLOCK_N if page_size % BLOCK_N == 0 else 1,
+        _TL_DTYPE[rows.dtype], _TL_DTYPE[seq_lens.dtype], float(scale * LOG2E),
+        ctas if batch * num_kv_heads * num_splits > ctas else 0, direct, BLOCK_N if page_size % BLOCK_N == 0 else 1,
     )  # fmt: skip
     mid_o = torch.empty(batch, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(batch, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
@@ -346,25 +314,15 @@ def stage1(
 
 
 def decode_attention(
-    q: torch.Tensor,
-    k_pool: torch.Tensor,
-    v_pool: torch.Tensor,
-    req_to_token: torch.Tensor,
-    rows: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    num_splits: int | None = None,
-    out: torch.Tensor | None = None,
-    page_size: int = 1,
-) -> torch.Tensor:
-    """`reference.decode_attention`'s contract. An fp8 pool that `supported` covers runs this stage 1:
-    with one split it writes the output itself, otherwise Triton's stage 2 merges the splits. Anything
-    else (16-bit pools, float32 tests) runs the Triton kernel whole. `num_splits` None: chosen from the
-    batch and req_to_token's width (no sync); fix it under graphs."""
+    q, k_pool, v_pool, req_to_token, rows, seq_lens, scale, num_splits=None, out=None, page_size=1
+):
+    """`DecodeAttention`. An fp8 pool that `supported` covers runs this stage 1: with one split it
+    writes the output itself, otherwise Triton's stage 2 merges the splits. Anything else (16-bit pools,
+    float32 tests) runs the Triton kernel whole."""
     from runtime.gpu.kernels.decode_attention import triton
 
     args = (q, k_pool, v_pool, req_to_token, rows, seq_lens, scale)
     if not supported(q, k_pool):
         return triton.decode_attention(*args, num_splits, out)
-    paged = functools.partial(stage1, page_size=page_size if TMA_PAGES else 1)
+    paged = functools.partial(stage1, page_size=page_size)
     return triton.split_kv(paged, BLOCK_N, *args, num_splits, out, direct=True)

@@ -22,15 +22,12 @@ from runtime.gpu.kernels.triton_utils import dot_f32, dot_operand
 # with PREFETCH_SLOTS, 3 stages were the best of 2-4 (BLOCK_N 256 and 8 warps lost; docs/PERF.md).
 LAUNCH = {4: (64, 4, 4), 2: (64, 4, 4), 1: (128, 4, 3)}
 
-# How an fp8 (e4m3) pool's values reach the tensor cores; `sweep --kv-dtype fp8` times both.
-#   "q":    upcast to q's dtype. For bf16 queries that is the slow path: there is no one-instruction
-#           e4m3 -> bf16 conversion (248.8 us per layer at B=256, 1K on the H200).
-#   "f16":  to float16 (`cvt.rn.f16x2.e4m3x2`, two values per instruction); q and p go to float16 too
-#           (|q| and p are far inside float16's range), accumulation stays float32 (227.2 us).
-# Also timed and dropped (docs/PERF.md): moving the e4m3 bits into a float16 with integer ops (308.5 us)
-# and computing K q^T with the converted K tile as the register operand (245.3 us).
-FP8_MODES = {"q": 0, "f16": 1}
-FP8_MODE = "f16"
+# An fp8 (e4m3) pool's values reach the tensor cores as float16 (`cvt.rn.f16x2.e4m3x2`, two values per
+# instruction; KV_MODE 1); q and p go to float16 too (|q| and p are far inside float16's range),
+# accumulation stays float32: 227.2 us per layer at B=256, 1K on the H200. Timed and dropped
+# (docs/PERF.md): an upcast to q's dtype (248.8 us: no one-instruction e4m3 -> bf16 conversion), moving
+# the e4m3 bits into a float16 with integer ops (308.5 us), and K q^T with the converted K tile as the
+# register operand (245.3 us). 16-bit pools load in q's dtype (KV_MODE 0).
 
 # Load the next step's slot numbers while this step's tiles are in flight, by the pool's bytes per value.
 # Without it Triton's pipeliner waits for a step's own slot load before issuing its K/V gather and keeps
@@ -42,8 +39,8 @@ PREFETCH_SLOTS = {4: False, 2: False, 1: True}
 
 @triton.jit
 def _kv_tile(ptrs, mask, KV_MODE: tl.constexpr, OUT_DTYPE: tl.constexpr):
-    """A [BLOCK_N, BLOCK_D] tile of the pool as a dot operand (see FP8_MODES; mode 0 also serves
-    16-bit pools, where the cast is a no-op)."""
+    """A [BLOCK_N, BLOCK_D] tile of the pool as a dot operand: 1, an e4m3 pool's, as float16; 0, in q's
+    dtype (a no-op cast for 16-bit pools)."""
     if KV_MODE == 1:
         return tl.load(ptrs, mask=mask, other=0.0).to(tl.float16)
     else:
@@ -178,14 +175,12 @@ def stage1(
     num_splits: int,
 ):
     """Launch stage 1: (partial outputs [B, Hq, splits, D] f32, their lse [B, Hq, splits] f32, and
-    Triton's compiled kernel, whose `asm` / `n_regs` / `metadata.shared` `sweep --compiled` prints)."""
+    Triton's compiled kernel, whose `asm` / `n_regs` / `metadata.shared` `benchmarks.kernels.decode_attention_sweep --compiled` prints)."""
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads = k_pool.shape[1]
     group = num_q_heads // num_kv_heads
     block_n, num_warps, num_stages = LAUNCH[k_pool.element_size()]
-    kv_mode = 0
-    if k_pool.dtype == torch.float8_e4m3fn and q.dtype != torch.float32:
-        kv_mode = FP8_MODES[FP8_MODE]
+    kv_mode = 1 if k_pool.dtype == torch.float8_e4m3fn and q.dtype != torch.float32 else 0
     mid_o = torch.empty(batch, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(batch, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
     compiled = _stage1[(batch, num_kv_heads, num_splits)](
@@ -201,20 +196,9 @@ def stage1(
 
 
 def decode_attention(
-    q: torch.Tensor,
-    k_pool: torch.Tensor,
-    v_pool: torch.Tensor,
-    req_to_token: torch.Tensor,
-    rows: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    num_splits: int | None = None,
-    out: torch.Tensor | None = None,
-    page_size: int = 1,
-) -> torch.Tensor:
-    """Same contract as `reference.decode_attention`. `num_splits` None: chosen from the batch and
-    req_to_token's width (an upper bound on lengths, so no sync); pass a fixed one under CUDA graphs.
-    Slots are looked up per token, so `page_size` changes nothing here."""
+    q, k_pool, v_pool, req_to_token, rows, seq_lens, scale, num_splits=None, out=None, page_size=1
+):
+    """`DecodeAttention`. Slots are looked up per token, so `page_size` changes nothing here."""
     assert q.shape[1] % k_pool.shape[1] == 0 and q.stride(2) == 1 and k_pool.stride(2) == 1
     assert v_pool.stride(2) == 1 and req_to_token.stride(1) == 1
     args = (q, k_pool, v_pool, req_to_token, rows, seq_lens, scale)

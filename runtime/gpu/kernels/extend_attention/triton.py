@@ -94,20 +94,10 @@ LAUNCH = (64, 64, 4, 2)
 
 
 def extend_attention(
-    q: torch.Tensor,
-    k_pool: torch.Tensor,
-    v_pool: torch.Tensor,
-    req_to_token: torch.Tensor,
-    rows: torch.Tensor,
-    prefix_lens: torch.Tensor,
-    extend_lens: torch.Tensor,
-    q_starts: torch.Tensor,
-    scale: float,
-    max_extend: int | None = None,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Same contract as `reference.extend_attention`. `max_extend` (the longest row's new tokens, known
-    on the host) sizes the grid; None uses all of q's tokens (correct, some programs idle)."""
+    q, k_pool, v_pool, req_to_token, rows, prefix_lens, extend_lens, q_starts, scale, max_extend=None,
+    out=None,
+):  # fmt: skip
+    """`ExtendAttention`."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k_pool.shape[1]
     assert num_q_heads % num_kv_heads == 0 and q.stride(2) == 1 and k_pool.stride(2) == 1
@@ -202,19 +192,8 @@ PREFILL_LAUNCH = {"short": (64, 64, 4, 3), "long": (128, 64, 8, 3)}
 PREFILL_LONG_ROW = 2048
 
 
-def prefill_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    q_starts: torch.Tensor,
-    lens: torch.Tensor,
-    scale: float,
-    max_len: int | None = None,
-    out: torch.Tensor | None = None,
-    cached: tuple[torch.Tensor, ...] | None = None,
-) -> torch.Tensor:
-    """Same contract as `reference.prefill_attention`; `max_len` (the longest row, known on the host)
-    sizes the grid, None uses all of q's tokens. Head dims that are powers of two."""
+def prefill_attention(q, k, v, q_starts, lens, scale, max_len=None, out=None, cached=None):
+    """`PrefillAttention`; the new keys dense from k and v, a cached prefix gathered from the pools."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     assert num_q_heads % num_kv_heads == 0 and head_dim == next_pow2(head_dim)

@@ -8,14 +8,8 @@ from __future__ import annotations
 import torch
 
 
-def fp8_block_gemm(
-    x_fp8: torch.Tensor,
-    x_scale: torch.Tensor,
-    w: torch.Tensor,
-    w_scale: torch.Tensor,
-    out_dtype: torch.dtype = torch.bfloat16,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
+def fp8_block_gemm(x_fp8, x_scale, w, w_scale, out_dtype=torch.bfloat16, out=None):
+    """`Fp8BlockGemm` through DeepGEMM (bf16 out only)."""
     import deep_gemm as dg
 
     assert out_dtype == torch.bfloat16, "DeepGEMM writes bf16"

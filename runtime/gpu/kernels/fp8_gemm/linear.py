@@ -11,9 +11,9 @@ import os
 
 import torch
 
-from runtime.gpu.kernels import registry
+from runtime.gpu.kernels.fp8_gemm import FP8_ACT_QUANT, FP8_BLOCK_GEMM, FP8_WEIGHT_GEMM
 
-# Where x stays unquantized (W8A16), from `python -m runtime.gpu.kernels.fp8_gemm.weight_only` on the
+# Where x stays unquantized (W8A16), from `python -m benchmarks.kernels.fp8_weight_only` on the
 # H200 (docs/PERF.md): at M <= 16 and K <= 2816 it was faster than W8A8 (TileLang), or within 0.9 us,
 # at every V2-Lite/V3 projection (e.g. 8.5 vs 12.3 us at 5632x2048); at K = 7168 its unsplit K loop lost
 # (20.5 vs 12.3 us at 1536x7168), and above 16 rows so did its 32-row tile.
@@ -30,10 +30,10 @@ def fp8_linear(
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     if x2.shape[0] <= WEIGHT_ONLY_MAX_M and x2.shape[1] <= WEIGHT_ONLY_MAX_K:
-        y = registry.get("fp8_weight_gemm", x.device)(x2, w, w_scale)
+        y = FP8_WEIGHT_GEMM.get(x.device)(x2, w, w_scale)
     else:
-        xq, xs = registry.get("fp8_act_quant", x.device)(x2)
-        y = registry.get("fp8_block_gemm", x.device)(xq, xs, w, w_scale, out_dtype=x.dtype)
+        xq, xs = FP8_ACT_QUANT.get(x.device)(x2)
+        y = FP8_BLOCK_GEMM.get(x.device)(xq, xs, w, w_scale, out_dtype=x.dtype)
     if bias is not None:
         y = y + bias
     return y.view(*shape[:-1], w.shape[0])
@@ -44,7 +44,7 @@ def precompile(shapes: set[tuple[int, int]], dtype: torch.dtype, device: torch.d
     use, where the registry's `fp8_block_gemm` builds a kernel per shape (TileLang: 5-10 s each, which a
     first prefill would otherwise wait for). Returns one log line per kernel; [] when there is nothing
     to compile."""
-    if device.type != "cuda" or not shapes or registry.select("fp8_block_gemm", device).name != "tilelang":
+    if device.type != "cuda" or not shapes or FP8_BLOCK_GEMM.select(device).name != "tilelang":
         return []
     from runtime import envs
     from runtime.gpu.kernels.fp8_gemm import tilelang

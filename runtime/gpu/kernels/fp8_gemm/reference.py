@@ -37,15 +37,8 @@ def dequant_weight(w: torch.Tensor, w_scale: torch.Tensor, block: int = GROUP) -
     return w.float() * s
 
 
-def fp8_block_gemm(
-    x_fp8: torch.Tensor,
-    x_scale: torch.Tensor,
-    w: torch.Tensor,
-    w_scale: torch.Tensor,
-    out_dtype: torch.dtype = torch.bfloat16,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """y [M, N] = dequant(x_fp8, x_scale) @ dequant(w, w_scale)^T, in float32, rounded to out_dtype."""
+def fp8_block_gemm(x_fp8, x_scale, w, w_scale, out_dtype=torch.bfloat16, out=None):
+    """`Fp8BlockGemm`: dequantized operands, a float32 matmul."""
     y = dequant_act(x_fp8, x_scale) @ dequant_weight(w, w_scale).T
     if out is None:
         return y.to(out_dtype)
@@ -53,14 +46,13 @@ def fp8_block_gemm(
     return out
 
 
-def fp8_act_quant(x: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+def fp8_act_quant(x, group=GROUP):
+    """`Fp8ActQuant`."""
     return act_quant(x, group)
 
 
-def fp8_weight_gemm(
-    x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, out: torch.Tensor | None = None
-) -> torch.Tensor:
-    """W8A16: y [M, N] = x @ dequant(w, w_scale)^T in float32, x unquantized, rounded to x's dtype."""
+def fp8_weight_gemm(x, w, w_scale, out=None):
+    """`Fp8WeightGemm`."""
     y = x.float() @ dequant_weight(w, w_scale).T
     if out is None:
         return y.to(x.dtype)

@@ -53,15 +53,14 @@ class TileConfig:
     threads: int = 256  # consumer threads (TileLang adds a 128-thread TMA producer warpgroup)
     split_k: int = 1  # CTAs per output tile along K; must divide K / 128
     panel: int = 10  # rasterization panel width in M tiles (T.use_swizzle)
-    # "" = the T.Pipelined kernel (`program`); "p" = persistent and warp-specialized, one CTA per SM
-    # walking output tiles; "pd" = the same with the promotion under the next wgmma
-    # (`program_persistent`).
+    # "" = the T.Pipelined kernel (`program`); "pd" = persistent and warp-specialized, one CTA per SM
+    # walking output tiles, with the promotion under the next wgmma (`program_persistent`).
     schedule: str = ""
 
     def __post_init__(self) -> None:
         assert self.block_m in (64, 128) and self.block_n in (16, 32, 64, 128), self
         assert self.threads in (128, 256) and self.num_stages >= 1 and self.split_k >= 1, self
-        assert self.schedule in ("", "p", "pd"), self
+        assert self.schedule in ("", "pd"), self
         assert not self.schedule or (self.block_m, self.threads, self.split_k) == (128, 256, 1), self
 
     def label(self) -> str:
@@ -74,14 +73,14 @@ class TileConfig:
         """The inverse of `label`, e.g. "128x128s4t256k1", "128x128s4t256k1p16" or "128x128s4t256k1-pd"."""
         import re
 
-        got = re.fullmatch(r"(\d+)x(\d+)s(\d+)t(\d+)k(\d+)(?:p(\d+))?(?:-(pd?))?", label)
+        got = re.fullmatch(r"(\d+)x(\d+)s(\d+)t(\d+)k(\d+)(?:p(\d+))?(?:-(pd))?", label)
         assert got, f"not a tile label: {label!r}"
         bm, bn, st, th, sk, panel, sched = got.groups()
         return TileConfig(int(bm), int(bn), int(st), int(th), int(sk), int(panel or 10), sched or "")
 
 
 def choose_config(m: int, n: int, k: int, device: torch.device) -> TileConfig:
-    """From `python -m runtime.gpu.kernels.fp8_gemm.bench --configs` on the H200 (docs/PERF.md): M > 128
+    """From `python -m benchmarks.kernels.fp8_gemm --configs` on the H200 (docs/PERF.md): M > 128
     takes DeepGEMM's 128 x 128 tile on two math warpgroups, 4 stages, at every measured shape (64-wide N
     tiles fill the last wave better at N = 2112 but ran 20% slower), in the persistent kernel that
     promotes under the next wgmma ("pd": 4-8% faster at M = 4096) when K has an even number of 128-wide
@@ -199,12 +198,11 @@ def program_persistent(n: int, k: int, out_dtype: str, cfg: TileConfig, ctas: in
     warpgroups still promote and store the last one.
 
     Threads 0-127 and 128-255 are the math warpgroups (rows 0-63 and 64-127 of the tile), 256-383 the
-    producer. "p": per K group a math warpgroup waits for the stage, issues its 64 x BLOCK_N wgmma,
-    waits for it, frees the stage and promotes on the CUDA cores, so the tensor cores idle during every
-    promotion (a quarter of the wgmma's time: 128 products per promoted sum, fp8 MMA at 32x the FFMA
-    rate); it is no faster than the pipelined kernel, and kept as the comparison. "pd" keeps two
-    accumulators and promotes group g while group g + 1's wgmma runs (K must hold an even number of
-    groups): 5-11% faster than the pipelined kernel at M = 4096 on the H200 (docs/PERF.md)."""
+    producer. Each math warpgroup keeps two accumulators and promotes group g while group g + 1's wgmma
+    runs (K must hold an even number of groups): 5-11% faster than the pipelined kernel at M = 4096 on
+    the H200 (docs/PERF.md). Promoting after each wgmma instead (schedule "p", timed and removed) left
+    the tensor cores idle during every promotion, a quarter of the wgmma's time (128 products per
+    promoted sum, fp8 MMA at 32x the FFMA rate), and was no faster than the pipelined kernel."""
     import tilelang.language as T
 
     assert k % GROUP == 0 and n > 0 and cfg.schedule, (n, k, cfg)
@@ -212,8 +210,7 @@ def program_persistent(n: int, k: int, out_dtype: str, cfg: TileConfig, ctas: in
     bm, bn, stages, panel = cfg.block_m, cfg.block_n, cfg.num_stages, cfg.panel
     rows = bm // 2  # per math warpgroup
     fp8, accum = "float8_e4m3", "float32"
-    double = cfg.schedule == "pd"
-    assert not double or groups % 2 == 0, (k, cfg)
+    assert groups % 2 == 0, (k, cfg)
     tiles_n = -(-n // bn)
     # a TMA store needs 16-byte aligned rows in C
     tma_store = n * {"bfloat16": 2, "float16": 2, "float32": 4}[out_dtype] % 16 == 0
@@ -270,34 +267,26 @@ def program_persistent(n: int, k: int, out_dtype: str, cfg: TileConfig, ctas: in
             m0, n0 = at[0], at[1]
             base = j * groups
             T.clear(total)
-            if double:
-                # Each wgmma runs while the other accumulator is promoted; every wait is a wait for
-                # all (at the loop's back edge nothing is in flight): with a wgmma in flight across
-                # the back edge ptxas cannot tell which accumulator a promotion reads and serializes
-                # every wgmma (C7514). acc2 starts at 0 with scale 0, so the first pair's promotion
-                # of it adds nothing, without a branch.
-                T.clear(acc2)
-                T.fill(scale2, 0)
-                for h in T.serial(groups // 2):
-                    g = 2 * h
-                    load_scales(XS, WS, scale, m0, n0, r0, g)
-                    issue(A, B, full, acc, r0, base + g)
-                    promote(total, acc2, scale2)  # group g - 1
-                    T.wait_wgmma(0)
-                    T.barrier_arrive(empty[(base + g) % stages])
-                    load_scales(XS, WS, scale2, m0, n0, r0, g + 1)
-                    issue(A, B, full, acc2, r0, base + g + 1)
-                    promote(total, acc, scale)  # group g
-                    T.wait_wgmma(0)
-                    T.barrier_arrive(empty[(base + g + 1) % stages])
-                promote(total, acc2, scale2)
-            else:
-                for g in T.serial(groups):
-                    load_scales(XS, WS, scale, m0, n0, r0, g)
-                    issue(A, B, full, acc, r0, base + g)
-                    T.wait_wgmma(0)
-                    T.barrier_arrive(empty[(base + g) % stages])
-                    promote(total, acc, scale)
+            # Each wgmma runs while the other accumulator is promoted; every wait is a wait for all (at
+            # the loop's back edge nothing is in flight): with a wgmma in flight across the back edge
+            # ptxas cannot tell which accumulator a promotion reads and serializes every wgmma (C7514).
+            # acc2 starts at 0 with scale 0, so the first pair's promotion of it adds nothing, without a
+            # branch.
+            T.clear(acc2)
+            T.fill(scale2, 0)
+            for h in T.serial(groups // 2):
+                g = 2 * h
+                load_scales(XS, WS, scale, m0, n0, r0, g)
+                issue(A, B, full, acc, r0, base + g)
+                promote(total, acc2, scale2)  # group g - 1
+                T.wait_wgmma(0)
+                T.barrier_arrive(empty[(base + g) % stages])
+                load_scales(XS, WS, scale2, m0, n0, r0, g + 1)
+                issue(A, B, full, acc2, r0, base + g + 1)
+                promote(total, acc, scale)  # group g
+                T.wait_wgmma(0)
+                T.barrier_arrive(empty[(base + g + 1) % stages])
+            promote(total, acc2, scale2)
             if tma_store:
                 # The last tile's store must have read C_s before it is overwritten; waiting here
                 # rather than right after issuing the store keeps it off the next tile's first
@@ -312,9 +301,10 @@ def program_persistent(n: int, k: int, out_dtype: str, cfg: TileConfig, ctas: in
             T.tma_store_wait()  # C_s must outlive the CTA's last store
 
     def registers():
-        """One math warpgroup's fragments: the running total, the wgmma accumulator(s), row scales."""
-        acc2 = T.alloc_fragment((rows, bn), accum) if double else None
-        scale2 = T.alloc_fragment((rows,), accum) if double else None
+        """One math warpgroup's fragments: the running total, the two wgmma accumulators and their row
+        scales."""
+        acc2 = T.alloc_fragment((rows, bn), accum)
+        scale2 = T.alloc_fragment((rows,), accum)
         return (
             T.alloc_fragment((rows, bn), accum),
             T.alloc_fragment((rows, bn), accum),
@@ -452,18 +442,10 @@ def _mark_name(key: tuple) -> str:
     return f"tilelang-{tl_version}-fp8_block_gemm-{n}x{k}-{out}-{cfg.label()}"
 
 
-def fp8_block_gemm(
-    x_fp8: torch.Tensor,
-    x_scale: torch.Tensor,
-    w: torch.Tensor,
-    w_scale: torch.Tensor,
-    out_dtype: torch.dtype = torch.bfloat16,
-    out: torch.Tensor | None = None,
-    config: TileConfig | None = None,
-) -> torch.Tensor:
-    """Same contract as `reference.fp8_block_gemm`: x_fp8 [M, K] e4m3, x_scale [M, ceil(K/128)] float32
-    (any strides: made contiguous here), w [N, K] e4m3, w_scale [ceil(N/128), ceil(K/128)] float32.
-    Returns [M, N] out_dtype. K not a multiple of 128 (and other unsupported inputs): Triton."""
+def fp8_block_gemm(x_fp8, x_scale, w, w_scale, out_dtype=torch.bfloat16, out=None, config=None):
+    """`Fp8BlockGemm` (`config`: the tile, `choose_config`'s when None; the fp8 bench's `--configs` and
+    `--tiles` compare them). K not a multiple of 128 and other inputs `supported` does not cover go to
+    the Triton kernel."""
     if not supported(x_fp8, w, out_dtype):
         from runtime.gpu.kernels.fp8_gemm import triton
 

@@ -34,9 +34,9 @@ class GemmConfig:
 
 
 def choose_config(m: int, n: int, k: int, device: torch.device) -> GemmConfig:
-    """Fixed guesses to start from (SGLang's tuned H100/H200 block-FP8 configs are mostly 64x128, 4 warps,
-    3 stages at large M); `python -m runtime.gpu.kernels.bench --ops fp8_block_gemm --sweep` measures
-    the alternatives. Small M: a narrower N tile and split-K until the grid covers the SMs."""
+    """Fixed guesses, not tuned on the device (SGLang's tuned H100/H200 block-FP8 configs are mostly
+    64x128, 4 warps, 3 stages at large M). Small M: a narrower N tile and split-K until the grid covers
+    the SMs."""
     if device.type != "cuda":
         return GemmConfig(block_m=16, block_n=32, split_k=2 if k > GROUP else 1, num_warps=1, num_stages=1)
     if m <= 64:
@@ -114,8 +114,8 @@ def _act_quant(
     tl.store(S + row * stride_sm + groups, scale, mask=groups < num_groups)
 
 
-def fp8_act_quant(x: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] (bf16/fp16/fp32, last stride 1) -> (x_fp8 [M, K] e4m3, scales [M, ceil(K/128)] float32)."""
+def fp8_act_quant(x, group=GROUP):
+    """`Fp8ActQuant` (group 128 only)."""
     assert group == GROUP and x.dim() == 2 and x.stride(1) == 1
     m, k = x.shape
     g = -(-k // group)
@@ -134,18 +134,8 @@ def fp8_act_quant(x: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, to
     return (q, s) if on_gpu else (q.to(FP8), s)
 
 
-def fp8_block_gemm(
-    x_fp8: torch.Tensor,
-    x_scale: torch.Tensor,
-    w: torch.Tensor,
-    w_scale: torch.Tensor,
-    out_dtype: torch.dtype = torch.bfloat16,
-    out: torch.Tensor | None = None,
-    config: GemmConfig | None = None,
-) -> torch.Tensor:
-    """Same contract as `reference.fp8_block_gemm`: x_fp8 [M, K] e4m3, x_scale [M, ceil(K/128)] float32
-    (any strides, e.g. DeepGEMM's column-major layout), w [N, K] e4m3, w_scale [ceil(N/128),
-    ceil(K/128)] float32. Returns [M, N] out_dtype."""
+def fp8_block_gemm(x_fp8, x_scale, w, w_scale, out_dtype=torch.bfloat16, out=None, config=None):
+    """`Fp8BlockGemm` (`config`: the launch, `choose_config`'s when None)."""
     m, k = x_fp8.shape
     n = w.shape[0]
     assert w.shape[1] == k and x_fp8.stride(1) == 1 and w.stride(1) == 1

@@ -13,8 +13,6 @@ weight-scale row, and each K step is one scale group."""
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 import triton
 import triton.language as tl
@@ -67,11 +65,8 @@ def launch(m: int, n: int, device: torch.device) -> tuple[int, int, int, int]:
     return block_m, block_n, 4, 4
 
 
-def fp8_weight_gemm(
-    x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, out: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Same contract as `reference.fp8_weight_gemm`: x [M, K] bf16/fp16/fp32 (last stride 1), w [N, K]
-    e4m3, w_scale [ceil(N/128), ceil(K/128)] float32 -> [M, N] in x's dtype."""
+def fp8_weight_gemm(x, w, w_scale, out=None):
+    """`Fp8WeightGemm`."""
     m, k = x.shape
     n = w.shape[0]
     assert w.shape[1] == k and x.stride(1) == 1 and w.stride(1) == 1
@@ -88,63 +83,3 @@ def fp8_weight_gemm(
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out
-
-
-# ------------------------------------------------------------------ benchmark
-
-# (N, K) of DeepSeek-V3's dense projections (q_a, q_b, kv_a, o, shared-expert gate|up and down) and
-# V2-Lite's (q, kv_a, o, shared gate|up, down)
-SHAPES = {
-    "v3": [(1536, 7168), (24576, 1536), (576, 7168), (7168, 16384), (4096, 7168), (7168, 2048)],
-    "v2-lite": [(3072, 2048), (576, 2048), (2048, 2048), (5632, 2048), (2048, 2816)],
-}
-
-
-def main(argv: list[str] | None = None) -> None:
-    """`python -m runtime.gpu.kernels.fp8_gemm.weight_only`: per projection, CUDA-graph replay time of
-    this kernel, of W8A8 (`fp8_act_quant` + `fp8_block_gemm` from the registry) and of a bf16 matmul
-    with the dequantized weight; weight-read bandwidth of the first two."""
-    from runtime.gpu.kernels import registry
-    from runtime.gpu.kernels.bench import bench_ms
-    from runtime.gpu.kernels.fp8_gemm.reference import fp8_weight_gemm as reference
-    from runtime.gpu.kernels.testing import close_ratio
-    from runtime.gpu.quant.fp8 import quantize
-
-    p = argparse.ArgumentParser()
-    p.add_argument("--m", type=int, nargs="*", default=[1, 4, 16, 32])
-    p.add_argument("--model", choices=sorted(SHAPES), nargs="*", default=sorted(SHAPES))
-    a = p.parse_args(argv)
-    dev = torch.device("cuda")
-    quant = registry.get("fp8_act_quant", dev)
-    block = registry.get("fp8_block_gemm", dev)
-    print(
-        f"# {torch.cuda.get_device_name(dev)}, fp8_block_gemm = {registry.select('fp8_block_gemm', dev).name}"
-    )
-    print(f"{'model':<8} {'N x K':<12} {'M':>3} {'w8a16 us':>9} {'GB/s':>6} {'w8a8 us':>8} {'GB/s':>6} "
-          f"{'bf16 us':>8} {'check':>6}")  # fmt: skip
-    for model in a.model:
-        for n, k in SHAPES[model]:
-            g = torch.Generator(dev).manual_seed(n + k)
-            wq, ws = quantize(torch.randn(n, k, device=dev, generator=g) * 0.05, (GROUP, GROUP))
-            w_bf16 = (
-                wq.float() * ws.repeat_interleave(GROUP, 0).repeat_interleave(GROUP, 1)[:n, :k]
-            ).bfloat16()
-            for m in a.m:
-                x = torch.randn(m, k, device=dev, generator=g).bfloat16()
-                want = reference(x, wq, ws)
-                ratio = close_ratio(fp8_weight_gemm(x, wq, ws), want, 1e-2, 1e-2)
-                calls = (
-                    lambda x=x, wq=wq, ws=ws: fp8_weight_gemm(x, wq, ws),
-                    lambda x=x, wq=wq, ws=ws: block(*quant(x), wq, ws),
-                    lambda x=x, w=w_bf16: x @ w.T,
-                )
-                t16, t88, tbf = (bench_ms(fn, dev, graph=True) * 1e3 for fn in calls)
-                print(
-                    f"{model:<8} {f'{n}x{k}':<12} {m:>3} {t16:9.1f} {n * k / t16 / 1e3:6.0f} {t88:8.1f} "
-                    f"{n * k / t88 / 1e3:6.0f} {tbf:8.1f} {ratio:6.2f}",
-                    flush=True,
-                )
-
-
-if __name__ == "__main__":
-    main()

@@ -3,7 +3,42 @@ in its epilogue, down GEMM with the routing weights and unpermute in its epilogu
 ones (e4m3 with 128x128 block scales, activations quantized per token and 128-group: W8A8). The Triton
 path never reads the device on the host (CUDA-graph safe); the reference sorts on the host."""
 
-from runtime.gpu.kernels.registry import always, register, triton_on_cuda
+from __future__ import annotations
 
-register("fused_moe", "triton", "runtime.gpu.kernels.fused_moe.triton:fused_moe", triton_on_cuda)
-register("fused_moe", "reference", "runtime.gpu.kernels.fused_moe.reference:fused_moe", always)
+from typing import Protocol
+
+import torch
+
+from runtime.gpu.kernels.registry import Op, always, triton_on_cuda
+
+
+class FusedMoe(Protocol):
+    def __call__(
+        self,
+        x: torch.Tensor,
+        w13: torch.Tensor,
+        w2: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        swiglu_limit: float | None = None,
+        w13_scale: torch.Tensor | None = None,
+        w2_scale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """x [T, D]; w13 [E, 2I, D] (gate rows, then up rows); w2 [E, D, I] (unit stride along their last
+        dim); topk_weights [T, k] (float32), topk_ids [T, k]. Returns
+        sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t]) as [T, D] in x's dtype, where
+        expert_e(x) = w2[e] (silu(gate) * up) with (gate, up) = w13[e] x (`reference.swiglu`; with
+        `swiglu_limit`, DeepSeek-V4, gate is clamped above and up on both sides first). Rounded to x's
+        dtype at the SwiGLU output (the down projection's input) and at each weighted expert output; the
+        sum over k is float32.
+
+        FP8 experts (W8A8, DeepSeek-V3's format): w13, w2 float8_e4m3fn with w13_scale
+        [E, ceil(2I/128), ceil(D/128)] and w2_scale [E, ceil(D/128), ceil(I/128)] (float32, unit stride
+        along K); each matmul's activation is quantized per token and 128-group of K
+        (`fp8_gemm.reference.act_quant`: x before gate/up, the rounded SwiGLU output before down)."""
+        ...
+
+
+FUSED_MOE = Op("fused_moe", FusedMoe)
+FUSED_MOE.register("triton", "runtime.gpu.kernels.fused_moe.triton:fused_moe", triton_on_cuda)
+FUSED_MOE.register("reference", "runtime.gpu.kernels.fused_moe.reference:fused_moe", always)

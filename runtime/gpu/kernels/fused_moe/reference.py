@@ -24,23 +24,8 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None = None) -> 
     return F.silu(gate) * up
 
 
-def fused_moe(
-    x: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
-    topk_weights: torch.Tensor,
-    topk_ids: torch.Tensor,
-    swiglu_limit: float | None = None,
-    w13_scale: torch.Tensor | None = None,
-    w2_scale: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """x [T, D]; w13 [E, 2I, D] (gate rows, then up rows); w2 [E, D, I]; topk_weights [T, k] (float32),
-    topk_ids [T, k]. Returns sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t]) as [T, D] in x's
-    dtype. The points where the kernels round to x's dtype are rounded here too: the SwiGLU output
-    (the down projection's input) and each weighted expert output; the sum over k is float32.
-
-    FP8: w13, w2 float8_e4m3fn with w13_scale [E, ceil(2I/128), ceil(D/128)] and w2_scale
-    [E, ceil(D/128), ceil(I/128)] (float32); x stays in its dtype and is quantized here (see above)."""
+def fused_moe(x, w13, w2, topk_weights, topk_ids, swiglu_limit=None, w13_scale=None, w2_scale=None):
+    """`FusedMoe`."""
     fp8 = fp8_experts(w13, w2, w13_scale, w2_scale)
     num_tokens, k = topk_ids.shape
     num_experts = w13.shape[0]

@@ -33,8 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
-from runtime.gpu.kernels import registry
 from runtime.gpu.kernels.common import dot_precision
+from runtime.gpu.kernels.fp8_gemm import FP8_ACT_QUANT
 from runtime.gpu.kernels.fp8_gemm.reference import GROUP
 from runtime.gpu.kernels.fused_moe.layout import MoELayout, moe_layout
 from runtime.gpu.kernels.fused_moe.reference import fp8_experts
@@ -182,18 +182,8 @@ def _down_weighted(
     tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=valid[:, None] & mask_n[None, :])
 
 
-def fused_moe(
-    x: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
-    topk_weights: torch.Tensor,
-    topk_ids: torch.Tensor,
-    swiglu_limit: float | None = None,
-    w13_scale: torch.Tensor | None = None,
-    w2_scale: torch.Tensor | None = None,
-    config: MoEConfig | None = None,
-) -> torch.Tensor:
-    """Same contract as `reference.fused_moe` (FP8 scales: float32, unit stride along K)."""
+def fused_moe(x, w13, w2, topk_weights, topk_ids, swiglu_limit=None, w13_scale=None, w2_scale=None):
+    """`FusedMoe`."""
     num_tokens, hidden = x.shape
     num_experts, two_i, _ = w13.shape
     inter, k = two_i // 2, topk_ids.shape[1]
@@ -205,7 +195,7 @@ def fused_moe(
         assert w13.dtype == w2.dtype == torch.float8_e4m3fn, (w13.dtype, w2.dtype)
     if num_tokens == 0:
         return x.new_zeros(0, hidden)
-    cfg = config or choose_config(num_tokens * k, num_experts, x.device, x.dtype, scales is not None)
+    cfg = choose_config(num_tokens * k, num_experts, x.device, x.dtype, scales is not None)
     assert scales is None or cfg.block_k == GROUP, "FP8 experts take one 128-group per K step"
     small = num_tokens * k <= LAYOUT_MAX_PAIRS  # decode: one launch instead of a dozen
     lay = (moe_layout_triton if small else moe_layout)(topk_ids, num_experts, cfg.block_m)
@@ -228,7 +218,7 @@ def _launch(
     fp8 = scales is not None
     common = dict(DOT_PREC=dot_precision(x.dtype), DOT_F32=dot_f32(x), num_warps=cfg.num_warps,
                   num_stages=cfg.num_stages)  # fmt: skip
-    quant = registry.get("fp8_act_quant", x.device) if fp8 else None
+    quant = FP8_ACT_QUANT.get(x.device) if fp8 else None
     a, a_s = quant(x) if fp8 else (x, x)
     w13_s, w2_s = scales if fp8 else (w13, w2)
     half = cfg.block_n // 2

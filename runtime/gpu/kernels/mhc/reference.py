@@ -15,21 +15,8 @@ import torch.nn.functional as F
 from runtime.gpu.kernels.rms_norm.reference import rms_norm, unit_rms
 
 
-def mhc_pre(
-    h: torch.Tensor,
-    fn: torch.Tensor,
-    base: torch.Tensor,
-    scale: torch.Tensor,
-    n: int,
-    iters: int,
-    hc_eps: float,
-    norm_eps: float,
-    norm_weight: torch.Tensor | None = None,
-    rms_eps: float = 1e-6,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """h [T, n, D]; fn [(2+n)n, nD], base [(2+n)n], scale [3] float32.
-    -> (x [T, D] in h's dtype, post [T, n] float32, comb [T, n, n] float32). With `norm_weight`, x is
-    the sublayer's input norm of it, `rms_norm(x, norm_weight, rms_eps)` (the un-normed x is not needed)."""
+def mhc_pre(h, fn, base, scale, n, iters, hc_eps, norm_eps, norm_weight=None, rms_eps=1e-6):
+    """`MhcPre`."""
     mix = F.linear(unit_rms(h.flatten(1).float(), norm_eps), fn)
     pre_w, post_w, comb_w = mix.split([n, n, n * n], dim=-1)
     pre_b, post_b, comb_b = base.split([n, n, n * n])
@@ -46,8 +33,8 @@ def mhc_pre(
     return x, post, comb
 
 
-def mhc_post(h: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
-    """h'_k = post_k out + sum_j comb[j, k] h_j in h's dtype (h [T, n, D], out [T, D]) -> [T, n, D]."""
+def mhc_post(h, out, post, comb):
+    """`MhcPost`."""
     dt = h.dtype
     return post.to(dt).unsqueeze(-1) * out.unsqueeze(-2) + torch.matmul(comb.to(dt).transpose(-1, -2), h)
 

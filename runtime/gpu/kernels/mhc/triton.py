@@ -146,19 +146,8 @@ def _split_k(tokens: int, k: int, device: torch.device) -> tuple[int, int, int, 
     return block_t, block_k, triton.cdiv(k, chunk), chunk
 
 
-def mhc_pre(
-    h: torch.Tensor,
-    fn: torch.Tensor,
-    base: torch.Tensor,
-    scale: torch.Tensor,
-    n: int,
-    iters: int,
-    hc_eps: float,
-    norm_eps: float,
-    norm_weight: torch.Tensor | None = None,
-    rms_eps: float = 1e-6,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Same contract as `reference.mhc_pre`."""
+def mhc_pre(h, fn, base, scale, n, iters, hc_eps, norm_eps, norm_weight=None, rms_eps=1e-6):
+    """`MhcPre`."""
     tokens, n_h, d = h.shape
     width = (2 + n) * n
     assert n_h == n and fn.shape == (width, n * d) and base.shape == (width,) and scale.numel() == 3
@@ -193,8 +182,8 @@ def mhc_pre(
     return x, post, comb
 
 
-def mhc_post(h: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
-    """Same contract as `reference.mhc_post`."""
+def mhc_post(h, out, post, comb):
+    """`MhcPost`."""
     tokens, n, d = h.shape
     assert out.shape == (tokens, d) and post.shape == (tokens, n) and comb.shape == (tokens, n, n)
     if h.stride(2) != 1:

@@ -18,14 +18,12 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.gpu.kernels import registry
+from runtime.gpu.kernels.mla_decode import MLA_DECODE
 from runtime.gpu.kernels.mla_decode import flash_mla as fm_adapter
-
-OP = "mla_decode"
 
 
 def _impl(device: torch.device) -> str:
-    return registry.select(OP, device).name
+    return MLA_DECODE.select(device).name
 
 
 @dataclass
@@ -92,7 +90,7 @@ def flash_mla_with_kvcache(
         meta.rows, meta.lens = _rows_and_lens(b, s_q, cache_seqlens, bool(causal))
         meta.key = key
     qf = q.reshape(b * s_q, h_q, dim)
-    op = registry.named(OP, impl).load()  # every implementation takes page tables
+    op = MLA_DECODE.named(impl).load()  # every implementation takes page tables
     out, lse = op(
         qf, pool, block_table, meta.rows, meta.lens, scale, head_dim_v, return_lse=True, page_size=page
     )

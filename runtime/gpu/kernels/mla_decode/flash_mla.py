@@ -46,21 +46,11 @@ def call(q4, k_cache, block_table, cache_seqlens, head_dim_v, meta, num_splits, 
 
 
 def mla_decode(
-    q: torch.Tensor,
-    latent_pool: torch.Tensor,
-    req_to_token: torch.Tensor,
-    rows: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    kv_lora_rank: int = 512,
-    num_splits: int | None = None,
-    out: torch.Tensor | None = None,
-    return_lse: bool = False,
-    page_size: int = 1,
-):
-    """The op through FlashMLA (page-aligned slots, see the module doc). `num_splits` is FlashMLA's
-    business (its scheduler metadata) and is ignored. `page_size` 64: req_to_token is already the
-    block table; 1: it is derived here."""
+    q, latent_pool, req_to_token, rows, seq_lens, scale, kv_lora_rank=512, num_splits=None, out=None,
+    return_lse=False, page_size=1,
+):  # fmt: skip
+    """`MlaDecode` through FlashMLA (page-aligned slots, see the module doc). `page_size` 64:
+    req_to_token is already the block table; 1: it is derived here."""
     assert page_size in (1, FLASH_MLA_PAGE), f"FlashMLA reads 64-token pages, not {page_size}"
     pool = pool_2d(latent_pool)
     batch, num_heads, dim = q.shape

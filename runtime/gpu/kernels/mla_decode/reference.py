@@ -33,25 +33,10 @@ def page_table(req_to_token: torch.Tensor, page_size: int) -> torch.Tensor:
 
 
 def mla_decode(
-    q: torch.Tensor,
-    latent_pool: torch.Tensor,
-    req_to_token: torch.Tensor,
-    rows: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    kv_lora_rank: int = 512,
-    num_splits: int | None = None,
-    out: torch.Tensor | None = None,
-    return_lse: bool = False,
-    page_size: int = 1,
-):
-    """q: [B, Hq, kv_lora_rank + rope] (q_nope already multiplied by W_UK); row b attends the slots
-    req_to_token[rows[b], :seq_lens[b]] of latent_pool ([slots, D] or [slots, 1, D]).
-    Returns out [B, Hq, kv_lora_rank] in q's dtype, and with `return_lse` also the natural-log
-    log-sum-exp of the scaled scores [B, Hq] float32 (-inf for an empty row; its output is 0).
-    `page_size` > 1: `req_to_token` is a page table instead, token pos of row r in slot
-    `req_to_token[r, pos // page_size] * page_size + pos % page_size` (kernels read whole pages).
-    `num_splits` is ignored."""
+    q, latent_pool, req_to_token, rows, seq_lens, scale, kv_lora_rank=512, num_splits=None, out=None,
+    return_lse=False, page_size=1,
+):  # fmt: skip
+    """`MlaDecode`, row by row."""
     pool = pool_2d(latent_pool)
     if page_size > 1:
         req_to_token = per_token_slots(req_to_token, page_size)

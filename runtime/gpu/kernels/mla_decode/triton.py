@@ -36,8 +36,8 @@ class MLAConfig:
 
 
 def default_config(num_heads: int, device: torch.device) -> MLAConfig:
-    """Fixed guesses (SGLang's grouped Triton MLA kernel uses 16 x 32, 4 warps, 2 stages on Hopper);
-    `python -m runtime.gpu.kernels.bench --ops mla_decode --sweep` measures the alternatives."""
+    """Fixed guesses, not tuned on the device (SGLang's grouped Triton MLA kernel uses 16 x 32, 4 warps,
+    2 stages on Hopper); on Hopper the TileLang kernel runs instead."""
     if device.type != "cuda":
         return MLAConfig(block_h=16, block_n=16, num_warps=1, num_stages=1)
     return MLAConfig()
@@ -160,7 +160,6 @@ def mla_decode_paged(
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
-    config: MLAConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The launcher. q [B, Hq, D] (last stride 1); pool [slots, D]; table [rows, width] (int32/64) maps
     token pos of a row to `table[row, pos // page] * page + pos % page`. Returns (out [B, Hq, r] in q's
@@ -174,7 +173,7 @@ def mla_decode_paged(
     assert out.stride(2) == 1 and lse.is_contiguous()
     if batch == 0:
         return out, lse
-    cfg = config or default_config(num_heads, q.device)
+    cfg = default_config(num_heads, q.device)
     block_h = max(16, min(cfg.block_h, next_pow2(num_heads)))
     head_blocks = -(-num_heads // block_h)
     if num_splits is None:
@@ -203,23 +202,12 @@ def mla_decode_paged(
 
 
 def mla_decode(
-    q: torch.Tensor,
-    latent_pool: torch.Tensor,
-    req_to_token: torch.Tensor,
-    rows: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    kv_lora_rank: int = 512,
-    num_splits: int | None = None,
-    out: torch.Tensor | None = None,
-    return_lse: bool = False,
-    page_size: int = 1,
-    config: MLAConfig | None = None,
-):
-    """Same contract as `reference.mla_decode`. `num_splits` None: chosen on the host from the batch,
-    head blocks and req_to_token's width (no sync); pass a fixed one under CUDA graphs."""
+    q, latent_pool, req_to_token, rows, seq_lens, scale, kv_lora_rank=512, num_splits=None, out=None,
+    return_lse=False, page_size=1,
+):  # fmt: skip
+    """`MlaDecode`."""
     o, lse = mla_decode_paged(
         q, pool_2d(latent_pool), req_to_token, rows, seq_lens, scale, kv_lora_rank, page_size,
-        num_splits, out, None, config,
+        num_splits, out,
     )  # fmt: skip
     return (o, lse) if return_lse else o

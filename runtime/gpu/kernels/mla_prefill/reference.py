@@ -12,21 +12,8 @@ import torch
 SCORES_BUDGET = 1 << 28  # bytes of float32 scores per step: long rows are attended a query chunk at a time
 
 
-def mla_prefill(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    q_starts: torch.Tensor,
-    q_lens: torch.Tensor,
-    kv_starts: torch.Tensor,
-    kv_lens: torch.Tensor,
-    scale: float,
-    max_q_len: int | None = None,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """q [T, H, dqk]; k [S, H, dqk]; v [S, H, dv]; the four row columns [B] (int32 or int64), with
-    q_lens[b] <= kv_lens[b]. Returns out [T, H, dv] in q's dtype (`out` if given); tokens of no row are
-    left as they were. `max_q_len` is ignored (the kernels size their grid with it)."""
+def mla_prefill(q, k, v, q_starts, q_lens, kv_starts, kv_lens, scale, max_q_len=None, out=None):
+    """`MlaPrefill`, row by row, a chunk of queries at a time on long rows."""
     heads, dv = q.shape[1], v.shape[2]
     out = q.new_empty(q.shape[0], heads, dv) if out is None else out
     cols = (q_starts.tolist(), q_lens.tolist(), kv_starts.tolist(), kv_lens.tolist())

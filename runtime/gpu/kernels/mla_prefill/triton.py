@@ -158,22 +158,8 @@ def _mla_prefill(
         tl.store(o_ptrs, o.to(Out.dtype.element_ty), mask=m_ok[:, None] & (offs_v < D_V)[None, :])
 
 
-def mla_prefill(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    q_starts: torch.Tensor,
-    q_lens: torch.Tensor,
-    kv_starts: torch.Tensor,
-    kv_lens: torch.Tensor,
-    scale: float,
-    max_q_len: int | None = None,
-    out: torch.Tensor | None = None,
-    config: PrefillConfig | None = None,
-) -> torch.Tensor:
-    """Same contract as `reference.mla_prefill` (q_lens[b] <= kv_lens[b] is not checked: no device sync).
-    `max_q_len` (the longest row's queries, known on the host) sizes the grid; None uses all of q's
-    tokens (correct, some programs idle). Every tensor's last dim must be contiguous."""
+def mla_prefill(q, k, v, q_starts, q_lens, kv_starts, kv_lens, scale, max_q_len=None, out=None):
+    """`MlaPrefill`."""
     num_tokens, heads, d_qk = q.shape
     d_v = v.shape[2]
     assert k.shape[1:] == (heads, d_qk) and v.shape[:2] == k.shape[:2], (q.shape, k.shape, v.shape)
@@ -184,7 +170,7 @@ def mla_prefill(
     if batch == 0 or num_tokens == 0:
         return out
     max_q_len = num_tokens if max_q_len is None else max_q_len
-    cfg = config or default_config(q.dtype, q.device)
+    cfg = default_config(q.dtype, q.device)
     d_a, block_a, block_b = split_dim(d_qk)
     grid = (triton.cdiv(max_q_len, cfg.block_m), batch, heads)
     _mla_prefill[grid](

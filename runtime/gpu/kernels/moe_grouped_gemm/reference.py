@@ -4,14 +4,9 @@ Tokens are sorted by expert: rows offsets[e] .. offsets[e+1] of x go through exp
 
 from __future__ import annotations
 
-import torch
 
-
-def moe_grouped_gemm(
-    x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor | None = None
-) -> torch.Tensor:
-    """x [T, K] sorted by expert; w [E, N, K]; offsets [E + 1] (int, offsets[0] = 0, offsets[E] = T).
-    Returns y [T, N] in x's dtype."""
+def moe_grouped_gemm(x, w, offsets, out=None):
+    """`MoeGroupedGemm`, an expert at a time."""
     out = x.new_empty(x.shape[0], w.shape[1]) if out is None else out
     bounds = offsets.tolist()
     for e in range(w.shape[0]):

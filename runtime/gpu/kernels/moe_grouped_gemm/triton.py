@@ -57,10 +57,8 @@ def tile_map(offsets: torch.Tensor, max_tiles: int, block_m: int):
     return expert.to(torch.int32), start.to(torch.int32), ends[-1:].to(torch.int32)
 
 
-def moe_grouped_gemm(
-    x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Same contract as `reference.moe_grouped_gemm`."""
+def moe_grouped_gemm(x, w, offsets, out=None):
+    """`MoeGroupedGemm`."""
     t, k = x.shape
     num_experts, n, _ = w.shape
     assert w.shape[2] == k and x.stride(1) == 1 and w.stride(2) == 1

@@ -20,16 +20,9 @@ def score(logits: torch.Tensor, scoring: str) -> torch.Tensor:
 
 
 def moe_route(
-    logits: torch.Tensor,
-    bias: torch.Tensor | None,
-    top_k: int,
-    num_groups: int = 1,
-    topk_group: int = 1,
-    scoring: str = "sigmoid",
-    normalize: bool = True,
-    scaling: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [T, E] float32; bias [E] float32 or None. -> (weights [T, top_k] float32, ids [T, top_k])."""
+    logits, bias, top_k, num_groups=1, topk_group=1, scoring="sigmoid", normalize=True, scaling=1.0
+):
+    """`MoeRoute`."""
     scores = score(logits, scoring)
     choice = scores if bias is None else scores + bias
     if num_groups > 1:

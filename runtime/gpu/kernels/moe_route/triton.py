@@ -78,16 +78,9 @@ def _route(
 
 
 def moe_route(
-    logits: torch.Tensor,
-    bias: torch.Tensor | None,
-    top_k: int,
-    num_groups: int = 1,
-    topk_group: int = 1,
-    scoring: str = "sigmoid",
-    normalize: bool = True,
-    scaling: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same contract as `reference.moe_route`."""
+    logits, bias, top_k, num_groups=1, topk_group=1, scoring="sigmoid", normalize=True, scaling=1.0
+):
+    """`MoeRoute`."""
     num_tokens, num_experts = logits.shape
     assert logits.dtype == torch.float32 and logits.stride(1) == 1 and num_experts % num_groups == 0
     weights = torch.empty(num_tokens, top_k, dtype=torch.float32, device=logits.device)

@@ -11,11 +11,8 @@ def inv_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
 
 
-def rms_norm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """x: [T, H]. Without `residual`: weight * norm(x). With it: h = x + residual (in x's dtype), returns
-    (weight * norm(h), h), h being the next layer's residual."""
+def rms_norm(x, weight, eps, residual=None):
+    """`RmsNorm`."""
     if residual is not None:
         x = x + residual
     y = weight * (x.float() * inv_rms(x, eps)).to(x.dtype)

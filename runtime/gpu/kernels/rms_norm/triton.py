@@ -45,10 +45,8 @@ def inv_rms_of_row(X, t, stride_x, n_cols, eps, BLOCK: tl.constexpr):
     return tl.rsqrt(tl.sum(acc, 0) / n_cols + eps)
 
 
-def rms_norm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Same contract as `reference.rms_norm`; x (and residual): [T, H] with unit column stride."""
+def rms_norm(x, weight, eps, residual=None):
+    """`RmsNorm`; x and residual with unit column stride."""
     assert x.dim() == 2 and x.stride(1) == 1 and weight.is_contiguous()
     n_rows, n_cols = x.shape
     out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)

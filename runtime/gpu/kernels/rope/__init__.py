@@ -1,9 +1,55 @@
 """Rotary position embedding (rotate-half / neox layout) on q and k in one pass; `rope_store` also
 writes k and v into the paged KV pools (the fused form the Triton attention backend uses)."""
 
-from runtime.gpu.kernels.registry import always, register, triton_on_cuda
+from __future__ import annotations
 
-register("rope", "triton", "runtime.gpu.kernels.rope.triton:rope", triton_on_cuda)
-register("rope", "reference", "runtime.gpu.kernels.rope.reference:rope", always)
-register("rope_store", "triton", "runtime.gpu.kernels.rope.triton:rope_store", triton_on_cuda)
-register("rope_store", "reference", "runtime.gpu.kernels.rope.reference:rope_store", always)
+from typing import Protocol
+
+import torch
+
+from runtime.gpu.kernels.registry import Op, always, triton_on_cuda
+
+
+class Rope(Protocol):
+    def __call__(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """q: [T, Hq, D], k: [T, Hkv, D] (may be strided views, e.g. slices of a fused qkv output, with
+        unit last stride), positions: [T]; cos, sin: float32 [max_pos, D] tables whose two halves repeat
+        (`RotaryEmbedding.cos` / `.sin`). Returns new rotated (q, k) in their dtypes, out of place:
+        x * cos + rotate_half(x) * sin in float32, rounded to x's dtype."""
+        ...
+
+
+class RopeStore(Protocol):
+    def __call__(
+        self,
+        positions: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        loc: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        rms_x: torch.Tensor | None = None,
+        rms_eps: float = 0.0,
+        write_kv: bool = False,
+    ) -> torch.Tensor:
+        """`Rope`, then the rotated k and the plain v written to the paged pools at slots `loc` [T]
+        (k_pool, v_pool: [slots, Hkv, D]; an fp8 pool, --kv-cache-dtype, gets them rounded to k's and v's
+        dtype first). Returns the rotated q; k is consumed by the cache.
+        With `rms_x` [T, H]: q, k, v came from a projection with the input RMSNorm's gain folded in, and
+        are first scaled per token by 1 / rms(rms_x[t]) (`rms_norm.reference.scale_by_inv_rms`, eps
+        `rms_eps`). `write_kv`: the rotated k and the (scaled) v also overwrite k and v, in their dtype,
+        for a prefill kernel that attends the step's own keys (`prefill_attention`)."""
+        ...
+
+
+ROPE = Op("rope", Rope)
+ROPE.register("triton", "runtime.gpu.kernels.rope.triton:rope", triton_on_cuda)
+ROPE.register("reference", "runtime.gpu.kernels.rope.reference:rope", always)
+ROPE_STORE = Op("rope_store", RopeStore)
+ROPE_STORE.register("triton", "runtime.gpu.kernels.rope.triton:rope_store", triton_on_cuda)
+ROPE_STORE.register("reference", "runtime.gpu.kernels.rope.reference:rope_store", always)

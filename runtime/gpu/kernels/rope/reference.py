@@ -13,35 +13,14 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return (x.float() * cos + rotated.float() * sin).to(x.dtype)
 
 
-def rope(
-    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """q: [T, Hq, D], k: [T, Hkv, D], positions: [T]; cos, sin: float32 [max_pos, D] tables whose two
-    halves repeat (RotaryEmbedding.cos / .sin). Returns new rotated (q, k)."""
+def rope(positions, q, k, cos, sin):
+    """`Rope`."""
     c, s = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
     return _rotate(q, c, s), _rotate(k, c, s)
 
 
-def rope_store(
-    positions: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    loc: torch.Tensor,
-    k_pool: torch.Tensor,
-    v_pool: torch.Tensor,
-    rms_x: torch.Tensor | None = None,
-    rms_eps: float = 0.0,
-    write_kv: bool = False,
-) -> torch.Tensor:
-    """`rope`, then the rotated k and the plain v written to the paged pools at slots `loc` [T]
-    (k_pool, v_pool: [slots, Hkv, D]). Returns the rotated q; k is consumed by the cache.
-    With `rms_x` [T, H]: q, k, v came from a projection with the input RMSNorm's gain folded in, and
-    are first scaled per token by 1 / rms(rms_x[t]) (`scale_by_inv_rms`).
-    `write_kv`: the rotated k and the (scaled) v also overwrite k and v, in their dtype, for a prefill
-    kernel that attends the step's own keys (`prefill_attention`)."""
+def rope_store(positions, q, k, v, cos, sin, loc, k_pool, v_pool, rms_x=None, rms_eps=0.0, write_kv=False):
+    """`RopeStore`."""
     k_in, v_in = k, v
     if rms_x is not None:
         q, k, v = (scale_by_inv_rms(t, rms_x, rms_eps) for t in (q, k, v))

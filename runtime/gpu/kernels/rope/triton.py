@@ -5,7 +5,7 @@ place, like the reference; inputs may be strided views (the q/k slices of the fu
 `rope_store` also writes the rotated k and the plain v straight into the paged KV pools: at batch 1
 the separate store was two index_put launches per layer, about 4% of a Llama-8B decode step. With
 `write_kv` it writes them back over k and v too, for a prefill kernel that reads them there.
-With `rms_x` it also applies the folded input norm (see `reference.rope_store`): the program computes
+With `rms_x` it also applies the folded input norm (see `RopeStore`): the program computes
 its token's 1 / rms and scales q, k and v by it first, which takes the norm kernel off the step."""
 
 from __future__ import annotations
@@ -69,10 +69,8 @@ def _rope(
                   HALF, BLOCK_HKV, BLOCK_HALF)  # fmt: skip
 
 
-def rope(
-    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same contract as `reference.rope`: q [T, Hq, D], k [T, Hkv, D], float32 cos/sin [max_pos, D]."""
+def rope(positions, q, k, cos, sin):
+    """`Rope`: one program per token."""
     n_tokens, n_q_heads, head_dim = q.shape
     n_kv_heads = k.shape[1]
     assert head_dim % 2 == 0 and k.shape[2] == head_dim and q.stride(2) == 1 and k.stride(2) == 1
@@ -126,21 +124,8 @@ def _rope_store(
     tl.store(VPool + slot * stride_vs + offs_h[:, None] * stride_vph + offs_full[None, :], vals, mask=vmask)
 
 
-def rope_store(
-    positions: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    loc: torch.Tensor,
-    k_pool: torch.Tensor,
-    v_pool: torch.Tensor,
-    rms_x: torch.Tensor | None = None,
-    rms_eps: float = 0.0,
-    write_kv: bool = False,
-) -> torch.Tensor:
-    """Same contract as `reference.rope_store`."""
+def rope_store(positions, q, k, v, cos, sin, loc, k_pool, v_pool, rms_x=None, rms_eps=0.0, write_kv=False):
+    """`RopeStore`: one program per token, the norm's 1 / rms computed in it."""
     n_tokens, n_q_heads, head_dim = q.shape
     n_kv_heads = k.shape[1]
     assert head_dim % 2 == 0 and q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1

@@ -1,6 +1,6 @@
 """silu(gate) * up in Triton: elementwise, one program per (token, column block); rounds like the
 reference (silu rounded to the dtype, then the product). With `rms_x` each program first computes the
-token's 1 / rms (the folded-norm form, see `reference.silu_and_mul`): wider column blocks then, so a
+token's 1 / rms (the folded-norm form, see `SiluAndMul`): wider column blocks then, so a
 token's row of rms_x is read by fewer programs."""
 
 from __future__ import annotations
@@ -34,11 +34,9 @@ def _silu_and_mul(
     tl.store(Out + t * stride_o + offs, (s * u).to(Out.dtype.element_ty), mask=mask)
 
 
-def silu_and_mul(
-    gate: torch.Tensor, up: torch.Tensor, rms_x: torch.Tensor | None = None, rms_eps: float = 0.0
-) -> torch.Tensor:
-    """Same contract as `reference.silu_and_mul`; gate and up [T, I] with unit column stride (column
-    slices of the merged gate|up output are fine)."""
+def silu_and_mul(gate, up, rms_x=None, rms_eps=0.0):
+    """`SiluAndMul`; gate and up with unit column stride (column slices of the merged gate|up output are
+    fine)."""
     assert gate.shape == up.shape and gate.dim() == 2 and gate.stride(1) == 1 and up.stride(1) == 1
     n_rows, n_cols = gate.shape
     out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)

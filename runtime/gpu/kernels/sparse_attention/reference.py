@@ -34,22 +34,10 @@ def indices_2d(indices: torch.Tensor) -> torch.Tensor:
 
 
 def sparse_attention(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    indices: torch.Tensor,
-    sinks: torch.Tensor | None,
-    scale: float,
-    topk_length: torch.Tensor | None = None,
-    extra_kv: torch.Tensor | None = None,
-    extra_indices: torch.Tensor | None = None,
-    extra_topk_length: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """q [T, H, d]; kv [S, d] (or [S, 1, d]); indices [T, K] (or [T, 1, K]) int32/int64 rows of kv, -1 for
-    none; sinks [H] float32 logits or None; topk_length [T] or None: only token t's first topk_length[t]
-    indices count (the rest are ignored, whatever they hold). `extra_*`: a second source of the same form,
-    attended in the same softmax. Returns [T, H, d] in q's dtype (`out` if given); a token with no valid
-    row gets 0."""
+    q, kv, indices, sinks, scale, topk_length=None, extra_kv=None, extra_indices=None, extra_topk_length=None,
+    out=None,
+):  # fmt: skip
+    """`SparseAttention`, a chunk of tokens at a time."""
     tokens, heads, dim = q.shape
     out = q.new_empty(tokens, heads, dim) if out is None else out
     sources = [(kv, indices, topk_length)]

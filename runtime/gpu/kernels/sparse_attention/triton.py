@@ -1,4 +1,4 @@
-"""Sparse attention over selected rows (DeepSeek-V4) in Triton: same contract as `reference.py`.
+"""Sparse attention over selected rows (DeepSeek-V4) in Triton (`SparseAttention`).
 
 One program per (token, block of BLOCK_H query heads); a token's head blocks are adjacent in the grid, so
 the rows it gathers are read from memory once and from L2 by the other blocks. A program walks the
@@ -36,8 +36,7 @@ class SparseConfig:
 
 def default_config(num_heads: int, dim: int, dtype: torch.dtype, device: torch.device) -> SparseConfig:
     """Untuned guesses from the MLA decode kernel (16 x 32, 4 warps, 2 stages at d 576); float32 rows
-    twice as wide take half the block. `python -m runtime.gpu.kernels.bench --ops sparse_attention
-    --sweep` times the alternatives."""
+    twice as wide take half the block."""
     if device.type != "cuda":
         return SparseConfig(block_h=16, block_n=16, num_warps=1, num_stages=1)
     if dim <= 128:
@@ -128,21 +127,10 @@ def _source(kv: torch.Tensor, indices: torch.Tensor, length: torch.Tensor | None
 
 
 def sparse_attention(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    indices: torch.Tensor,
-    sinks: torch.Tensor | None,
-    scale: float,
-    topk_length: torch.Tensor | None = None,
-    extra_kv: torch.Tensor | None = None,
-    extra_indices: torch.Tensor | None = None,
-    extra_topk_length: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    config: SparseConfig | None = None,
-) -> torch.Tensor:
-    """Same contract as `reference.sparse_attention`: q [T, H, d] (last stride 1), kv [S, d] in q's dtype,
-    indices [T, K] int32/int64 (-1: none), sinks [H] float32 or None; returns [T, H, d]. Grid and shapes
-    come from the host tensors' sizes: no device sync, CUDA-graph safe."""
+    q, kv, indices, sinks, scale, topk_length=None, extra_kv=None, extra_indices=None, extra_topk_length=None,
+    out=None,
+):  # fmt: skip
+    """`SparseAttention`."""
     tokens, num_heads, dim = q.shape
     assert q.stride(-1) == 1
     out = q.new_empty(tokens, num_heads, dim) if out is None else out
@@ -154,7 +142,7 @@ def sparse_attention(
     )  # fmt: skip
     if tokens == 0:
         return out
-    cfg = config or default_config(num_heads, dim, q.dtype, q.device)
+    cfg = default_config(num_heads, dim, q.dtype, q.device)
     block_h = max(16, min(cfg.block_h, next_pow2(num_heads)))
     sinks_arg = sinks if sinks is not None else q  # unused without HAS_SINK
     grid = (tokens * -(-num_heads // block_h),)

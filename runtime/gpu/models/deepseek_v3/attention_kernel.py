@@ -18,8 +18,8 @@ import structlog
 import torch
 
 from runtime.gpu.forward_batch import ForwardBatch
-from runtime.gpu.kernels import registry
 from runtime.gpu.kernels.common import choose_num_splits
+from runtime.gpu.kernels.mla_decode import MLA_DECODE
 from runtime.gpu.kernels.mla_decode.reference import page_table
 from runtime.gpu.models.deepseek_v3.attention_ref import PrefillGroup, TorchMLABackend
 
@@ -51,15 +51,13 @@ class MLAKernelBackend(TorchMLABackend):
 
     def _bind(self, device: torch.device, pool_dtype: torch.dtype) -> None:
         if self.decode_fn is None:
-            impl = registry.select("mla_decode", device)
+            impl = MLA_DECODE.select(device)
             e4m3 = pool_dtype == torch.float8_e4m3fn
             if impl.name == "flash_mla" and (self.page_size % TABLE_PAGE or e4m3):
                 # FlashMLA's dense decode reads 16-bit 64-token pages: other pools take the next
                 # implementation (ours upcast an e4m3 pool as they load it)
                 impl = next(
-                    i
-                    for i in registry.implementations("mla_decode")
-                    if i.name != impl.name and i.available(device)
+                    i for i in MLA_DECODE.implementations() if i.name != impl.name and i.available(device)
                 )
                 log.info(
                     "mla_decode: FlashMLA needs 16-bit pages of 64",

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from runtime.gpu.attention.torch_ref import TorchAttentionBackend, _Prefill
 from runtime.gpu.forward_batch import ForwardBatch
-from runtime.gpu.kernels import registry
+from runtime.gpu.kernels.mla_prefill import MLA_PREFILL
 
 # Expanded K + V elements per `mla_prefill` call (2 GiB in bf16): bounds the transient memory of a step
 # whose prefill rows have long cached prefixes (DeepSeek-V3, 128 heads: ~26K latent rows per call).
@@ -164,7 +164,7 @@ class TorchMLABackend(TorchAttentionBackend):
             return
         r, heads = w_uk.shape[-1], w_uk.shape[0]
         q = torch.cat([q_nope, q_pe], dim=-1)  # decode tokens too (few): no gather, and `out` is shared
-        attend = registry.get("mla_prefill", q.device)
+        attend = MLA_PREFILL.get(q.device)
         for rows, cols, max_q_len in groups:
             lats = [latent[p.start : p.start + p.length, 0] if p.slots is None
                     else pool.index_select(0, p.slots).to(latent.dtype) for p in rows]  # fmt: skip

@@ -30,7 +30,8 @@ import torch
 from torch import nn
 
 from runtime.gpu.forward_batch import ForwardBatch
-from runtime.gpu.kernels import registry
+from runtime.gpu.kernels.fused_moe import FUSED_MOE
+from runtime.gpu.kernels.silu_and_mul import SILU_AND_MUL
 from runtime.gpu.kv_pool import KVPoolSpec
 from runtime.gpu.layers import MergedLinear, RMSNorm, RotaryEmbedding
 from runtime.gpu.layers.fp8_linear import Fp8Linear, MergedFp8Linear
@@ -136,7 +137,7 @@ class DeepseekV3MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x)
-        return self.down_proj(registry.get("silu_and_mul", x.device)(gate, up))
+        return self.down_proj(SILU_AND_MUL.get(x.device)(gate, up))
 
 
 class DeepseekV3MoE(nn.Module):
@@ -304,7 +305,7 @@ class DeepseekV3ForCausalLM(CausalLM):
         )  # fmt: skip
         backend.page_size = page_size
         device = self.lm_head.weight.device
-        if device.type == "cuda" and registry.select("fused_moe", device).name == "reference":
+        if device.type == "cuda" and FUSED_MOE.select(device).name == "reference":
             # the reference MoE reads expert counts on the host: a decode step cannot be captured
             log.info("fused_moe is the reference: decode runs without CUDA graphs")
             backend.supports_cuda_graph = False

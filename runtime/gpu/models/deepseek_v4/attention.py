@@ -25,7 +25,7 @@ import torch
 
 from runtime.gpu.attention.base import AttentionBackend
 from runtime.gpu.forward_batch import ForwardBatch
-from runtime.gpu.kernels import registry
+from runtime.gpu.kernels.sparse_attention import SPARSE_ATTENTION
 from runtime.gpu.models.deepseek_v4 import attention_decode
 from runtime.gpu.models.deepseek_v4.compressor import Compressor
 from runtime.gpu.models.deepseek_v4.kv_pool import RowState, Tail, V4Layer
@@ -52,7 +52,7 @@ def attend_selected(
     selects the columns of `kv` its mask keeps (indices, -1 elsewhere), so no [H, L, K] score tensor."""
     if q.device.type != "cuda":
         return attend_with_sink(q, kv, mask, sinks, scale)
-    return registry.get("sparse_attention", q.device)(q, kv, selected_indices(mask), sinks, scale)
+    return SPARSE_ATTENTION.get(q.device)(q, kv, selected_indices(mask), sinks, scale)
 
 
 def selected_indices(mask: torch.Tensor) -> torch.Tensor:

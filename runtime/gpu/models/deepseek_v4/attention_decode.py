@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from runtime.gpu.forward_batch import ForwardBatch
-from runtime.gpu.kernels import registry
+from runtime.gpu.kernels.sparse_attention import SPARSE_ATTENTION
 from runtime.gpu.models.deepseek_v4.compressor import Compressor, Indexer
 from runtime.gpu.models.deepseek_v4.kv_pool import Tail, V4KVPool, V4Layer
 from runtime.gpu.models.deepseek_v4.rope import InterleavedRope
@@ -100,7 +100,7 @@ def forward(
             index = select(comp.indexer, x, qr, meta.positions, cache.index_keys[lid], index, attn.rope)
         if index.shape[1]:
             extra = {"extra_kv": cache.entries[lid], "extra_indices": index}
-    attend = registry.get("sparse_attention", q.device)
+    attend = SPARSE_ATTENTION.get(q.device)
     return attend(q, ring.view(-1, ring.shape[-1]), meta.ring_index, attn.sinks, scale, **extra)
 
 

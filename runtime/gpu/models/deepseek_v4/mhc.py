@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from runtime.gpu.kernels import registry
+from runtime.gpu.kernels.mhc import MHC_POST, MHC_PRE
 from runtime.gpu.kernels.mhc.reference import mhc_head
 
 
@@ -40,13 +40,13 @@ class HyperConnection(_Float32):
         """h [T, n, D] -> (sublayer input x [T, D], post [T, n], comb [T, n, n]). With `norm` (an RMSNorm:
         the sublayer's input norm), x comes out normed by it, in the same launch on CUDA."""
         w, eps = (None, 1e-6) if norm is None else (norm.weight, norm.eps)
-        fn = registry.get("mhc_pre", h.device)
+        fn = MHC_PRE.get(h.device)
         return fn(h, self.fn, self.base, self.scale, self.n, self.iters, self.hc_eps, self.norm_eps, w, eps)
 
     @staticmethod
     def merge(h: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
         """h'_k = post_k out + sum_j comb[j, k] h_j  (h [T, n, D], out [T, D])."""
-        return registry.get("mhc_post", h.device)(h, out, post, comb)
+        return MHC_POST.get(h.device)(h, out, post, comb)
 
 
 class HyperHead(_Float32):

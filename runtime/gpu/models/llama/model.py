@@ -19,7 +19,7 @@ from torch import nn
 from runtime.gpu.attention import get_attention_backend
 from runtime.gpu.attention.base import MHABackend, Rope
 from runtime.gpu.forward_batch import ForwardBatch
-from runtime.gpu.kernels import registry
+from runtime.gpu.kernels.silu_and_mul import SILU_AND_MUL
 from runtime.gpu.kv_pool import KVPoolSpec, MHAKVPool
 from runtime.gpu.layers import MergedLinear, RMSNorm, RotaryEmbedding
 from runtime.gpu.models.base import CausalLM, ModelAbilities
@@ -89,12 +89,12 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x)
-        return self.down_proj(registry.get("silu_and_mul", x.device)(gate, up))
+        return self.down_proj(SILU_AND_MUL.get(x.device)(gate, up))
 
     def forward_folded(self, h: torch.Tensor, eps: float) -> None:
         """h += mlp(norm(h)), the norm folded into gate_up_proj (module docstring)."""
         gate, up = self.gate_up_proj(h)
-        act = registry.get("silu_and_mul", h.device)(gate, up, h, eps)
+        act = SILU_AND_MUL.get(h.device)(gate, up, h, eps)
         h.addmm_(act, self.down_proj.weight.t())
 
 

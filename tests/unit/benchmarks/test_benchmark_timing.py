@@ -1,10 +1,10 @@
-"""`kernels.bench.round_robin_medians`, the timing loop of the MLA bench and the decode sweep: runs are
+"""`benchmarks.kernels.timing.round_robin_medians`, the timing loop of the MLA bench and the decode sweep: runs are
 timed round-robin (each round starting one run later, against the clock's warm-up bias) and each keeps
 its median; a run that fails once is not retried and reports its exception."""
 
 from __future__ import annotations
 
-from runtime.gpu.kernels.bench import round_robin, round_robin_medians
+from benchmarks.kernels.timing import round_robin, round_robin_medians
 
 
 def test_each_round_starts_one_run_later():

@@ -1,9 +1,9 @@
 """Kernel benchmark: time, achieved bandwidth and FLOP rate of every op implementation at Llama-3.1-8B
 shapes, against ceilings measured in the same run (device-to-device copy bandwidth, bf16 matmul peak).
 
-    python -m runtime.gpu.kernels.bench                      # all ops, all non-reference impls
-    python -m runtime.gpu.kernels.bench --ops decode_attention --reference
-    python -m runtime.gpu.kernels.bench --ops fp8_block_gemm --fp8-configs   # see fp8_gemm/bench.py
+    python -m benchmarks.kernels.ops                      # all ops, all non-reference impls
+    python -m benchmarks.kernels.ops --ops decode_attention --reference
+    python -m benchmarks.kernels.ops --ops fp8_block_gemm --fp8-configs   # see benchmarks/kernels/fp8_gemm.py
     CONDUIT_KERNEL_DECODE_ATTENTION=reference ...            # (the registry's forcing also applies)
 
 On CUDA, times are triton.testing.do_bench medians. `--device cpu` runs the references with wall-clock
@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import statistics
 import sys
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
+from benchmarks.kernels.timing import bench_ms, ceilings, fp8_ceiling
 from runtime.gpu.kernels import registry
 from runtime.gpu.kernels.testing import paged_case
 
@@ -37,63 +36,6 @@ class Work:
     bytes: float  # minimum bytes moved
     flops: float
     tokens: int = 1  # new tokens (the reference is skipped on long prefills: its scores would not fit)
-
-
-def bench_ms(fn: Callable[[], object], device: torch.device, graph: bool = False) -> float:
-    """Median ms. `graph`: replay a CUDA graph of the call, so host launch overhead is excluded (as in
-    the engine's graph-captured decode); falls back to plain launches if the call cannot be captured."""
-    if device.type == "cuda":
-        import triton.testing
-
-        if graph:
-            try:
-                return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
-            except Exception:  # e.g. a host sync inside: not capturable
-                torch.cuda.synchronize()
-        return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-    fn()
-    n, t0 = 0, time.perf_counter()
-    while n < 3 or time.perf_counter() - t0 < 0.2:
-        fn()
-        n += 1
-    return (time.perf_counter() - t0) / n * 1e3
-
-
-def round_robin(n: int, rounds: int) -> Iterator[int]:
-    """The order to time n runs `rounds` times: 0..n-1, each round starting one run later. The GPU's
-    clock falls as it warms under a long run, so a fixed order favours whoever goes first (PERF.md,
-    thirteenth session)."""
-    for r in range(rounds):
-        for i in range(n):
-            yield (r + i) % n
-
-
-def round_robin_medians(timings: Sequence[Callable[[], float]], rounds: int) -> list[float | Exception]:
-    """Each timing's median over `rounds` calls made in `round_robin` order. A timing that raises is not
-    called again and its exception stands in for its median."""
-    times: list[list[float]] = [[] for _ in timings]
-    failed: dict[int, Exception] = {}
-    for i in round_robin(len(timings), rounds):
-        if i in failed:
-            continue
-        try:
-            times[i].append(timings[i]())
-        except Exception as e:  # noqa: BLE001
-            failed[i] = e
-    return [failed[i] if i in failed else statistics.median(t) for i, t in enumerate(times)]
-
-
-def ceilings(device: torch.device, small: bool) -> tuple[float, float]:
-    """(copy bytes/s counting read + write, bf16 matmul FLOP/s)."""
-    n = (64 if small else 2048) << 20
-    src = torch.empty(n, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    copy_bw = 2 * n / (bench_ms(lambda: dst.copy_(src), device) * 1e-3)
-    m = 1024 if small else 8192
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    a, b = (torch.randn(m, m, device=device).to(dtype) for _ in range(2))
-    peak = 2 * m**3 / (bench_ms(lambda: a @ b, device) * 1e-3)
-    return copy_bw, peak
 
 
 def _attention_bytes(c, hq: int, tokens: int) -> float:
@@ -169,7 +111,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--page-size", type=int, default=16, help="slots are shuffled a page at a time")
     p.add_argument("--small", action="store_true", help="small shapes (smoke test)")
     p.add_argument("--no-graph", action="store_true", help="time plain launches, not CUDA graph replays")
-    p.add_argument("--sweep", action="store_true", help="also time the Triton kernels' alternative configs")
     p.add_argument(
         "--fp8-configs", action="store_true", help="fp8_block_gemm: also time the TileLang tile configs"
     )
@@ -196,32 +137,27 @@ def main(argv: list[str] | None = None) -> int:
         if w.op.startswith("fp8") or w.label.startswith("fp8"):  # vs the FP8 matmul peak (_scaled_mm), once
             fp8_peak = fp8_peak or fp8_ceiling(device, small)
             w_peak = fp8_peak or peak
-        for impl in registry.implementations(w.op):
+        for impl in registry.op(w.op).implementations():
             is_ref = impl.name == "reference"
             if not impl.available(device) or (is_ref and not (a.reference and w.tokens <= 8192)):
                 continue
             fn = impl.load()
             graph = not (is_ref or a.no_graph)
-            variants = [(impl.name, {})]
-            if a.sweep and impl.name == "triton" and w.op in SWEEPS:
-                variants += [(f"triton:{_cfg_label(c)}", {"config": c}) for c in SWEEPS[w.op](w)]
-            for label, extra in variants:
-                kw = {**w.kwargs, **extra}
-                ms = bench_ms(lambda fn=fn, w=w, kw=kw: fn(*w.args, **kw), device, graph)
-                bw, fl = w.bytes / (ms * 1e-3), w.flops / (ms * 1e-3)
-                print(
-                    f"{w.op:<18} {label:<10} {w.label:<26} {ms * 1e3:9.1f} {bw / 1e9:8.0f} "
-                    f"{100 * bw / copy_bw:5.0f}% {fl / 1e12:8.2f} {100 * fl / w_peak:4.0f}%",
-                    flush=True,
-                )
+            ms = bench_ms(lambda fn=fn, w=w: fn(*w.args, **w.kwargs), device, graph)
+            bw, fl = w.bytes / (ms * 1e-3), w.flops / (ms * 1e-3)
+            print(
+                f"{w.op:<18} {impl.name:<10} {w.label:<26} {ms * 1e3:9.1f} {bw / 1e9:8.0f} "
+                f"{100 * bw / copy_bw:5.0f}% {fl / 1e12:8.2f} {100 * fl / w_peak:4.0f}%",
+                flush=True,
+            )
     if "fp8_block_gemm" in ops:  # its own table: every impl and config checked, vs DeepGEMM's figures
-        from runtime.gpu.kernels.fp8_gemm import bench as fp8_bench
+        from benchmarks.kernels import fp8_gemm as fp8_bench
 
         fp8_peak = fp8_peak or fp8_ceiling(device, small)
-        print("# fp8_block_gemm (runtime.gpu.kernels.fp8_gemm.bench)", flush=True)
+        print("# fp8_block_gemm (benchmarks.kernels.fp8_gemm)", flush=True)
         failures += fp8_bench.run(
-            device, fp8_bench.SMALL_SHAPES if small else None, None, a.fp8_configs, a.sweep,
-            not a.no_graph, fp8_peak, reference=a.reference,
+            device, fp8_bench.SMALL_SHAPES if small else None, None, a.fp8_configs, not a.no_graph,
+            fp8_peak, reference=a.reference,
         )  # fmt: skip
     return 1 if failures else 0
 
@@ -236,80 +172,10 @@ FLASH_MLA_H200 = {
 }
 
 
-def fp8_ceiling(device: torch.device, small: bool) -> float | None:
-    """FP8 e4m3 matmul FLOP/s (torch._scaled_mm, per-tensor scales, 8192^3); None where unsupported."""
-    if device.type != "cuda":
-        return None
-    try:
-        m = 1024 if small else 8192
-        a = torch.randn(m, m, device=device).to(torch.float8_e4m3fn)
-        b = torch.randn(m, m, device=device).to(torch.float8_e4m3fn).T
-        one = torch.ones((), device=device)
-        ms = bench_ms(lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16), device)
-        f = 2 * m**3 / (ms * 1e-3)
-        print(
-            f"# ceilings: fp8 matmul {f / 1e12:.1f} TFLOP/s (torch._scaled_mm, %mm of fp8 ops is against this)"
-        )
-        return f
-    except Exception as e:  # noqa: BLE001 - an old torch / GPU: fall back to the bf16 peak
-        print(f"# fp8 matmul ceiling unavailable ({type(e).__name__}); fp8 %mm is against bf16")
-        return None
-
-
-def _cfg_label(c) -> str:
-    if hasattr(c, "block_h"):
-        return f"h{c.block_h}n{c.block_n}w{c.num_warps}s{c.num_stages}"
-    return f"{c.block_m}x{c.block_n}x{c.block_k}w{c.num_warps}s{c.num_stages}"
-
-
-def _mla_sweep(w: Work) -> list:
-    from runtime.gpu.kernels.mla_decode.triton import MLAConfig
-
-    return [
-        MLAConfig(h, n, warps, stages)
-        for h, n, warps, stages in (
-            (16, 16, 4, 2), (16, 64, 4, 2), (16, 32, 4, 3), (16, 32, 8, 2),
-            (32, 32, 8, 2), (32, 16, 4, 2), (64, 32, 8, 2), (64, 16, 8, 1),
-        )
-    ]  # fmt: skip
-
-
-def _moe_sweep(w: Work) -> list:
-    from runtime.gpu.kernels.fused_moe.triton import MoEConfig
-
-    small_m = ((16, 64, 128, 4, 4), (16, 32, 128, 4, 4), (16, 64, 64, 4, 5), (16, 128, 128, 4, 3),
-               (16, 64, 256, 4, 3), (16, 32, 256, 2, 4), (32, 64, 128, 4, 4))  # fmt: skip
-    large_m = ((64, 128, 64, 4, 3), (64, 128, 64, 4, 4), (128, 128, 64, 8, 3), (64, 256, 64, 8, 3),
-               (128, 128, 32, 4, 4), (64, 64, 128, 4, 3))  # fmt: skip
-    large_m += ((64, 128, 128, 4, 3), (64, 128, 128, 8, 3), (128, 128, 128, 8, 3))  # fmt: skip
-    per_expert = w.args[4].numel() / w.args[1].shape[0]
-    cfgs = [MoEConfig(*c) for c in (small_m if per_expert <= 16 else large_m)]
-    return [c for c in cfgs if c.block_k == 128] if "w13_scale" in w.kwargs else cfgs  # FP8: K step = group
-
-
-def _sparse_sweep(w: Work) -> list:
-    from runtime.gpu.kernels.sparse_attention.triton import SparseConfig
-
-    return [
-        SparseConfig(h, n, warps, stages)
-        for h, n, warps, stages in (
-            (16, 16, 4, 2), (16, 64, 4, 2), (16, 32, 4, 3), (16, 32, 8, 2),
-            (32, 32, 8, 2), (32, 16, 8, 2), (64, 16, 8, 2), (64, 32, 8, 1),
-        )
-    ]  # fmt: skip
-
-
-SWEEPS = {
-    "mla_decode": _mla_sweep,
-    "fused_moe": _moe_sweep,
-    "sparse_attention": _sparse_sweep,
-}
-
-
 def deepseek_workloads(ops: list[str], device: torch.device, small: bool) -> Iterator[Work]:
     """MLA decode (bf16 latent pool, page 64, FlashMLA FLOP/byte accounting: FLOPs = 2 * sum(seqlen) *
     h_q * (576 + 512), bytes = KV + Q + O) at h_q 128/16, batch 64/128, contexts 1K..32K; the FP8
-    activation quantizer at DeepSeek-V3 shapes (the FP8 GEMM has its own table: fp8_gemm/bench.py); V4
+    activation quantizer at DeepSeek-V3 shapes (the FP8 GEMM has its own table: `fp8_gemm.py` here); V4
     sparse attention (FLOPs = 4 * selected rows * heads * d, bytes = selected rows * d + indices + Q + O).
     Labels carry the anchor to compare with."""
     if "mla_decode" in ops:

@@ -1,15 +1,14 @@
 """FP8 block GEMM, every implementation side by side at DeepSeek-V3 shapes (M 64 / 128 / 4096; N x K
 7168x2048, 4096x7168, 2112x7168). Each implementation (and config) is checked against the reference
-on its first call at each shape, then timed (CUDA-graph replays, `kernels.bench.bench_ms`), and printed
+on its first call at each shape, then timed (CUDA-graph replays, `timing.bench_ms`), and printed
 as TFLOP/s, % of the FP8 matmul ceiling (torch._scaled_mm with per-tensor scales at 8192^3; the
 `scaled_mm` row is the same call at the row's shape: no block scales, not checked) and the ratio to
 DeepGEMM's published H800 figure for the shape.
 
-    python -m runtime.gpu.kernels.fp8_gemm.bench              # tilelang (chosen config), triton, deep_gemm
-    python -m runtime.gpu.kernels.fp8_gemm.bench --configs    # + TILELANG_CONFIGS (K splits per shape)
-    python -m runtime.gpu.kernels.fp8_gemm.bench --sweep      # + the Triton kernel's alternative configs
-    python -m runtime.gpu.kernels.fp8_gemm.bench --configs --compile-only   # fill the compile cache
-    python -m runtime.gpu.kernels.bench --ops fp8_block_gemm [--fp8-configs] [--sweep]   # the same rows
+    python -m benchmarks.kernels.fp8_gemm              # tilelang (chosen config), triton, deep_gemm
+    python -m benchmarks.kernels.fp8_gemm --configs    # + TILELANG_CONFIGS (K splits per shape)
+    python -m benchmarks.kernels.fp8_gemm --configs --compile-only   # fill the compile cache
+    python -m benchmarks.kernels.ops --ops fp8_block_gemm [--fp8-configs]   # the same rows
 
 TileLang kernels are compiled first, in parallel worker processes (TileLang's disk cache then serves
 this one). A config that fails to compile, to run or the check prints its error and the rest go on;
@@ -24,11 +23,11 @@ import time
 
 import torch
 
-from runtime.gpu.kernels import registry
+from benchmarks.kernels.timing import bench_ms, fp8_ceiling
+from runtime.gpu.kernels.fp8_gemm import FP8_BLOCK_GEMM
 from runtime.gpu.kernels.fp8_gemm.tilelang import TileConfig, brief, choose_config, with_split
 from runtime.gpu.kernels.testing import close_ratio
 
-OP = "fp8_block_gemm"
 NK = ((7168, 2048), (4096, 7168), (2112, 7168))
 SHAPES = [(m, n, k) for m in (64, 128, 4096) for n, k in NK]
 SMALL_SHAPES = [(4, 256, 512), (64, 320, 384)]
@@ -50,27 +49,6 @@ TILELANG_CONFIGS = (
 )
 
 
-def triton_configs(m: int) -> list:
-    """--sweep: the Triton kernel's alternatives to its `choose_config`."""
-    from runtime.gpu.kernels.fp8_gemm.triton import GemmConfig
-
-    if m <= 128:
-        return [
-            GemmConfig(bm, bn, sk, 8, warps, st)
-            for bm, bn, sk, warps, st in (
-                (16, 64, 1, 4, 4), (16, 64, 4, 4, 4), (16, 128, 2, 4, 4), (32, 64, 2, 4, 4),
-                (64, 64, 2, 4, 3), (64, 128, 1, 4, 3), (64, 128, 2, 4, 4), (16, 32, 4, 2, 5),
-            )
-        ]  # fmt: skip
-    return [
-        GemmConfig(bm, bn, 1, gm, warps, st)
-        for bm, bn, gm, warps, st in (
-            (64, 128, 8, 4, 3), (64, 128, 32, 4, 4), (128, 128, 8, 8, 3), (128, 128, 8, 4, 3),
-            (128, 256, 8, 8, 3), (128, 64, 8, 4, 4), (64, 256, 8, 8, 3), (128, 128, 16, 8, 4),
-        )
-    ]  # fmt: skip
-
-
 def tilelang_configs(
     m: int, n: int, k: int, device: torch.device, configs: bool, tiles: list[TileConfig] | None = None
 ) -> list[TileConfig]:
@@ -85,7 +63,7 @@ def tilelang_configs(
     return [chosen] + [c for c in dict.fromkeys(others) if c != chosen]
 
 
-def variants(name: str, m: int, n: int, k: int, device: torch.device, configs: bool, sweep: bool, tiles=None):
+def variants(name: str, m: int, n: int, k: int, device: torch.device, configs: bool, tiles=None):
     """(label, extra kwargs) to time for one implementation at one shape; `*` marks the config that
     `tilelang.choose_config` picks."""
     if name == "tilelang":
@@ -93,13 +71,7 @@ def variants(name: str, m: int, n: int, k: int, device: torch.device, configs: b
         return [
             (f"tilelang:{c.label()}" + ("*" if i == 0 else ""), {"config": c}) for i, c in enumerate(cfgs)
         ]
-    if name == "triton" and sweep:
-        return [("triton", {})] + [(f"triton:{_triton_label(c)}", {"config": c}) for c in triton_configs(m)]
     return [(name, {})]
-
-
-def _triton_label(c) -> str:
-    return f"{c.block_m}x{c.block_n}k{c.split_k}g{c.group_m}w{c.num_warps}s{c.num_stages}"
 
 
 # ------------------------------------------------------------------ compiling ahead
@@ -151,7 +123,6 @@ def run(
     shapes: list[tuple[int, int, int]] | None = None,
     impls: list[str] | None = None,
     configs: bool = False,
-    sweep: bool = False,
     graph: bool = True,
     peak: float | None = None,
     workers: int = 12,
@@ -161,13 +132,12 @@ def run(
     """Print one row per (shape, implementation, config); returns the number of failures (compile, run
     or check). `impls` None: every available non-reference implementation (+ the reference when
     `reference` or on the CPU)."""
-    from runtime.gpu.kernels.bench import bench_ms
     from runtime.gpu.kernels.fp8_gemm.reference import fp8_block_gemm as ref_gemm
 
     shapes = shapes or (SHAPES if device.type == "cuda" else SMALL_SHAPES)
     names = impls or [
         i.name
-        for i in registry.implementations(OP)
+        for i in FP8_BLOCK_GEMM.implementations()
         if i.available(device) and (i.name != "reference" or reference or device.type != "cuda")
     ]
     if "tilelang" in names:
@@ -187,12 +157,12 @@ def run(
         rows = [("scaled_mm (no block scales)", None, {})] if device.type == "cuda" else []
         for name in names:
             try:
-                fn = registry.named(OP, name).load()
+                fn = FP8_BLOCK_GEMM.named(name).load()
             except Exception as e:  # noqa: BLE001
                 print(f"{name:<32} {shape:<22} import failed: {type(e).__name__}: {e}", flush=True)
                 failures += 1
                 continue
-            rows += [(label, fn, kw) for label, kw in variants(name, m, n, k, device, configs, sweep, tiles)]
+            rows += [(label, fn, kw) for label, kw in variants(name, m, n, k, device, configs, tiles)]
         for label, fn, kw in rows:
             try:
                 if fn is None:
@@ -224,7 +194,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--impls", nargs="*", default=None, help="default: every available one")
     p.add_argument("--configs", action="store_true", help="also time TILELANG_CONFIGS")
-    p.add_argument("--sweep", action="store_true", help="also time the Triton kernel's alternative configs")
     p.add_argument(
         "--tiles", nargs="*", default=None, help="TileLang tiles to time instead of TILELANG_CONFIGS"
     )
@@ -237,8 +206,6 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.stderr.write("no CUDA device; use --device cpu for a smoke test of the references\n")
         return 2
-    from runtime.gpu.kernels.bench import fp8_ceiling
-
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"# {name}  torch {torch.__version__}", flush=True)
     shapes = [tuple(int(v) for v in s.split(":")) for s in a.shapes] if a.shapes else None
@@ -248,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     peak = fp8_ceiling(device, small=device.type != "cuda")
     failures = run(
-        device, shapes, a.impls, a.configs, a.sweep, not a.no_graph, peak, a.compile_workers, tiles=tiles
+        device, shapes, a.impls, a.configs, not a.no_graph, peak, a.compile_workers, tiles=tiles
     )  # fmt: skip
     return 1 if failures else 0
 

@@ -1,9 +1,9 @@
 """MLA decode against FlashMLA's H200 figures (issue 8), in one command that fits a short GPU lease:
 
-    python -m runtime.gpu.kernels.mla_decode.bench [--impls tilelang triton flash_mla] [--no-check] [--no-bench]
+    python -m benchmarks.kernels.mla_decode [--impls tilelang triton flash_mla] [--no-check] [--no-bench]
 
-1. compiles the TileLang variants it will use in parallel worker processes (TileLang's disk cache then
-   serves the main process), so compilation costs one variant's time, not ten;
+1. compiles the TileLang kernels it will use in parallel worker processes (TileLang's disk cache then
+   serves the main process), so compilation costs one kernel's time, not ten;
 2. checks every implementation against the reference: h_q 16 / 128, ragged lengths (0, 1, 63, 64, 65,
    not multiples of the page), fixed split counts 1 / 7 / 64 and the host's choice, bf16 and fp16,
    through the op signature (per-token req_to_token) and the block-table entry point (page 64);
@@ -31,7 +31,7 @@ Accounting as FlashMLA's and TileLang's benchmarks: FLOPs = 2 sum(seqlen) h_q (5
 Q + O. Each check or point runs under its own try, so one failure does not hide the rest.
 
 Timers (`--timers`, each a column of runs, round-robin with the rest):
-- `graph`: the median of CUDA-graph replays (`kernels.bench.bench_ms`, triton's do_bench_cudagraph): about
+- `graph`: the median of CUDA-graph replays (`timing.bench_ms`, triton's do_bench_cudagraph): about
   100 ms of back-to-back launches, so the GPU runs at its power-capped clock under sustained load.
 - `do_bench`: the median of triton's do_bench, the method FlashMLA's reference figures were measured
   with: every launch follows a 256 MB cache-clearing write, so L2 starts cold, and the GPU is not under
@@ -49,13 +49,12 @@ from concurrent.futures import ProcessPoolExecutor
 
 import torch
 
-from runtime.gpu.kernels.bench import bench_ms, ceilings, round_robin_medians
+from benchmarks.kernels.timing import bench_ms, ceilings, round_robin_medians
 from runtime.gpu.kernels.mla_decode import reference
 from runtime.gpu.kernels.mla_decode.testing import mla_case
 from runtime.gpu.kernels.testing import TOLERANCE, close_ratio
 
 R, DPE = 512, 64
-_DEFAULT_OPTS: tuple[str, ...] = ()  # set from the TileLang module in main()
 # FlashMLA's dense decode on this H200 kind (issue 8), median of triton do_bench: FLOP/s at h_q 128,
 # bytes/s at h_q 16
 FLASH_MLA = {
@@ -83,73 +82,40 @@ CHECKS = [  # lens, h_q, dtype, num_splits (None: the host's choice), entry poin
 ]
 
 
-def _tl_keys(variants: list[tuple[str, ...]]) -> list[tuple]:
-    """The TileLang variants the checks and points will use (tilelang._kernel's arguments): every
-    schedule for bf16 at page 1 (the op) and 64 (a block table), splits only where a check needs them;
-    fp16 and the diagnostics only where they run."""
+def _tl_keys() -> list[tuple]:
+    """The TileLang kernels the checks and points will use (`tilelang_kernel.kernel`'s arguments): bf16 at
+    page 1 (the op) and 64 (a block table), with and without splits, and fp16 at page 1 (a check)."""
     from runtime.gpu.kernels.common import LOG2E
-    from runtime.gpu.kernels.mla_decode.tilelang import schedule
 
     keys = set()
     for hq, dtype, table_dtype, page in (
         (128, "bfloat16", "int64", 1), (16, "bfloat16", "int64", 1), (16, "float16", "int64", 1),
         (128, "bfloat16", "int32", 64), (16, "bfloat16", "int32", 64),
     ):  # fmt: skip
-        for opts in variants:
-            default = opts == _DEFAULT_OPTS
-            if _diagnostic(opts):
-                splits = (False,) if (hq, dtype) == (128, "bfloat16") else ()
-            elif dtype == "float16" or page != 1:
-                splits = (False, True) if default else (False,) if dtype == "bfloat16" else ()
-            else:
-                splits = (False, True)
-            for split in splits:
-                sched = schedule(opts, page)
-                keys.add(
-                    (
-                        hq,
-                        R,
-                        DPE,
-                        dtype,
-                        table_dtype,
-                        "int64",
-                        "int64",
-                        page,
-                        split,
-                        float(SCALE * LOG2E),
-                        sched,
-                    )
-                )
+        for split in (False, True):
+            keys.add((hq, R, DPE, dtype, table_dtype, "int64", "int64", page, split, float(SCALE * LOG2E)))
     return sorted(keys)
-
-
-def _diagnostic(opts: tuple[str, ...]) -> bool:
-    return "no_load" in opts or "no_compute" in opts
-
-
-def _parse_variant(text: str) -> tuple[str, ...]:
-    return tuple(sorted(o for o in text.split(",") if o))
 
 
 def _compile_one(key: tuple) -> str:
     t0 = time.perf_counter()
     try:
-        from runtime.gpu.kernels.mla_decode import tilelang as tl
+        from runtime.gpu.kernels.mla_decode import tilelang_kernel
 
-        tl._kernel(*key)
+        tilelang_kernel.kernel(*key)
     except Exception as e:  # noqa: BLE001 - reported, the main process will hit it again
         return f"{key}: {type(e).__name__}: {str(e).splitlines()[-1][:200] if str(e) else ''}"
-    return f"{key[0]:>3} {key[3]} {key[4]} page {key[7]} split {key[8]} {key[10]}: {time.perf_counter() - t0:.0f} s"
+    return f"{key[0]:>3} {key[3]} {key[4]} page {key[7]} split {key[8]}: {time.perf_counter() - t0:.0f} s"
 
 
-def prewarm(workers: int, variants: list[tuple[str, ...]]) -> None:
-    keys = _tl_keys(variants)
+def prewarm(workers: int) -> None:
+    keys = _tl_keys()
     t0 = time.perf_counter()
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=min(workers, len(keys)), mp_context=ctx) as pool:
         for line in pool.map(_compile_one, keys):
             print(f"# compiled {line}", flush=True)
-    print(f"# {len(keys)} TileLang variants compiled in {time.perf_counter() - t0:.0f} s", flush=True)
+    print(f"# {len(keys)} TileLang kernels compiled in {time.perf_counter() - t0:.0f} s", flush=True)
 
 
 def _impl(name: str):
@@ -194,14 +160,6 @@ def _flash_mla_table(c, num_splits=None) -> tuple[torch.Tensor, torch.Tensor]:
     return out[:, 0], lse[:, :, 0]
 
 
-def _use(name: str, opts: tuple[str, ...] | None) -> None:
-    """Point the TileLang launcher at a schedule variant (None: the module's default)."""
-    if name == "tilelang":
-        from runtime.gpu.kernels.mla_decode import tilelang as tl
-
-        tl.DEFAULT_OPTS = _DEFAULT_OPTS if opts is None else opts
-
-
 def _run(name: str, entry: str, c, num_splits=None):
     op, table = _impl(name)
     if entry == "op":
@@ -209,22 +167,14 @@ def _run(name: str, entry: str, c, num_splits=None):
     return table(c, num_splits)
 
 
-def check(names: list[str], variants: list[tuple[str, ...]]) -> int:
+def check(names: list[str]) -> int:
     failures = 0
-    runs = [
-        (n, v) for n in names for v in (variants if n == "tilelang" else [None]) if not _diagnostic(v or ())
-    ]
     for lens, hq, dtype, splits, entry in CHECKS:
         c = mla_case(lens, hq, dtype, "cuda", page_size=64, seed=len(lens) + hq)
         want, want_lse = reference.mla_decode(*c.args(), return_lse=True)
         fin = want_lse.isfinite()
-        for name, opts in runs:
-            if opts not in (None, _DEFAULT_OPTS) and (
-                dtype != torch.bfloat16 or (entry == "table" and splits != 1)
-            ):
-                continue  # compiled for the default schedule only (see _tl_keys)
-            _use(name, opts)
-            label = f"{name:<8} {_label(opts):<13} {entry:<5} h={hq:<3} {str(dtype)[6:]:<8} splits={splits!s:<4} B={len(lens)} max={max(lens)}"
+        for name in names:
+            label = f"{name:<8} {entry:<5} h={hq:<3} {str(dtype)[6:]:<8} splits={splits!s:<4} B={len(lens)} max={max(lens)}"
             try:
                 got, lse = _run(name, entry, c, splits)
                 torch.cuda.synchronize()
@@ -244,25 +194,20 @@ def check(names: list[str], variants: list[tuple[str, ...]]) -> int:
     return failures
 
 
-def _label(opts: tuple[str, ...] | None) -> str:
-    return "-" if opts is None else (",".join(opts) or "base")
-
-
 def bench(
     names: list[str],
     entries: list[str],
-    variants: list[tuple[str, ...]],
     points: list[tuple],
-    ab_points: list[tuple] | None = None,
     rounds: int = 1,
     timers: tuple[str, ...] = ("graph",),
     layouts: tuple[str, ...] = ("shuffled",),
 ) -> None:
-    """Time every (implementation, entry, schedule, timer) at every point and page layout: a point's
-    runs are timed `rounds` times in `kernels.bench.round_robin` order and report their medians."""
+    """Time every (implementation, entry, timer) at every point and page layout: a point's runs are
+    timed `rounds` times in `timing.round_robin` order and report their medians. Ours run the seesaw
+    schedule on the block table (pages of 64) and the three-role one on the per-token table."""
 
     print(
-        f"{'impl':<8} {'schedule':<13} {'entry':<5} {'timer':<8} {'pages':<10} {'h_q':>3} {'B':>4} {'ctx':>6} {'us':>8} {'TFLOP/s':>8} {'TB/s':>6} {'FlashMLA':>10} {'ratio':>6} {'vs here':>8}"
+        f"{'impl':<8} {'entry':<5} {'timer':<8} {'pages':<10} {'h_q':>3} {'B':>4} {'ctx':>6} {'us':>8} {'TFLOP/s':>8} {'TB/s':>6} {'FlashMLA':>10} {'ratio':>6} {'vs here':>8}"
     )
     for (hq, batch, ctx), layout in [(p, lay) for p in points for lay in layouts]:
         try:
@@ -279,24 +224,24 @@ def bench(
         nbytes = (c.kv_tokens * (R + DPE) + batch * hq * (2 * R + DPE)) * c.pool.element_size()
         anchor = FLASH_MLA.get((hq, batch, ctx))
         lines = [
-            (*run, timer)
-            for run in _point_runs(
-                names, entries, variants, hq, ab_points is not None and (hq, batch, ctx) not in ab_points
-            )
+            (name, entry, timer)
+            for name in names
+            for entry in entries
             for timer in timers
-            if layout != "l2" or run[1] == "table"  # l2 rewires the block table alone
+            if not (name == "triton" and entry == "table")
+            and (layout != "l2" or entry == "table")  # l2 rewires the block table alone
         ]
-        if not lines:  # e.g. only diagnostics, which run at h_q 128 alone
+        if not lines:
             continue
         medians = round_robin_medians([functools.partial(_time, line, c) for line in lines], rounds)
         # FlashMLA timed in this run (when installed): each line's figure against it, same timer
         here = {
-            line[4]: ms
-            for line, ms in zip(lines, medians, strict=True)
-            if line[0] == "flash_mla" and line[1] == "table" and not isinstance(ms, Exception)
+            timer: ms
+            for (name, entry, timer), ms in zip(lines, medians, strict=True)
+            if name == "flash_mla" and entry == "table" and not isinstance(ms, Exception)
         }
-        for (name, entry, _, shown, timer), ms in zip(lines, medians, strict=True):
-            head = f"{name:<8} {_label(shown):<13} {entry:<5} {timer:<8} {layout:<10} {hq:>3} {batch:>4} {ctx:>6}"
+        for (name, entry, timer), ms in zip(lines, medians, strict=True):
+            head = f"{name:<8} {entry:<5} {timer:<8} {layout:<10} {hq:>3} {batch:>4} {ctx:>6}"
             if isinstance(ms, Exception):
                 print(f"{head} ERROR {type(ms).__name__}: {str(ms)[:300]}")
                 continue
@@ -318,35 +263,10 @@ def bench(
 
 
 def _time(line: tuple, c) -> float:
-    """One timing of a point's line (impl, entry, opts, schedule shown, timer), in ms."""
-    name, entry, opts, _, timer = line
-    _use(name, opts)
+    """One timing of a point's line (impl, entry, timer), in ms."""
+    name, entry, timer = line
     _run(name, entry, c)  # compile / warm up outside the graph
     return bench_ms(lambda: _run(name, entry, c), c.q.device, graph=timer == "graph")
-
-
-def _point_runs(
-    names: list[str], entries: list[str], variants: list[tuple[str, ...]], hq: int, default_only: bool
-) -> list[tuple]:
-    """The distinct (impl, entry, opts, schedule shown) lines of one point, in the given order."""
-    from runtime.gpu.kernels.mla_decode.tilelang import schedule
-
-    runs = [(n, v) for n in names for v in (variants if n == "tilelang" else [None])]
-    if default_only:
-        runs = [(n, v) for n, v in runs if v in (None, _DEFAULT_OPTS)]
-    lines, seen = [], set()
-    for name, opts in runs:
-        for entry in entries:
-            if name == "triton" and entry == "table":
-                continue
-            shown = opts
-            if opts is not None:
-                shown = schedule(opts, 1 if entry == "op" else 64)  # what this entry point runs
-                if (entry, shown) in seen or (_diagnostic(opts) and hq != 128):
-                    continue  # the same kernel as an earlier line / not compiled
-                seen.add((entry, shown))
-            lines.append((name, entry, opts, shown))
-    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -357,14 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-bench", action="store_true")
     p.add_argument("--compile-workers", type=int, default=12, help="0: compile lazily in this process")
     p.add_argument(
-        "--variants", nargs="*", default=None,
-        help="TileLang schedule options to compare, e.g. '' chunked tma,chunked no_load (default: the module's)",
-    )  # fmt: skip
-    p.add_argument(
         "--points", nargs="*", default=None, help="h_q:batch:context, e.g. 128:64:4096 (default: all)"
-    )
-    p.add_argument(
-        "--ab-points", nargs="*", default=None, help="where non-default variants run (default: all)"
     )
     p.add_argument(
         "--rounds", type=int, default=1, help="time each point's runs round-robin this often (median)"
@@ -386,19 +299,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
     copy_bw, peak = ceilings(torch.device("cuda"), small=False)
     print(f"# this machine: device copy {copy_bw / 1e12:.2f} TB/s, bf16 matmul {peak / 1e12:.0f} TFLOP/s")
-    global _DEFAULT_OPTS
-    if "tilelang" in a.impls:
-        from runtime.gpu.kernels.mla_decode import tilelang as tl
-
-        _DEFAULT_OPTS = tl.DEFAULT_OPTS
-    variants = [_DEFAULT_OPTS] if a.variants is None else [_parse_variant(v) for v in a.variants]
     points = POINTS if a.points is None else [tuple(int(x) for x in p.split(":")) for p in a.points]
-    ab_points = None if a.ab_points is None else [tuple(int(x) for x in p.split(":")) for p in a.ab_points]
     if "tilelang" in a.impls and a.compile_workers > 0:
-        prewarm(a.compile_workers, variants)
-    failures = 0 if a.no_check else check(a.impls, variants)
+        prewarm(a.compile_workers)
+    failures = 0 if a.no_check else check(a.impls)
     if not a.no_bench:
-        bench(a.impls, a.entries, variants, points, ab_points, a.rounds, tuple(a.timers), tuple(a.pages))
+        bench(a.impls, a.entries, points, a.rounds, tuple(a.timers), tuple(a.pages))
     return 1 if failures else 0
 
 

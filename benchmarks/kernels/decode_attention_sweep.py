@@ -1,10 +1,10 @@
 """Sweep the Triton decode kernel's block size, warps, pipeline stages and split count on CUDA, each
-configuration checked against the reference: `python -m runtime.gpu.kernels.decode_attention.sweep`.
+configuration checked against the reference: `python -m benchmarks.kernels.decode_attention_sweep`.
 
 Small batches are launch-bound under do_bench (about 10 us to issue a launch on the device host), but a
 decode step replays a CUDA graph: `--graph` times 32 back-to-back calls (one per Llama-8B layer)
-captured in one graph, the cost the step actually pays. `--kv-dtype fp8 --tilelang ...` times the TileLang
-stage 1 (`tilelang.py`) in its variants and diagnostics next to this kernel's default launch."""
+captured in one graph, the cost the step actually pays. `--kv-dtype fp8 --tilelang` times the TileLang
+stage 1 (`decode_attention/tilelang.py`) next to the Triton kernel's default launch."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import itertools
 import torch
 import triton
 
-from runtime.gpu.kernels.bench import round_robin_medians
+from benchmarks.kernels.timing import round_robin_medians
 from runtime.gpu.kernels.common import choose_num_splits
 from runtime.gpu.kernels.decode_attention import triton as kernel
 from runtime.gpu.kernels.decode_attention.reference import decode_attention as reference
@@ -66,10 +66,10 @@ def print_compiled(fp8: bool) -> None:
 TILELANG_SHAPES = [(256, 1024), (256, 1536), (64, 4096), (128, 2048), (32, 8192), (8, 1024)]
 
 
-def sweep_tilelang(variants: list[str], page_size: int, rounds: int = 1) -> None:
-    """fp8 pools: each TileLang stage-1 variant at its best split count, and the Triton kernel's default
-    launch on the same case (its best split count), per layer of the Llama-3.1-8B shape. A case's runs
-    are timed `rounds` times in `kernels.bench.round_robin` order and keep their medians."""
+def sweep_tilelang(page_size: int, rounds: int = 1) -> None:
+    """fp8 pools: the TileLang stage 1 at its best split count, and the Triton kernel's default launch on
+    the same case (its best split count), per layer of the Llama-3.1-8B shape. A case's runs are timed
+    `rounds` times in `timing.round_robin` order and keep their medians."""
     from runtime.gpu.kernels.decode_attention import tilelang
 
     for batch, ctx in TILELANG_SHAPES:
@@ -81,40 +81,33 @@ def sweep_tilelang(variants: list[str], page_size: int, rounds: int = 1) -> None
         want = reference(*args).float()
         kv_gb = 2 * batch * ctx * 8 * 128 / 1e9
         splits = sorted({1, 2, 4, 8, choose_num_splits(batch, 8, ctx, args[0].device)})
-        runs = []  # (impl, variant, splits, fn, error / tolerance), each checked once
+        runs = []  # (impl, splits, fn, error / tolerance), each checked once
         for sp in splits:
-            fns = [("triton", "-", functools.partial(kernel.decode_attention, *args, num_splits=sp))]
-            fns += [
-                ("tilelang", v, functools.partial(_tilelang_call, tilelang, args, sp, v, page_size))
-                for v in variants
+            fns = [
+                ("triton", functools.partial(kernel.decode_attention, *args, num_splits=sp)),
+                ("tilelang", functools.partial(_tilelang_call, tilelang, args, sp, page_size)),
             ]
-            for impl, st, fn in fns:
-                runs.append((impl, st, sp, fn, close_ratio(fn().float(), want, *TOLERANCE[torch.bfloat16])))
+            for impl, fn in fns:
+                runs.append((impl, sp, fn, close_ratio(fn().float(), want, *TOLERANCE[torch.bfloat16])))
         medians = round_robin_medians(
-            [functools.partial(triton.testing.do_bench, fn, rep=40) for _, _, _, fn, _ in runs], rounds
+            [functools.partial(triton.testing.do_bench, fn, rep=40) for _, _, fn, _ in runs], rounds
         )
         for ms in medians:
             if isinstance(ms, Exception):
                 raise ms
-        rows = [(ms, impl, st, sp, err) for ms, (impl, st, sp, _, err) in zip(medians, runs, strict=True)]
         best = {}
-        for r in rows:
-            key = (r[1], r[2])
-            best[key] = min(best.get(key, r), r)
-        for ms, impl, v, sp, err in sorted(best.values()):
+        for ms, (impl, sp, _, err) in zip(medians, runs, strict=True):
+            best[impl] = min(best.get(impl, (ms, impl, sp, err)), (ms, impl, sp, err))
+        for ms, impl, sp, err in sorted(best.values()):
             print(
-                f"B={batch} ctx={ctx} {impl} {v} splits={sp}: {ms * 1e3:.1f} us, "
+                f"B={batch} ctx={ctx} {impl} splits={sp}: {ms * 1e3:.1f} us, "
                 f"{kv_gb / ms:.2f} TB/s of fp8 KV, error / bf16 tolerance {err:.2f}"
             )
 
 
-def _tilelang_call(tilelang, args, num_splits: int, variant: str, page_size: int) -> torch.Tensor:
-    stages, ahead, blocks, *opts = variant.split(":")
-    persistent = "persistent" in opts
-    opts = [o for o in opts if o != "persistent"]
-    mid_o, mid_lse = tilelang.stage1(
-        *args, num_splits, int(stages), int(ahead), tuple(opts), int(blocks), persistent, page_size=page_size
-    )
+def _tilelang_call(tilelang, args, num_splits: int, page_size: int) -> torch.Tensor:
+    """The TileLang stage 1, then Triton's stage 2 (the merge runs at one split too)."""
+    mid_o, mid_lse = tilelang.stage1(*args, num_splits, page_size=page_size)
     return kernel.merge_splits(mid_o, mid_lse, args[5], torch.empty_like(args[0]), tilelang.BLOCK_N)
 
 
@@ -123,7 +116,6 @@ def main() -> None:
     parser.add_argument("--graph", action="store_true", help="time inside a CUDA graph (small batches)")
     parser.add_argument("--batch-sizes", default=None, help="e.g. 1,8: only these shapes")
     parser.add_argument("--kv-dtype", choices=("bf16", "fp8"), default="bf16", help="KV pool dtype")
-    parser.add_argument("--modes", default=None, help="fp8 read modes to time, e.g. q,f16 (default: all)")
     parser.add_argument("--prefetch", default="0,1", help="PREFETCH_SLOTS values to time")
     parser.add_argument(
         "--page-size", type=int, default=1, help="the pool's pages are shuffled, not the tokens"
@@ -139,15 +131,14 @@ def main() -> None:
     )
     parser.add_argument(
         "--tilelang",
-        default=None,
-        help="fp8: time the TileLang stage 1 variants STAGES:AHEAD:BLOCKS[:OPT] (ring depth, slot lookahead, "
-        "CTAs per SM, a diagnostic such as no_load or gather, or persistent), e.g. 4:2:2,3:2:3,4:2:2:no_load, against Triton's default",
+        action="store_true",
+        help="fp8: time the TileLang stage 1 against Triton's default launch",
     )
     args_cli = parser.parse_args()
     if args_cli.compiled:
         return print_compiled(args_cli.kv_dtype == "fp8")
     if args_cli.tilelang:
-        return sweep_tilelang(args_cli.tilelang.split(","), args_cli.page_size, args_cli.rounds)
+        return sweep_tilelang(args_cli.page_size, args_cli.rounds)
     shapes = SHAPES
     if args_cli.batch_sizes:
         wanted = {int(b) for b in args_cli.batch_sizes.split(",")}
@@ -156,7 +147,7 @@ def main() -> None:
     fp8 = args_cli.kv_dtype == "fp8"
     size = 1 if fp8 else 2
     defaults = kernel.LAUNCH[size]
-    default_variant = (kernel.FP8_MODE, kernel.PREFETCH_SLOTS[size])
+    default_prefetch = kernel.PREFETCH_SLOTS[size]
     for batch, ctx, splits in shapes:
         kv_dtype = torch.float8_e4m3fn if fp8 else None
         case = paged_case(
@@ -178,13 +169,11 @@ def main() -> None:
         grid = ((32, 64), (2, 4), (1, 2, 4)) if args_cli.graph else ((32, 64, 128), (4, 8), (2, 3, 4))
         if fp8 and not args_cli.graph:  # with prefetch, stages - 1 K/V buffers (--compiled shows them)
             grid = ((64, 128, 256), (4, 8), (2, 3, 4, 5))
-        modes = args_cli.modes.split(",") if args_cli.modes else list(kernel.FP8_MODES)
         prefetches = [bool(int(v)) for v in args_cli.prefetch.split(",")]
-        variants = list(itertools.product(modes if fp8 else [kernel.FP8_MODE], prefetches))
-        for (bn, warps, stages), sp, (mode, prefetch) in itertools.product(
-            itertools.product(*grid), splits, variants
+        for (bn, warps, stages), sp, prefetch in itertools.product(
+            itertools.product(*grid), splits, prefetches
         ):
-            kernel.LAUNCH[size], kernel.FP8_MODE = (bn, warps, stages), mode
+            kernel.LAUNCH[size] = (bn, warps, stages)
             kernel.PREFETCH_SLOTS[size] = prefetch
             try:
                 got = kernel.decode_attention(*args, num_splits=sp)
@@ -192,19 +181,17 @@ def main() -> None:
                 continue
             err = close_ratio(got.float(), want, *TOLERANCE[torch.bfloat16])
             ms = bench(lambda sp=sp, args=args: kernel.decode_attention(*args, num_splits=sp))
-            results.append((ms, bn, warps, stages, sp, mode, prefetch, err))
-        now = [r for r in results if r[1:4] == defaults and r[5:7] == default_variant]
-        best_per_variant = [min(r for r in results if r[5:7] == v) for v in variants]
-        for ms, bn, warps, stages, sp, mode, prefetch, err in (
-            sorted(results)[:3] + best_per_variant + now[:1]
-        ):
+            results.append((ms, bn, warps, stages, sp, prefetch, err))
+        now = [r for r in results if r[1:4] == defaults and r[5] == default_prefetch]
+        best_per_prefetch = [min(r for r in results if r[5] == v) for v in prefetches]
+        for ms, bn, warps, stages, sp, prefetch, err in sorted(results)[:3] + best_per_prefetch + now[:1]:
             print(
                 f"B={batch} ctx={ctx} page={args_cli.page_size} BLOCK_N={bn} warps={warps} stages={stages} "
-                f"splits={sp} prefetch={int(prefetch)}{f' fp8 as {mode}' if fp8 else ''}: "
+                f"splits={sp} prefetch={int(prefetch)}{' fp8' if fp8 else ''}: "
                 f"{ms * 1e3:.1f} us, {kv_bytes / ms / 1e6:.0f} GB/s, error / bf16 tolerance {err:.2f}"
             )
     kernel.LAUNCH[size] = defaults
-    kernel.FP8_MODE, kernel.PREFETCH_SLOTS[size] = default_variant
+    kernel.PREFETCH_SLOTS[size] = default_prefetch
 
 
 if __name__ == "__main__":
