@@ -9,4 +9,4 @@ source "$(dirname "$0")/lib.sh"
 dir=$(results fp8_kv_decode)
 describe_machine "$dir"
 $PY -m benchmarks.kernels.decode_attention_sweep --kv-dtype fp8 --page-size 64 --rounds 3 \
-  --tilelang 5:2:2:persistent 2>&1 | tee "$dir/sweep.txt"
+  --tilelang 2>&1 | tee "$dir/sweep.txt"
