@@ -1,4 +1,4 @@
-"""MLA decode against FlashMLA's H200 figures (issue 8), in one command that fits a short GPU lease:
+"""MLA decode against FlashMLA (its H200 figures, or FlashMLA itself in the same run), in one command that fits one device call:
 
     python -m benchmarks.kernels.mla_decode [--impls tilelang triton flash_mla] [--no-check] [--no-bench]
 
@@ -24,8 +24,8 @@ scheduler metadata built once per case (its own benchmark's way), `op` through t
 the same point and timer in this run (`vs here`), which machine-to-machine clock differences do not
 move as they move the ratio to the fixed FLASH_MLA figures. FlashMLA launches with programmatic
 dependent launch (its kernel overlaps the previous one's tail): under `do_bench`, whose previous kernel
-is the cache-clearing write, some of its medians read up to 4x its graph median (docs/PERF.md, twentieth
-session), so compare against it under `graph`.
+is the cache-clearing write, some of its medians read up to 4x its graph median (docs/PERF.md, "MLA
+decode against FlashMLA"), so compare against it under `graph`.
 
 Accounting as FlashMLA's and TileLang's benchmarks: FLOPs = 2 sum(seqlen) h_q (576 + 512), bytes = KV +
 Q + O. Each check or point runs under its own try, so one failure does not hide the rest.
@@ -55,7 +55,7 @@ from runtime.gpu.kernels.mla_decode.testing import mla_case
 from runtime.gpu.kernels.testing import TOLERANCE, close_ratio
 
 R, DPE = 512, 64
-# FlashMLA's dense decode on this H200 kind (issue 8), median of triton do_bench: FLOP/s at h_q 128,
+# FlashMLA's published H200 figures for its dense decode, median of triton do_bench: FLOP/s at h_q 128,
 # bytes/s at h_q 16
 FLASH_MLA = {
     (128, 64, 1024): 446e12, (128, 64, 4096): 578e12, (128, 64, 16384): 570e12, (128, 64, 32768): 588e12,

@@ -162,9 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failures else 0
 
 
-# ------------------------------------------------------------------ DeepSeek ops (issue 8)
+# ------------------------------------------------------------------ DeepSeek ops
 
-# FlashMLA's dense decode kernel on this H200 kind (issue 8), median of triton do_bench
+# FlashMLA's published H200 figures for its dense decode kernel, median of triton do_bench
 FLASH_MLA_H200 = {
     (128, 64): {1024: "446 TF", 4096: "578 TF", 16384: "570 TF", 32768: "588 TF"},
     (128, 128): {1024: "469 TF", 4096: "575 TF", 16384: "537 TF", 32768: "525 TF"},

@@ -3,7 +3,7 @@
 A Triton kernel compiles once per specialisation of its arguments (constexprs, integers equal to 1 or
 divisible by 16, pointer alignment). A shape that start-up and the warm-up steps never launched
 compiles on the step that first needs it: a second or so of stalled device, in the middle of a
-benchmark (docs/PERF.md, eleventh session). The runner's warm-up is meant to cover every launch shape;
+benchmark (a 16K-token step took 1.4 s instead of 0.4 s on the H200). The runner's warm-up is meant to cover every launch shape;
 this watcher shows, by kernel and signature, what it missed."""
 
 from __future__ import annotations

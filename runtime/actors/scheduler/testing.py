@@ -72,7 +72,25 @@ class Ready:
         return self.out
 
 
-class HashRunner:
+class FakeRunner:
+    """What the fake runners share: the capabilities their worker reports (`run_scheduler` fills them in
+    from the test's config, `fake_capabilities`), and launches whose outputs are ready at once."""
+
+    prefix_replay = 0  # set > 0 to have the scheduler plan replays before prefix hits (as for V4)
+    caps: WorkerCapabilities | None = None
+
+    def capabilities(self) -> WorkerCapabilities:
+        assert self.caps is not None, "set caps (fake_capabilities) before the worker starts"
+        return self.caps
+
+    def launch(self, plan: StepPlan) -> Ready:
+        return Ready(self.execute(plan))
+
+    def execute(self, plan: StepPlan) -> StepOutput:
+        raise NotImplementedError
+
+
+class HashRunner(FakeRunner):
     def __init__(
         self,
         num_slots: int,
@@ -86,16 +104,7 @@ class HashRunner:
         self.req_to_token = [[0] * max_model_len for _ in range(max_reqs + 1)]
         self.last_token = [0] * (max_reqs + 1)
         self.vocab, self.eos, self.eos_every = vocab, eos, eos_every
-        self.prefix_replay = 0  # set > 0 to have the scheduler plan replays before prefix hits (as for V4)
         self.replays: list[tuple[int, int]] = []  # (prefix len at the hit, tokens replayed), per replay
-        self.caps: WorkerCapabilities | None = None  # what the fake worker reports (`run_scheduler`)
-
-    def capabilities(self) -> WorkerCapabilities:
-        assert self.caps is not None, "set caps (fake_capabilities) before the worker starts"
-        return self.caps
-
-    def launch(self, plan: StepPlan) -> Ready:
-        return Ready(self.execute(plan))
 
     def execute(self, plan: StepPlan) -> StepOutput:
         for start in plan.added:
@@ -129,20 +138,8 @@ class HashRunner:
         return StepOutput(plan.step, rows, tokens)
 
 
-class NullRunner:
+class NullRunner(FakeRunner):
     """Samples token 1 for every row; no KV, no table: what is left is the scheduler's own cost."""
-
-    prefix_replay = 0
-
-    def __init__(self, caps: WorkerCapabilities | None = None) -> None:
-        self.caps = caps
-
-    def capabilities(self) -> WorkerCapabilities:
-        assert self.caps is not None, "set caps (fake_capabilities) before the worker starts"
-        return self.caps
-
-    def launch(self, plan: StepPlan) -> Ready:
-        return Ready(self.execute(plan))
 
     def execute(self, plan: StepPlan) -> StepOutput:
         rows = [r for r, s in zip(plan.rows, plan.sample, strict=True) if s]
@@ -274,7 +271,7 @@ async def run_scheduler(
     from runtime.actors.system import ActorSystem
 
     runner = runner or HashRunner(cfg.resolved_kv_slots(), cfg.max_running_requests, max_model_len)
-    if not isinstance(runner, HashRunner | NullRunner):
+    if not isinstance(runner, FakeRunner):
         runner = Restricted(runner, cfg)
     elif runner.caps is None:
         runner.caps = fake_capabilities(cfg, max_model_len, runner.prefix_replay)

@@ -6,7 +6,7 @@
 // work: a tile's tokens, then the head dims, are the rows, and the GQA group's q heads the 8 columns
 // (`group` of them used). Thread (g = lane / 4, c = lane % 4) keeps the online-softmax state of heads
 // 2c and 2c + 1. Against q heads as the rows (rows 8-15 zero, twice the mma count): 1.03-1.07x a layer
-// and +4-5% on issue 4's end-to-end benchmark (H200, docs/PERF.md, seventeenth session).
+// and +4-5% on the Llama-3.1-8B end-to-end benchmark (H200, docs/PERF.md, "end to end").
 //
 //   S^T = K q^T (16 tokens x 8 heads): K is the A operand (tokens g and g + 8), q the B operand. The sum
 //     over d does not care which d each k-step covers, so d is permuted: thread (g, c) covers d in

@@ -9,7 +9,7 @@ one's softmax runs while the other's GEMMs keep the tensor cores busy. The runni
 WG0 -> WG1 (m after A) and back (m after B). WG0 publishes P_A at its own max right after its
 softmax, and WG1 multiplies it first (its O half brought to that max), then takes its own max:
 so A's right half, which WG0's next QK^T needs, is freed half a pair earlier than if WG1 waited
-for P_A at the later max (+1.5-3.3% at h_q = 128, timed round-robin; PERF.md, fifteenth session).
+for P_A at the later max (+1.5-3.3% at h_q = 128 on the H200, timed round-robin).
 Each KV buffer has a left half (value columns 0-255) and a right half (256-511 and the rope
 tail), each with its own ready / free barrier, so the left half of A's buffer refills as soon as
 WG0's own P_A V_A-left is done (half a pair earlier than a whole buffer would). Shared memory: Q
@@ -296,7 +296,7 @@ def attend(
                         both1[h_i] = scale0_shared[h_i] * scale1[h_i]
                     # P_A V_A-right done: A's right half is released. P0_shared needs no wait here (WG0
                     # rewrites it only after A's next right half, which this release gates, has landed);
-                    # handing M1 over before the wait was 1-2.5% slower (PERF.md, sixteenth session)
+                    # handing M1 over before the wait was 1-2.5% slower (H200, round-robin)
                     T.wait_wgmma(0)
                     T.barrier_arrive(free0_r[0])
                     T.copy(m1, m1_shared)
