@@ -1,7 +1,7 @@
 """DeepSeek-V4 on CUDA (TorchV4Backend through the paged pools, its attention on the `sparse_attention`
 op): float32 logits match transformers' use_cache=False forwards (prefill, chunked prefill, decode),
 bfloat16 stays within bf16 tolerance of them, an exact-replay prefix hit equals a cold run on the
-device, and decode steps captured in CUDA graphs (the batched path, attention/v4_decode.py) compute what
+device, and decode steps captured in CUDA graphs (the batched path, models/deepseek_v4/attention_decode.py) compute what
 eager request-by-request decode computes."""
 
 from __future__ import annotations

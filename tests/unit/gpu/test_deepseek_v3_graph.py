@@ -1,5 +1,5 @@
 """DeepSeek-V3's decode step on the CUDA-graph path: with either MLA backend, the padded static-buffer
-decode (what DecodeGraphs captures, run eagerly on the CPU) computes what plain decode with the
+decode (what GraphRunner captures, run eagerly on the CPU) computes what plain decode with the
 reference backend computes; "triton" picks the kernel backend (the `mla_decode` op; its reference here)."""
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ def _runner(path, batched: bool) -> ModelRunner:
 
 @pytest.mark.parametrize("graphs", [False, True])
 def test_batched_decode_matches_the_per_row_path(checkpoint, monkeypatch, graphs):
-    """graphs: decode steps on the padded static-buffer path DecodeGraphs captures (run eagerly here;
+    """graphs: decode steps on the padded static-buffer path GraphRunner captures (run eagerly here;
     3 rows pad to 4 with row 0, whose state the real rows never read), with context buckets of 32 and
     128 (max_model_len) tokens, both replayed."""
     calls = []

@@ -13,7 +13,7 @@ import torch
 
 
 def pool_2d(latent_pool: torch.Tensor) -> torch.Tensor:
-    """[slots, D] or [slots, 1, D] (`LatentKVCache.kv[layer]`) -> a [slots, D] view."""
+    """[slots, D] or [slots, 1, D] (`LatentKVPool.kv[layer]`) -> a [slots, D] view."""
     if latent_pool.dim() == 3:
         assert latent_pool.shape[1] == 1, "the latent pool has one head"
         return latent_pool[:, 0]

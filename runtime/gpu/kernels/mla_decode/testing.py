@@ -16,7 +16,7 @@ import torch
 @dataclass
 class MLACase:
     q: torch.Tensor  # [B, Hq, D]
-    pool: torch.Tensor  # [slots, 1, D] (LatentKVCache.kv[layer])
+    pool: torch.Tensor  # [slots, 1, D] (LatentKVPool.kv[layer])
     req_to_token: torch.Tensor  # [max_rows, width] int64
     rows: torch.Tensor  # [B]
     seq_lens: torch.Tensor  # [B] int64
