@@ -126,6 +126,34 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         help="DeepSeek-V4 prefix hits: replay from position 0, so a hit equals a cold run (slow; for "
         "checking the bounded replay)",
     )
+    g = p.add_argument_group("speculative decoding")
+    g.add_argument(
+        "--speculative-algorithm",
+        choices=["ngram"],
+        default=None,
+        help="draft tokens with this drafter and verify them together (lossless: the output follows the "
+        "model's own distribution); ngram: the continuation of the latest earlier occurrence of the last "
+        "tokens (prompt lookup)",
+    )
+    g.add_argument(
+        "--speculative-num-draft-tokens",
+        type=int,
+        default=d.speculative_num_draft_tokens,
+        help="most draft tokens a request verifies per step (each request adapts below it to its "
+        "acceptance and the batch's load)",
+    )
+    g.add_argument(
+        "--speculative-ngram-min-match-window-size",
+        type=int,
+        default=d.speculative_ngram_min_match_window_size,
+        help="ngram: the shortest tail of the sequence looked up",
+    )
+    g.add_argument(
+        "--speculative-ngram-max-match-window-size",
+        type=int,
+        default=d.speculative_ngram_max_match_window_size,
+        help="ngram: the longest tail looked up (longer matches are tried first)",
+    )
     g = p.add_argument_group("fast path")
     g.add_argument(
         "--disable-cuda-graph",

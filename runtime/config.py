@@ -48,6 +48,12 @@ class ServerConfig(msgspec.Struct, kw_only=True, frozen=True):
     # hit replayed to rebuild it (None: the model's sliding window), or replay from 0 (exact, for checks)
     swa_replay_tokens: int | None = None
     swa_replay_exact: bool = False
+    # speculative decoding (runtime/speculative): a drafter proposes up to `speculative_num_draft_tokens`
+    # tokens per request and step, verified together by the target
+    speculative_algorithm: str | None = None  # None | "ngram"
+    speculative_num_draft_tokens: int = 3
+    speculative_ngram_min_match_window_size: int = 1  # n-gram drafter: the n-gram sizes it looks up
+    speculative_ngram_max_match_window_size: int = 4
     # fast path
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int | None = None  # largest decode batch captured; default max_running_requests
@@ -110,6 +116,9 @@ class RunnerConfig(msgspec.Struct, frozen=True):
     max_prefill_tokens: int | None = None
     rank: int = 0
     world_size: int = 1
+    speculative_algorithm: str | None = None  # ServerConfig's speculative settings
+    speculative_num_draft_tokens: int = 3
+    speculative_ngram_sizes: tuple[int, int] = (1, 4)
 
     @classmethod
     def resolve(
@@ -136,6 +145,12 @@ class RunnerConfig(msgspec.Struct, frozen=True):
             max_prefill_tokens=cfg.resolved_chunked_prefill_size(),
             rank=rank,
             world_size=world_size,
+            speculative_algorithm=cfg.speculative_algorithm,
+            speculative_num_draft_tokens=cfg.speculative_num_draft_tokens,
+            speculative_ngram_sizes=(
+                cfg.speculative_ngram_min_match_window_size,
+                cfg.speculative_ngram_max_match_window_size,
+            ),
         )
 
 
@@ -152,6 +167,7 @@ class SchedulerConfig(msgspec.Struct, kw_only=True, frozen=True):
     radix_cache: bool = True
     max_queued_requests: int = 4096
     prefix_replay: int = 0  # tokens before a prefix hit the worker recomputes (DeepSeek-V4's state)
+    max_draft: int = 0  # speculative decoding: the most draft tokens a row may verify (0: off)
 
     @classmethod
     def resolve(cls, cfg: ServerConfig, caps: WorkerCapabilities) -> SchedulerConfig:
@@ -166,6 +182,7 @@ class SchedulerConfig(msgspec.Struct, kw_only=True, frozen=True):
             radix_cache=caps.prefix_cache and not cfg.disable_radix_cache,
             max_queued_requests=cfg.max_queued_requests,
             prefix_replay=caps.prefix_replay,
+            max_draft=caps.max_draft,
         )
 
 

@@ -6,7 +6,7 @@ every row sampled) of B rows runs the graph of the smallest bucket >= B (and, fo
 graphs' work grows with the context they are sized for, of the smallest context bucket that holds its
 longest row: `AttentionBackend.graph_contexts`). Its inputs live in one static device buffer, filled per
 step from a pinned host buffer with one copy; the graph itself builds the batch (`make_batch`, as eager
-steps do: fed-back tokens from `last_token`, new slots into `req_to_token`), runs the model and writes
+steps do: fed-back tokens from the `fed` table, new slots into `req_to_token`), runs the model and writes
 the logits into a static buffer (in the model's `logits_dtype`: bf16 for Llama). Padding rows use row 0,
 position 0, KV slot 0 and length 1: they write and read only the reserved padding slot, and their
 logits are sliced away. Mixed and prefill steps run eagerly.
@@ -126,7 +126,7 @@ class GraphRunner:
 
     def _forward(self, bs: int, ctx: int) -> None:
         ids, pos, loc, rows, seq_lens, use_last = (self.inputs[f, :bs] for f in range(len(_PAD)))
-        batch = make_batch(self.tables, self.pool, ids, pos, loc, rows, use_last != 0, rows)
+        batch = make_batch(self.tables, self.pool, ids, pos, loc, rows, use_last - 1, rows)
         self.attn.prepare_decode_graph(batch, seq_lens, ctx)
         hidden = self.model(batch.input_ids, pos, batch, self.attn)
         self.logits[:bs].copy_(self.model.compute_logits(hidden))

@@ -16,13 +16,20 @@ class StepTables:
     """The worker's per-request device tables, indexed by request row (row 0 is padding)."""
 
     req_to_token: torch.Tensor  # [rows, max_model_len] KV slot of each position of each request
-    last_token: torch.Tensor  # [rows] each request's last sampled token (read by `use_last` inputs)
+    # [rows, 1 + max_draft]: column 0 each request's last sampled token, then the drafts its drafter
+    # proposed for its next step (speculative decoding). Inputs read from here on the device, so a step
+    # can be planned before the previous one's tokens reach the host.
+    fed: torch.Tensor
+
+    @property
+    def last_token(self) -> torch.Tensor:
+        return self.fed[:, 0]
 
     @classmethod
-    def allocate(cls, rows: int, max_model_len: int, device: torch.device) -> StepTables:
+    def allocate(cls, rows: int, max_model_len: int, device: torch.device, max_draft: int = 0) -> StepTables:
         return cls(
             torch.zeros(rows, max_model_len, dtype=torch.int64, device=device),
-            torch.zeros(rows, dtype=torch.int64, device=device),
+            torch.zeros(rows, 1 + max_draft, dtype=torch.int64, device=device),
         )
 
 
@@ -59,15 +66,16 @@ def make_batch(
     positions: torch.Tensor,
     out_loc: torch.Tensor,
     token_rows: torch.Tensor,
-    use_last: torch.Tensor,
+    fed_col: torch.Tensor,
     rows: torch.Tensor,
     host: tuple[list[int], list[int], list[int], list[int]] | None = None,
 ) -> ForwardBatch:
-    """The step's batch from its device columns, for the eager and the graph paths alike: each token
-    whose `use_last` is set reads its row's last sampled token (so a plan can be sent before the previous
-    step's tokens reach the host), and every new token's KV slot is entered in its row's table.
-    `token_rows` [T] is each token's request row; `host`: (rows, prefix_lens, extend_lens, replay) lists."""
-    ids = torch.where(use_last, tables.last_token[token_rows], ids)
+    """The step's batch from its device columns, for the eager and the graph paths alike: a token with
+    `fed_col` c >= 0 reads column c of its row's `fed` table (0: the last sampled token, j: draft j), so
+    a plan can be sent before the previous step's tokens reach the host; -1 keeps the plan's id. Every new
+    token's KV slot is entered in its row's table. `token_rows` [T] is each token's request row; `host`:
+    (rows, prefix_lens, extend_lens, replay) lists."""
+    ids = torch.where(fed_col >= 0, tables.fed[token_rows, fed_col.clamp(min=0)], ids)
     tables.req_to_token[token_rows, positions] = out_loc
     rows_list, prefix, extend, replay = host or ([], [], [], [])
     return ForwardBatch(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
@@ -26,10 +27,12 @@ from runtime.gpu.cuda_graph import GraphRunner
 from runtime.gpu.forward_batch import ForwardBatch, StepTables, columns_to_device, make_batch, token_positions
 from runtime.gpu.kv_pool import KVPoolSpec
 from runtime.gpu.model_builder import build_model, resolve_dtype, resolve_kv_dtype
-from runtime.gpu.pending import PendingStep
+from runtime.gpu.pending import Copies, PendingStep
 from runtime.gpu.sampler import Sampler
 from runtime.gpu.warm_up import warm_up
 from runtime.mailbox.messages import StepOutput, StepPlan, WorkerCapabilities
+from runtime.speculative.drafters import make_drafter
+from runtime.speculative.worker import Emitted, Speculation, VerifyRows
 
 log = structlog.get_logger(__name__)
 
@@ -77,7 +80,16 @@ class ModelRunner:
         # Models with per-request state outside the paged pool (V4's window ring and compressor tails)
         # rebuild it on a prefix hit by replaying this many tokens before the hit (StepPlan.replay).
         self.prefix_replay = self.kv_pool.replay_tokens(cfg.swa_replay_tokens, cfg.swa_replay_exact)
-        self.tables = StepTables.allocate(rows, cfg.max_model_len, self.device)
+        self.spec: Speculation | None = None
+        max_draft = cfg.speculative_num_draft_tokens if cfg.speculative_algorithm else 0
+        self.tables = StepTables.allocate(rows, cfg.max_model_len, self.device, max_draft)
+        if cfg.speculative_algorithm:
+            if not self.model.abilities.truncate_kv:
+                raise ValueError(
+                    f"--speculative-algorithm needs a KV pool that drops rejected drafts; "
+                    f"{type(self.model).__name__}'s per-request state cannot yet"
+                )
+            self.spec = Speculation(make_drafter(cfg, rows, self.device), self.tables)
         self.sampler = Sampler(cfg.max_reqs, self.vocab_size, self.device, cfg.seed)
         self._t_ref: torch.cuda.Event | None = None
         self.graphs: GraphRunner | None = None
@@ -111,6 +123,7 @@ class ModelRunner:
             prefix_replay=self.prefix_replay,
             kv_bytes_per_token=self.kv_pool.bytes_per_token,
             vocab_size=self.vocab_size,
+            max_draft=self.spec.max_draft if self.spec is not None else 0,
         )
 
     # ------------------------------------------------------------------ step
@@ -124,16 +137,37 @@ class ModelRunner:
         t0 = time.perf_counter()
         with torch.inference_mode():
             start = self._timing_event()
-            logits, sample_rows, sample_rows_t = self._forward_plan(plan)
-            if not sample_rows:
-                return PendingStep(plan.step, [], [], None, start, self._timing_event(), t0, self._t_ref)
-            result = self.sampler.sample(logits, sample_rows, sample_rows_t)
-            self.tables.last_token[sample_rows_t] = result.tokens
-            parts = [result.tokens, result.logprobs, result.top_ids, result.top_logprobs]
-            copies = [None if t is None else t.to("cpu", non_blocking=True) for t in parts]
+            s = self._forward_plan(plan)
+            if not s.rows:
+                return PendingStep(plan.step, [], None, None, start, self._timing_event(), t0, self._t_ref)
+            spec, verify = self.spec, s.verify
+            if verify is None:
+                result = self.sampler.sample(s.logits, s.rows, s.rows_t)
+                emitted = Emitted(result.tokens[:, None], None, None)
+            else:
+                result = self.sampler.sample(s.logits, s.pos_rows, s.pos_rows_t, spec.block(s.rows_t, verify))
+                emitted = spec.accept(self.sampler, result, s.rows_t, verify)
+            last = emitted.tokens[:, 0] if emitted.counts is None else _last(emitted)
+            self.tables.last_token[s.rows_t] = last
+            drafts, draft = None, 0.0
+            if spec is not None:
+                ev = self._timing_event(), None
+                t = time.perf_counter()
+                drafts = spec.propose(s.rows_t, emitted)
+                draft = (ev[0], self._timing_event()) if ev[0] is not None else time.perf_counter() - t
+            copies = Copies.start(
+                tokens=emitted.tokens,
+                counts=emitted.counts,
+                logprobs=_per_emitted(result.logprobs, emitted),
+                top_ids=_per_emitted(result.top_ids, emitted),
+                top_logprobs=_per_emitted(result.top_logprobs, emitted),
+                draft_counts=None if drafts is None else drafts.counts,
+                draft_conf=None if drafts is None else drafts.confidence,
+            )
         return PendingStep(
-            plan.step, sample_rows, copies, result.top_counts, start, self._timing_event(), t0, self._t_ref
-        )
+            plan.step, s.rows, copies, result.top_counts, start, self._timing_event(), t0, self._t_ref,
+            on_counts=self.sampler.advance if verify is not None else None, draft=draft,
+        )  # fmt: skip
 
     def _timing_event(self) -> torch.cuda.Event | None:
         """A recorded CUDA event (None on CPU). The first one is the reference the step times count from,
@@ -147,10 +181,10 @@ class ModelRunner:
         return ev
 
     def forward_logits(self, plan: StepPlan) -> torch.Tensor:
-        """float32 logits of the sampled rows, without sampling (for tests and scoring)."""
+        """float32 logits of the sampled positions, without sampling (for tests and scoring)."""
         with torch.inference_mode():
             # a copy: a graph's logits buffer is reused next step
-            return self._forward_plan(plan)[0].to(torch.float32, copy=True)
+            return self._forward_plan(plan).logits.to(torch.float32, copy=True)
 
     def prepare_batch(self, plan: StepPlan) -> ForwardBatch:
         """Accept the plan and build its eager batch, backend metadata included, without running the model
@@ -167,26 +201,30 @@ class ModelRunner:
 
     def _accept(self, plan: StepPlan) -> None:
         """Check the plan, then apply its row changes (released and added requests)."""
-        _check_plan(plan, self.cfg)
+        _check_plan(plan, self.cfg, self.spec.max_draft if self.spec is not None else 0)
         self.kv_pool.check_plan(plan)
         self._update_rows(plan)
 
-    def _forward_plan(self, plan: StepPlan) -> tuple[torch.Tensor, list[int], torch.Tensor]:
+    def _forward_plan(self, plan: StepPlan) -> Sampled:
         self._accept(plan)
-        sample_rows = [r for r, s in zip(plan.rows, plan.sample, strict=True) if s]
+        rows = [r for r, s in zip(plan.rows, plan.sample, strict=True) if s]
         if not plan.rows:
-            return torch.empty(0, self.vocab_size, device=self.device), [], self.tables.last_token[:0]
-        if self.graphs is not None and self.graphs.fits(plan):
+            empty = self.tables.last_token[:0]
+            return Sampled(torch.empty(0, self.vocab_size, device=self.device), [], empty)
+        if self.graphs is not None and self.graphs.fits(plan) and not any(plan.draft_lens):
             logits, rows_t = self.graphs.run(plan)
-            return logits, sample_rows, rows_t
-        batch, last_idx, sample_rows_t = self._build_batch(plan)
+            return Sampled(logits, rows, rows_t)
+        batch, sampled = self._build_batch(plan)
         hidden = self.model(batch.input_ids, batch.positions, batch, self.attn)
-        return self.model.compute_logits(hidden[last_idx]), sample_rows, sample_rows_t
+        sampled.logits = self.model.compute_logits(hidden[sampled.logits])
+        return sampled
 
     def _update_rows(self, plan: StepPlan) -> None:
         for row in plan.released:
             self.sampler.release(row)
             self.kv_pool.release_row(row)
+            if self.spec is not None:
+                self.spec.release(row)
         for start in plan.added:
             if start.prefix_slots and not self.model.abilities.prefix_cache:
                 raise ValueError(
@@ -197,29 +235,81 @@ class ModelRunner:
                 slots = torch.tensor(start.prefix_slots, dtype=torch.int64)
                 self.tables.req_to_token[start.row, : len(start.prefix_slots)] = slots.to(self.device)
             self.sampler.register(start)
+            if self.spec is not None:
+                self.spec.register(start)
 
-    def _build_batch(self, plan: StepPlan) -> tuple[ForwardBatch, torch.Tensor, torch.Tensor]:
+    def _build_batch(self, plan: StepPlan) -> tuple[ForwardBatch, Sampled]:
+        """The eager batch, and what to sample: the last token of each sampled row, or every position of
+        a row that verifies drafts (`Sampled.logits` holds those token indices until the forward ran)."""
+        n = len(plan.rows)
         ext = torch.tensor(plan.extend_lens, dtype=torch.int64)
         rows = torch.tensor(plan.rows, dtype=torch.int64)
-        use_last = torch.repeat_interleave(torch.tensor(plan.use_last, dtype=torch.bool), ext)
+        drafts = plan.draft_lens or [0] * n
         positions, starts = token_positions(plan.prefix_lens, plan.extend_lens)
         token_rows = torch.repeat_interleave(rows, ext)
+        use_last = torch.repeat_interleave(torch.tensor(plan.use_last, dtype=torch.bool), ext)
+        # a fed row's tokens read its fed table: column 0 (its last token), then its drafts 1..k
+        fed_col = torch.where(
+            use_last, torch.arange(len(positions)) - torch.repeat_interleave(starts, ext), -1
+        )
         ids = torch.zeros(len(positions), dtype=torch.int64)
         ids[~use_last] = torch.tensor(plan.input_ids, dtype=torch.int64)
         sample = torch.tensor(plan.sample, dtype=torch.bool)
-        last_idx = (starts + ext - 1)[sample]
+        k = torch.tensor(drafts, dtype=torch.int64)[sample]
+        first = (starts + ext - 1)[sample] - k  # each sampled row's first sampled position
+        sample_idx = torch.repeat_interleave(first, k + 1) + _ranges(k + 1)
+        block_start = torch.cumsum(k + 1, 0) - (k + 1)
+        sample_rows = rows[sample]
+        pos_rows = torch.repeat_interleave(sample_rows, k + 1)
         # aligned columns: with them packed end to end, an odd token count shifted the positions the
         # RoPE kernel reads and compiled a new variant mid-run
-        cols = [ids, positions, plan.out_loc, token_rows, use_last, last_idx, rows[sample], rows]
-        ids_d, pos_d, loc_d, token_rows_d, use_last_d, last_idx_d, sample_rows_d, rows_d = columns_to_device(
-            cols, self.device
-        )
+        cols = [ids, positions, plan.out_loc, token_rows, fed_col, sample_idx, sample_rows, rows]
+        cols += [pos_rows, block_start, k] if any(drafts) else []
+        dev = columns_to_device(cols, self.device)
         host = (list(plan.rows), list(plan.prefix_lens), list(plan.extend_lens), list(plan.replay))
-        batch = make_batch(
-            self.tables, self.kv_pool, ids_d, pos_d, loc_d, token_rows_d, use_last_d != 0, rows_d, host
-        )
+        batch = make_batch(self.tables, self.kv_pool, *dev[:5], dev[7], host)
         self.attn.prepare(batch)
-        return batch, last_idx_d, sample_rows_d
+        rows_list = [r for r, s in zip(plan.rows, plan.sample, strict=True) if s]
+        sampled = Sampled(dev[5], rows_list, dev[6])
+        if any(drafts):
+            ks = k.tolist()
+            sampled.pos_rows = [r for r, kk in zip(rows_list, ks, strict=True) for _ in range(kk + 1)]
+            sampled.pos_rows_t = dev[8]
+            sampled.verify = VerifyRows(ks, dev[9], dev[10])
+        return batch, sampled
+
+
+@dataclass
+class Sampled:
+    """What a step samples: `logits` at the sampled positions, the rows that sampled (host and device),
+    and for a step with verify rows, each sampled position's row and the rows' blocks."""
+
+    logits: torch.Tensor
+    rows: list[int]
+    rows_t: torch.Tensor
+    pos_rows: list[int] | None = None
+    pos_rows_t: torch.Tensor | None = None
+    verify: VerifyRows | None = None
+
+
+def _ranges(lens: torch.Tensor) -> torch.Tensor:
+    """0..n-1 for each n of `lens`, concatenated."""
+    starts = torch.cumsum(lens, 0) - lens
+    return torch.arange(int(lens.sum())) - torch.repeat_interleave(starts, lens)
+
+
+def _last(emitted: Emitted) -> torch.Tensor:
+    """Each row's last emitted token."""
+    return emitted.tokens.gather(1, (emitted.counts - 1)[:, None]).squeeze(1)
+
+
+def _per_emitted(t: torch.Tensor | None, emitted: Emitted) -> torch.Tensor | None:
+    """A per-sampled-position tensor ([P] or [P, k]) rearranged per row and emitted token ([B, W, ...])."""
+    if t is None:
+        return None
+    if emitted.index is None:
+        return t[:, None]
+    return t[emitted.index]
 
 
 def _page_size(asked: int, multiple: int) -> int:
@@ -237,9 +327,12 @@ def _page_size(asked: int, multiple: int) -> int:
     return page_size
 
 
-def _check_plan(plan: StepPlan, cfg: RunnerConfig) -> None:
+def _check_plan(plan: StepPlan, cfg: RunnerConfig, max_draft: int) -> None:
     """Host-side checks that turn a malformed plan into a clear error instead of a device fault."""
     n = len(plan.rows)
+    drafts = plan.draft_lens or [0] * n
+    if len(drafts) != n or any(not 0 <= k <= max_draft for k in drafts):
+        raise ValueError(f"step {plan.step}: draft_lens needs one count per row, each in 0..{max_draft}")
     cols = (plan.prefix_lens, plan.extend_lens, plan.use_last, plan.sample)
     if any(len(c) != n for c in cols):
         raise ValueError(f"step {plan.step}: per-row columns differ in length from rows ({n})")
@@ -252,11 +345,16 @@ def _check_plan(plan: StepPlan, cfg: RunnerConfig) -> None:
         raise ValueError(
             f"step {plan.step}: {len(plan.input_ids)} input_ids for {fed} tokens without use_last"
         )
-    for row, p, e, last in zip(plan.rows, plan.prefix_lens, plan.extend_lens, plan.use_last, strict=True):
+    cols = zip(plan.rows, plan.prefix_lens, plan.extend_lens, plan.use_last, drafts, plan.sample, strict=True)
+    for row, p, e, last, k, sample in cols:
         if not 0 < row <= cfg.max_reqs:
             raise ValueError(f"step {plan.step}: row {row} outside 1..{cfg.max_reqs}")
-        if last and e != 1:
-            raise ValueError(f"step {plan.step}: row {row} uses its last token but extends by {e}")
+        if last and e != k + 1:
+            raise ValueError(
+                f"step {plan.step}: row {row} feeds its last token and {k} drafts but extends by {e}"
+            )
+        if k and not (last and sample):
+            raise ValueError(f"step {plan.step}: row {row} verifies drafts, so it must feed them and sample")
         if p + e > cfg.max_model_len:
             raise ValueError(f"step {plan.step}: row {row} reaches {p + e} tokens > max_model_len")
     if plan.replay:  # replayed tokens come first in a row and leave at least one new token

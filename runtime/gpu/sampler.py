@@ -12,6 +12,12 @@ whatever the batch neighbours, and a row re-registered after a retraction (`SeqS
 tokens so far) resumes exactly where it was, its penalty counts and min_tokens progress rebuilt from the
 same tokens.
 
+Speculative verification samples several positions of one row (`Block`): position j of a row's block is
+its (n + j)-th output, with the block's earlier drafts counted among its outputs for penalties, so each
+position is drawn exactly as plain decoding would draw it there. Which of those samples the row keeps is
+only known on the device afterwards, so a block's draws change no state: `accept` then counts the kept
+tokens (penalty counts, on the device) and `advance` the host's output counts once they are known.
+
 Nothing here waits on the device: host-side choices (which paths a step needs) come from host state,
 host-to-device copies are non-blocking, and the runner copies the tokens back once per step."""
 
@@ -42,6 +48,17 @@ class _Row:
     @property
     def truncates(self) -> bool:
         return not self.params.greedy and (self.params.top_k > 0 or self.params.top_p < 1.0)
+
+
+@dataclass(frozen=True)
+class Block:
+    """The sampled positions of a step with verify rows, one entry per position (rows' blocks in order):
+    `offsets[p]`: how many of the block's tokens precede position p (its draw is the row's
+    (n_out + offset)-th); `prior` [P, K]: those preceding drafts (-1 past them), counted as outputs by
+    the penalties."""
+
+    offsets: list[int]
+    prior: torch.Tensor
 
 
 @dataclass
@@ -90,11 +107,15 @@ class Sampler:
     def release(self, row: int) -> None:
         self.rows.pop(row, None)
 
-    def sample(self, logits: torch.Tensor, rows: list[int], rows_t: torch.Tensor) -> SampleResult:
+    def sample(
+        self, logits: torch.Tensor, rows: list[int], rows_t: torch.Tensor, block: Block | None = None
+    ) -> SampleResult:
         """logits: [B, V] for `rows` (host list and the same rows as a device tensor), float32 or the
         model's 16-bit dtype: an all-greedy batch without penalties or logprobs takes the argmax as is,
-        anything else computes in float32."""
+        anything else computes in float32. With `block`, B counts sampled positions (a row may have
+        several) and nothing is recorded: see `accept` and `advance`."""
         states = [self.rows[r] for r in rows]
+        offsets = block.offsets if block is not None else [0] * len(rows)
         k_asked = [s.params.logprobs for s in states]
         plain_greedy = all(s.params.greedy and not s.penalized for s in states) and all(
             k is None for k in k_asked
@@ -105,17 +126,16 @@ class Sampler:
         if any(k is not None for k in k_asked):
             raw_logprobs = torch.log_softmax(logits, dim=-1)  # float32: logprobs are not plain greedy
         params = self.table[rows_t]
-        logits = self._penalize(logits, params, rows_t, states)
+        prior = block.prior if block is not None else None
+        logits = self._penalize(logits, params, rows_t, states, offsets, prior)
         if all(s.params.greedy for s in states):
             tokens = logits.argmax(dim=-1)
         else:
-            tokens = self._sample(logits, params, states)
-        if self.counts is not None:
-            self.counts.index_put_(
-                (rows_t, tokens), torch.ones_like(tokens, dtype=torch.int32), accumulate=True
-            )
-        for s in states:
-            s.n_out += 1
+            tokens = self._sample(logits, params, states, offsets)
+        if block is None:
+            self._count(rows_t, tokens)
+            for s in states:
+                s.n_out += 1
         result = SampleResult(tokens)
         if raw_logprobs is not None:
             result.logprobs = raw_logprobs.gather(1, tokens[:, None]).squeeze(1)
@@ -126,23 +146,63 @@ class Sampler:
             result.top_counts = counts
         return result
 
+    def accept(self, rows_t: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> None:
+        """A verify step's kept tokens: row rows_t[i] emitted tokens[i, :counts[i]] (penalty counts)."""
+        if self.counts is None:
+            return
+        kept = torch.arange(tokens.shape[1], device=tokens.device)[None, :] < counts[:, None]
+        rows = rows_t[:, None].expand_as(tokens)
+        self.counts.index_put_((rows[kept], tokens[kept]), kept[kept].int(), accumulate=True)
+
+    def advance(self, rows: list[int], counts: list[int]) -> None:
+        """The host learns how many tokens a verify step's rows emitted (min_tokens progress, draw index)."""
+        for row, n in zip(rows, counts, strict=True):
+            state = self.rows.get(row)
+            if state is not None:
+                state.n_out += n
+
+    def _count(self, rows_t: torch.Tensor, tokens: torch.Tensor) -> None:
+        if self.counts is not None:
+            self.counts.index_put_(
+                (rows_t, tokens), torch.ones_like(tokens, dtype=torch.int32), accumulate=True
+            )
+
     def _penalize(
-        self, logits: torch.Tensor, params: torch.Tensor, rows_t: torch.Tensor, states: list[_Row]
+        self,
+        logits: torch.Tensor,
+        params: torch.Tensor,
+        rows_t: torch.Tensor,
+        states: list[_Row],
+        offsets: list[int] | None = None,
+        prior: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        offsets = offsets or [0] * len(states)
         if self.counts is not None and any(s.penalized for s in states):
             counts = self.counts[rows_t]
+            if prior is not None:  # a block's earlier drafts count as outputs at its later positions
+                seen = prior >= 0
+                counts = counts.index_put(
+                    (torch.nonzero(seen)[:, 0], prior[seen]), seen[seen].int(), accumulate=True
+                )
             seen = (counts > 0) | self.prompt_mask[rows_t]
             rep = params[:, REP, None]
             # HF repetition penalty: shrink positive logits, push negative ones further down.
             logits = torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
             logits = logits - params[:, FREQ, None] * counts - params[:, PRES, None] * (counts > 0)
-        bans = [(i, t) for i, s in enumerate(states) if s.n_out < s.params.min_tokens for t in s.stop_ids]
+        bans = [
+            (i, t)
+            for i, (s, j) in enumerate(zip(states, offsets, strict=True))
+            if s.n_out + j < s.params.min_tokens
+            for t in s.stop_ids
+        ]
         if bans:
             idx = torch.tensor(bans, dtype=torch.int64).to(logits.device, non_blocking=True)
             logits = logits.index_put((idx[:, 0], idx[:, 1]), logits.new_full((), float("-inf")))
         return logits
 
-    def _sample(self, logits: torch.Tensor, params: torch.Tensor, states: list[_Row]) -> torch.Tensor:
+    def _sample(
+        self, logits: torch.Tensor, params: torch.Tensor, states: list[_Row], offsets: list[int]
+    ) -> torch.Tensor:
         temp, top_k = params[:, TEMP], params[:, TOP_K]
         greedy = (temp <= 0) | (top_k == 1)
         scaled = logits / torch.where(greedy, 1.0, temp)[:, None]
@@ -156,9 +216,10 @@ class Sampler:
             floor = params[:, MIN_P, None] * probs.amax(dim=-1, keepdim=True)
             probs = probs.masked_fill(probs < floor, 0.0)
         noise = torch.empty_like(probs).exponential_(generator=self.generator)
-        for i, s in enumerate(states):
+        for i, (s, j) in enumerate(zip(states, offsets, strict=True)):
             if s.generator is not None:
-                noise[i].exponential_(generator=s.generator.manual_seed(draw_seed(s.params.seed, s.n_out)))
+                seed = draw_seed(s.params.seed, s.n_out + j)
+                noise[i].exponential_(generator=s.generator.manual_seed(seed))
         sampled = (probs / noise.clamp_min_(1e-20)).argmax(dim=-1)
         return torch.where(greedy, logits.argmax(dim=-1), sampled)
 

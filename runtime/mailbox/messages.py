@@ -117,7 +117,12 @@ class StepPlan(Struct, frozen=True, tag=True, array_like=True):
     """One forward step. Per-row columns share an order; flattened columns are concatenated in it.
 
     A row with `use_last` feeds back its own last sampled token, which the worker keeps on the device,
-    so plan N+1 can be sent before step N's tokens reach the host (overlap scheduling)."""
+    so plan N+1 can be sent before step N's tokens reach the host (overlap scheduling).
+
+    Speculative decoding: a row with `draft_lens[i] = k > 0` verifies k draft tokens. Its inputs are its
+    last token and the k drafts its worker's drafter proposed after the row's previous step (all on the
+    device, so `use_last` is set and extend_lens[i] is k + 1); every one of its k + 1 positions is
+    sampled, and the row emits the accepted drafts plus one token (StepOutput.counts)."""
 
     step: int
     added: list[SeqStart]
@@ -133,18 +138,26 @@ class StepPlan(Struct, frozen=True, tag=True, array_like=True):
     # per-request state before a cached prefix (DeepSeek-V4's sliding-window ring and compressor tails).
     # Their KV slots are the cached prefix's own, which the step must not overwrite.
     replay: list[int] = []
+    # Per row (empty: all 0): draft tokens the row verifies (speculative decoding, see above).
+    draft_lens: list[int] = []
 
 
 class StepOutput(Struct, frozen=True, tag=True, array_like=True):
     step: int
     rows: list[int]  # the rows that sampled, in plan order
-    tokens: list[int]
-    logprobs: list[float] | None = None  # chosen token's logprob, where any row asked for logprobs
+    tokens: list[int]  # every row's emitted tokens, concatenated in row order
+    logprobs: list[float] | None = None  # each token's logprob, where any row asked for logprobs
     top_ids: list[list[int]] | None = None
     top_logprobs: list[list[float]] | None = None
     forward_s: float = 0.0  # host time from launch to results, for metrics
     gpu_start: float = 0.0  # device time the step began / ended, seconds since the worker's first step
     gpu_end: float = 0.0  # (CUDA only): the gaps between steps are device idle time
+    # Speculative decoding (empty when no row of the step verified drafts or has a drafter):
+    counts: list[int] = []  # tokens each row emitted (accepted drafts + 1; 1 for a plain row)
+    draft_s: float = 0.0  # time the drafter took after this step (device time on CUDA)
+    # per row, the drafter's proposals for the row's next step: how many, and its confidence in each
+    draft_counts: list[int] = []
+    draft_conf: list[list[float]] = []
 
 
 class WorkerCapabilities(Struct, frozen=True, tag=True, array_like=True, kw_only=True):
@@ -161,6 +174,7 @@ class WorkerCapabilities(Struct, frozen=True, tag=True, array_like=True, kw_only
     prefix_replay: int  # tokens before a prefix hit that rebuild per-request state (0: none)
     kv_bytes_per_token: int
     vocab_size: int
+    max_draft: int = 0  # speculative decoding: drafts a row may verify per step (0: no drafter)
 
 
 class WorkerFailed(Struct, frozen=True, tag=True, array_like=True):
@@ -224,6 +238,20 @@ class RequestFailed(Struct, frozen=True, tag=True, array_like=True, kw_only=True
 # ---------------------------------------------------------------- control and stats
 
 
+class SpecCounters(Struct, frozen=True, array_like=True, kw_only=True):
+    """Cumulative speculative decoding figures of a scheduler (EngineStats.spec)."""
+
+    steps: int  # steps with a row verifying drafts
+    rows: int  # verify rows (one row verifying in one step)
+    drafted: int  # drafts verified
+    accepted: int  # drafts accepted
+    per_position: list[int]  # [K]: how often draft j+1 was accepted
+    reached: list[int]  # [K]: how often draft j+1 was verified
+    lengths: list[int]  # [K+1]: verify rows that emitted 1 .. K+1 tokens
+    draft_s: float  # time spent drafting (device time on CUDA)
+    verify_s: float  # time of the steps with verify rows
+
+
 class EngineStats(Struct, frozen=True, tag=True, array_like=True, kw_only=True):
     """Scheduler -> client after steps (throttled): what /metrics and /health report."""
 
@@ -245,6 +273,7 @@ class EngineStats(Struct, frozen=True, tag=True, array_like=True, kw_only=True):
     gpu_busy_s: float = 0.0  # cumulative device time inside steps (CUDA)
     gpu_idle_s: float = 0.0  # cumulative device idle time between consecutive steps (CUDA)
     swa_replay_tokens: int = 0  # cumulative tokens replayed to rebuild per-request state on prefix hits
+    spec: SpecCounters | None = None  # speculative decoding, when it is on
 
 
 class FlushCache(Struct, frozen=True, tag=True, array_like=True):

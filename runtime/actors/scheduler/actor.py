@@ -44,6 +44,7 @@ from runtime.mailbox.messages import (
     WorkerCapabilities,
     WorkerFailed,
 )
+from runtime.speculative.policy import DraftPolicy, SpecStats
 
 log = structlog.get_logger(__name__)
 
@@ -108,7 +109,9 @@ class SchedulerActor(Actor):
             max_model_len=cfg.max_model_len,
             policy=cfg.schedule_policy,
             prefix_replay=cfg.prefix_replay,
+            draft_policy=DraftPolicy(cfg.max_draft) if cfg.max_draft else None,
         )
+        self.spec_stats = SpecStats(cfg.max_draft)
         self.configured.set()
 
     async def handle(self, msg: Message) -> None:
@@ -223,32 +226,58 @@ class SchedulerActor(Actor):
         done = self.inflight.popleft()
         self._trace(done.plan, out)
         assert done.plan.step == out.step, f"step {out.step} came back, expected {done.plan.step}"
-        tokens, i = out.tokens, 0
-        want_lp = out.logprobs is not None
-        add = self.outputs.add
+        plan = done.plan
+        drafts = plan.draft_lens or [0] * len(plan.rows)
+        self.spec_stats.step(bool(plan.draft_lens), out)
+        counts = out.counts or [1] * len(out.rows)
+        i = j = 0  # the step's next token and next sampled row
         ended = []
-        for req, did_sample in zip(done.reqs, done.plan.sample, strict=True):
+        for req, did_sample, prefix, k in zip(done.reqs, plan.sample, plan.prefix_lens, drafts, strict=True):
             req.inflight -= 1
+            n = counts[j] if did_sample else 0
+            first, i, j = i, i + n, j + did_sample
+            if k:
+                req.verifying = False
+                self.spec_stats.row(k, n - 1)
+                self.planner.draft_policy.observe(req.spec, k, n - 1)
+                req.planned_outputs -= k + 1 - n
+            if did_sample and out.draft_counts:
+                req.spec.available, req.spec.confidence = out.draft_counts[j - 1], out.draft_conf[j - 1]
             if req.finished:  # ended while this step ran (abort, or the overlap step's wasted token)
                 ended.append(req)
-                i += did_sample
                 continue
             if not did_sample:
                 continue
-            token = tokens[i]
-            i += 1
-            lp = self.outputs.logprob_of(out, i - 1, req) if want_lp else None
-            req.output_ids.append(token)
-            reason = self._stop_reason(req, token)
-            if reason is not None:
-                self._finish(req, reason)
+            if self._take(req, out, first, n, prefix + n if k else None):
                 ended.append(req)
-            add(req, [] if reason == "stop" and token in req.stop_ids else [token], reason, lp)
-        assert i == len(tokens), f"step {out.step}: {len(tokens)} tokens for {i} sampled rows"
+        assert i == len(out.tokens), f"step {out.step}: {len(out.tokens)} tokens for {i} sampled"
         for req in ended:
             if not req.inflight:
                 self.reqs.pop(req.rid, None)
         await self._flush_outputs()
+
+    def _take(self, req: Req, out: StepOutput, first: int, n: int, kv_len: int | None) -> bool:
+        """Append the request's tokens out.tokens[first : first + n] up to the first that ends it, trim a
+        verify step's rejected drafts (`kv_len`: positions whose KV the step wrote and kept; None for a
+        plain step), queue the outputs; True when the request finished."""
+        tokens, reason, kept = out.tokens[first : first + n], None, []
+        for token in tokens:
+            req.output_ids.append(token)
+            kept.append(token)
+            reason = self._stop_reason(req, token)
+            if reason is not None:
+                break
+        if kv_len is not None:  # the last token has no KV yet; a stop inside the block leaves the rest unread
+            self.planner.trim(req, min(kv_len, len(req.seq_ids)))
+        lps = None
+        if out.logprobs is not None and req.params.logprobs is not None:
+            lps = [self.outputs.logprob_of(out, first + t, req) for t in range(len(kept))]
+        if reason is not None:
+            self._finish(req, reason)
+            if reason == "stop" and kept[-1] in req.stop_ids:
+                kept.pop()
+        self.outputs.add(req, kept, reason, lps)
+        return reason is not None
 
     async def _on_worker_failed(self, msg: WorkerFailed) -> None:
         log.error("worker_failed", step=msg.step, error=msg.error)
@@ -354,6 +383,7 @@ class SchedulerActor(Actor):
             evictable_tokens=self.cache.evictable_tokens,
             protected_tokens=self.cache.protected_tokens,
             swa_replay_tokens=self.replayed_tokens,
+            spec=self.spec_stats.snapshot() if self.spec_stats.max_draft else None,
         )
         await self.send(addresses.CLIENT, stats)
 

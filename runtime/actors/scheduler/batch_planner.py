@@ -16,6 +16,11 @@ request is admitted.
 Replay (`prefix_replay` > 0, DeepSeek-V4): a model whose per-request state is not in the pages rebuilds
 it on a prefix hit ending at H by recomputing tokens [H - prefix_replay, H) in the request's first chunk
 (`StepPlan.replay`; their slots are the cached prefix's). They count against the step's token budget.
+
+Speculative decoding (`draft_policy`): a decoding request may verify k drafts, k + 1 positions with their
+slots (`StepPlan.draft_lens`); its outputs are then only known when the step comes back, so a request with
+a verify step in flight waits for it before it is planned again (other requests keep overlapping). The
+scheduler trims the slots of rejected drafts when the step's counts arrive (`trim`).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from runtime.actors.scheduler.policy import order_waiting
 from runtime.actors.scheduler.prefix_cache import PrefixCache
 from runtime.actors.scheduler.request import Req
 from runtime.mailbox.messages import SeqStart, StepPlan
+from runtime.speculative.policy import DraftPolicy
 
 CLIP_MAX_NEW_TOKENS = 4096  # cap on the reserved future tokens of one request (SGLang's constant)
 RETRACT_DECODE_STEPS = 20  # after a retraction, keep room for this many decode steps of the rest
@@ -52,6 +58,7 @@ class BatchPlanner:
     policy: str = "fcfs"
     init_new_token_ratio: float = 0.7
     prefix_replay: int = 0  # tokens before a prefix hit the worker recomputes (see the module docstring)
+    draft_policy: DraftPolicy | None = None  # speculative decoding (see the module docstring)
     waiting: deque[Req] = field(default_factory=deque)
     running: dict[Req, None] = field(default_factory=dict)  # an ordered set: admission order
     filling: dict[Req, None] = field(default_factory=dict)  # the running requests still prefilling
@@ -201,15 +208,19 @@ class BatchPlanner:
             for r in self.running
             if r.fill_len <= len(r.slots) < limit and r.planned_outputs < r.max_new_tokens and not r.finished
         ][:budget]
+        if self.draft_policy is not None:  # a row's length is unknown while its verify step is out
+            decoding = [r for r in decoding if not r.verifying]
         if decoding:
             self._plan_decodes(decoding, rows, reqs, prefix_lens, out_loc)
             self.new_token_ratio = max(self.min_new_token_ratio, self.new_token_ratio - self.ratio_decay)
         n_dec = len(rows)
-        extend_lens.extend([1] * n_dec)
+        budget -= n_dec
+        drafts = self._plan_drafts(reqs, out_loc, budget) if self.draft_policy is not None and reqs else []
+        budget -= sum(drafts)
+        extend_lens.extend(1 + k for k in drafts or [0] * n_dec)
         replay.extend([0] * n_dec)
         use_last.extend([True] * n_dec)
         sample.extend([True] * n_dec)
-        budget -= n_dec
 
         # 2. prefill chunks: resident requests still filling, then admissions from the queue
         has_prefill = False
@@ -260,6 +271,7 @@ class BatchPlanner:
             out_loc,
             sample,
             replay if any(replay) else [],
+            drafts + [0] * (len(rows) - n_dec) if any(drafts) else [],
         )
         self.released_rows = []
         return PlannedStep(plan, reqs, has_prefill)
@@ -293,6 +305,38 @@ class BatchPlanner:
             rows.append(r.row)
             r.planned_outputs += 1
         reqs.extend(decoding)
+
+    def _plan_drafts(self, decoding: list[Req], out_loc: list[int], budget: int) -> list[int]:
+        """Drafts each decode row verifies, with their slots: `out_loc` (one slot per row so far) gets each
+        row's extra slots after its first. At most what the step's token budget, the row's remaining
+        tokens and context, and the pool hold."""
+        policy, load = self.draft_policy, len(decoding)
+        first = out_loc[len(out_loc) - len(decoding) :]
+        del out_loc[len(out_loc) - len(decoding) :]
+        drafts = []
+        for r, slot in zip(decoding, first, strict=True):
+            limit = min(r.max_new_tokens - r.planned_outputs, self.max_model_len - r.kv_len, max(budget, 0))
+            k = policy.draft_len(r.spec, load, limit) if limit > 0 else 0
+            k = self._fit(r, k)
+            out_loc.append(slot)
+            if k:
+                out_loc.extend(self._alloc_slots(r, k))
+                r.planned_outputs += k
+                r.verifying = True
+                budget -= k
+            drafts.append(k)
+        return drafts
+
+    def trim(self, req: Req, kv_len: int) -> None:
+        """A verify step came back: `req` keeps the KV of its first `kv_len` positions; the slots of its
+        rejected drafts go, with the pages of its own that no kept position is on."""
+        if not req.row or kv_len >= req.kv_len:
+            return
+        del req.slots[kv_len:]
+        ps = self.page_size
+        own = max(0, -(-(kv_len - req.cached_len) // ps))  # own pages start at the (page-aligned) prefix
+        self.allocator.free(req.pages[own:])
+        del req.pages[own:]
 
     def _admit_waiting(self, budget: int) -> list[Req]:
         """FCFS (or the configured policy) admission under the row, token and memory budgets."""

@@ -30,14 +30,17 @@ class OutputProcessor:
             out.top_logprobs[i] if out.top_logprobs else [],
         )
 
-    def add(self, req: Req, tokens: list[int], finished: str | None, lp: TokenLogprobs | None = None) -> None:
+    def add(
+        self, req: Req, tokens: list[int], finished: str | None, lps: list[TokenLogprobs] | None = None
+    ) -> None:
+        """The request's new tokens of this step (several after a verify step), with their logprobs."""
         self.rids.append(req.rid)
         self.tokens.append(tokens)
         self.finished.append(finished)
         self.prompt_tokens.append(len(req.prompt_ids))
         self.completion_tokens.append(len(req.output_ids))
         self.cached_tokens.append(req.reported_cached)
-        self.logprobs.append([lp] if lp is not None and tokens else None)
+        self.logprobs.append(lps[: len(tokens)] if lps and tokens else None)
 
     def take(self) -> TokenBatch | None:
         if not self.rids:

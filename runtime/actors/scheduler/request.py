@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from runtime.mailbox.messages import SamplingParams, TokenLogprobs
+from runtime.speculative.policy import SpecState
 
 
 @dataclass(eq=False)
@@ -28,6 +29,8 @@ class Req:
     fill_len: int = 0  # tokens that must be in KV before decoding resumes (prompt + outputs at admission)
     planned_outputs: int = 0  # outputs sampled or being sampled (in-flight steps included)
     inflight: int = 0  # planned steps that mention this request and have not come back
+    verifying: bool = False  # a step verifying its drafts is in flight: its length is unknown until then
+    spec: SpecState = field(default_factory=SpecState)
     finished: str | None = None
     retractions: int = 0
     logprobs: list[TokenLogprobs] = field(default_factory=list)

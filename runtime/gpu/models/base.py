@@ -30,6 +30,8 @@ class ModelAbilities:
     fp8_kv_cache: bool = False
     # --quantization fp8: the constructor takes `fp8_weights=True` and keeps FP8 block-scaled weights
     fp8_weights: bool = False
+    # the pool can drop a request's last tokens (`KVPool.truncate`): speculative decoding's rejected drafts
+    truncate_kv: bool = True
 
 
 class CausalLM(nn.Module, ABC):

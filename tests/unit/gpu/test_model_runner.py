@@ -108,7 +108,8 @@ def test_a_steps_token_columns_start_16_byte_aligned_whatever_the_token_count(ti
     plan = pb.plan(
         [1, 2], [0, 0], [3, 4], list(range(7)), added=[seq_start(1, [1, 2, 3]), seq_start(2, [4] * 4)]
     )
-    batch, last_idx, sample_rows = runner._build_batch(plan)
+    batch, sampled = runner._build_batch(plan)
+    last_idx, sample_rows = sampled.logits, sampled.rows_t  # (token indices until the forward ran)
     cols = [batch.input_ids, batch.positions, batch.out_loc, batch.rows, last_idx, sample_rows]
     assert [t.data_ptr() % 16 for t in cols] == [0] * len(cols)
     assert batch.positions.tolist() == [0, 1, 2, 0, 1, 2, 3] and batch.out_loc.tolist() == plan.out_loc

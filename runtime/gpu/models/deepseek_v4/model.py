@@ -242,7 +242,9 @@ def replay_start(config) -> int | None:
 class DeepseekV4ForCausalLM(CausalLM):
     # Prefix-cache hits reuse the paged compressed entries and indexer keys; the sliding-window ring and
     # compressor tails are rebuilt by replaying the tokens before the hit (kv_pool.py, StepPlan.replay).
-    abilities = ModelAbilities(prefix_cache=True)
+    # The sliding-window ring and compressor tails hold positions in place: rejected drafts cannot be
+    # dropped yet (V4KVPool.truncate), so no speculative decoding.
+    abilities = ModelAbilities(prefix_cache=True, truncate_kv=False)
 
     def __init__(self, config, max_positions: int | None = None) -> None:
         super().__init__()

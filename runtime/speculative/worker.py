@@ -1,0 +1,77 @@
+"""The worker's side of speculative decoding: the drafter, the drafts it keeps between steps (columns 1..K
+of the request tables' `fed`), and acceptance after a verify step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from runtime.gpu.forward_batch import StepTables
+from runtime.gpu.sampler import Block, Sampler, SampleResult
+from runtime.mailbox.messages import SeqStart
+from runtime.speculative.drafter import Drafter, Drafts, StepTokens
+from runtime.speculative.verify import accept
+
+
+@dataclass(frozen=True)
+class VerifyRows:
+    """A step's sampled positions when some row verifies drafts: per sampled row its block of
+    draft_len + 1 positions (a plain row's block is its one position)."""
+
+    draft_lens: list[int]  # per sampled row
+    block_start: torch.Tensor  # [B] each row's first position among the sampled ones
+    draft_lens_t: torch.Tensor  # [B]
+
+    @property
+    def offsets(self) -> list[int]:
+        return [j for k in self.draft_lens for j in range(k + 1)]
+
+
+@dataclass
+class Emitted:
+    tokens: torch.Tensor  # [B, W]
+    counts: torch.Tensor | None  # [B]; None: one token each
+    index: torch.Tensor | None  # [B, W] the sampled position of each emitted token (verify steps)
+
+
+class Speculation:
+    def __init__(self, drafter: Drafter, tables: StepTables) -> None:
+        self.drafter, self.tables = drafter, tables
+
+    @property
+    def max_draft(self) -> int:
+        return self.drafter.max_draft
+
+    def register(self, start: SeqStart) -> None:
+        self.drafter.register(start)
+
+    def release(self, row: int) -> None:
+        self.drafter.release(row)
+
+    def block(self, rows_t: torch.Tensor, verify: VerifyRows) -> Block:
+        """Each sampled position's earlier drafts in its block (-1 past them), for the sampler."""
+        k = self.max_draft
+        drafts = self.tables.fed[rows_t, 1:]  # [B, K]
+        offsets = torch.tensor(verify.offsets, device=rows_t.device)
+        owner = torch.repeat_interleave(
+            torch.arange(len(verify.draft_lens), device=rows_t.device), verify.draft_lens_t + 1
+        )
+        cols = torch.arange(k, device=rows_t.device)
+        prior = torch.where(cols[None, :] < offsets[:, None], drafts[owner], -1)
+        return Block(verify.offsets, prior)
+
+    def accept(
+        self, sampler: Sampler, result: SampleResult, rows_t: torch.Tensor, verify: VerifyRows
+    ) -> Emitted:
+        drafts = self.tables.fed[rows_t, 1:]
+        tokens, counts, index = accept(result.tokens, verify.block_start, drafts, verify.draft_lens_t)
+        sampler.accept(rows_t, tokens, counts)
+        return Emitted(tokens, counts, index)
+
+    def propose(self, rows_t: torch.Tensor, emitted: Emitted) -> Drafts:
+        """The next drafts of the rows that sampled, into their `fed` columns 1..K."""
+        counts = emitted.counts if emitted.counts is not None else torch.ones_like(rows_t)
+        drafts = self.drafter.propose(StepTokens(rows_t, emitted.tokens, counts))
+        self.tables.fed[rows_t, 1:] = drafts.tokens
+        return drafts

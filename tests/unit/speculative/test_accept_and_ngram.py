@@ -1,0 +1,71 @@
+"""The device-side pieces of speculative decoding on their own: acceptance of sampled blocks, n-gram
+lookup over each row's token history, and the scheduler's draft-length policy."""
+
+from __future__ import annotations
+
+import torch
+
+from runtime.mailbox.messages import SamplingParams, SeqStart
+from runtime.speculative.drafter import StepTokens
+from runtime.speculative.ngram import NgramDrafter
+from runtime.speculative.policy import DraftPolicy, SpecState
+from runtime.speculative.verify import accept
+
+
+def test_accept_keeps_the_longest_matching_prefix_and_the_sample_after_it():
+    # row 0: 3 drafts, samples match the first two -> emits s0, s1, s2; row 1: plain (no drafts);
+    # row 2: 2 drafts, the first rejected -> emits s0 only; row 3: all 2 accepted -> 3 tokens
+    samples = torch.tensor([5, 6, 9, 4, 11, 7, 8, 20, 21, 22])
+    block_start = torch.tensor([0, 4, 5, 7])
+    drafts = torch.tensor([[5, 6, 7], [0, 0, 0], [1, 8, 0], [20, 21, 0]])
+    draft_lens = torch.tensor([3, 0, 2, 2])
+    tokens, counts, index = accept(samples, block_start, drafts, draft_lens)
+    assert counts.tolist() == [3, 1, 1, 3]
+    got = [tokens[i, :c].tolist() for i, c in enumerate(counts.tolist())]
+    assert got == [[5, 6, 9], [11], [7], [20, 21, 22]]
+    assert index[0, :3].tolist() == [0, 1, 2] and index[3, :3].tolist() == [7, 8, 9]
+
+
+def start(row: int, ids: list[int]) -> SeqStart:
+    return SeqStart(row, SamplingParams(temperature=0), ids, [], [])
+
+
+def test_ngram_drafts_the_continuation_of_the_latest_longest_match():
+    d = NgramDrafter(3, rows=4, max_len=64, device=torch.device("cpu"), min_n=1, max_n=3)
+    # row 1: "1 2 3 4 9 1 2 3 5 ... 1 2 3" -> the latest "1 2 3" is followed by 5 6 7
+    d.register(start(1, [1, 2, 3, 4, 9, 1, 2, 3, 5, 6, 7, 8, 1, 2]))
+    # row 2: no token repeats -> no drafts
+    d.register(start(2, [10, 11, 12]))
+    step = StepTokens(torch.tensor([1, 2]), torch.tensor([[3, 0], [13, 14]]), torch.tensor([1, 2]))
+    drafts = d.propose(step)
+    assert drafts.counts.tolist() == [3, 0]
+    assert drafts.tokens[0].tolist() == [5, 6, 7]
+    assert d.length[1].item() == 15 and d.length[2].item() == 5  # the emitted tokens were appended
+    assert d.history[2, :5].tolist() == [10, 11, 12, 13, 14]
+
+
+def test_ngram_match_near_the_end_proposes_only_what_follows_it():
+    d = NgramDrafter(4, rows=2, max_len=32, device=torch.device("cpu"), min_n=2, max_n=2)
+    d.register(start(1, [7, 8, 9, 7]))
+    drafts = d.propose(StepTokens(torch.tensor([1]), torch.tensor([[8]]), torch.tensor([1])))
+    assert drafts.counts.tolist() == [3] and drafts.tokens[0, :3].tolist() == [9, 7, 8]
+
+
+def test_policy_verifies_fewer_drafts_under_load_and_switches_off_when_they_fail():
+    policy = DraftPolicy(max_draft=4)
+    s = SpecState()
+    policy.drafts(s, 4, [1.0, 1.0, 1.0, 1.0])
+    idle, busy = policy.draft_len(s, 1, 10), policy.draft_len(s, 1024, 10)
+    assert idle > busy >= 0
+    assert policy.draft_len(s, 1, 2) <= 2  # never past the request's limit
+    while not s.off_steps:  # every draft rejected
+        policy.observe(s, policy.draft_len(s, 1, 10), 0)
+    off = s.off_steps
+    assert all(policy.draft_len(s, 1, 10) == 0 for _ in range(off))
+    assert policy.draft_len(s, 1, 10) == 1  # the probe after the cooldown
+    policy.observe(s, 1, 0)
+    assert s.off_steps == 2 * off  # failing again doubles the cooldown
+    for _ in range(s.off_steps):
+        policy.draft_len(s, 1, 10)
+    policy.observe(s, policy.draft_len(s, 1, 10), 1)  # the probe's draft accepted: back to speculating
+    assert s.off_steps == 0 and s.cooldown == 0 and policy.draft_len(s, 1, 10) >= 1
