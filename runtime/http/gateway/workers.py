@@ -23,7 +23,7 @@ def normalize_url(url: str) -> str:
     """`http://host:port`, without a trailing slash or `/v1`; raises ValueError if not http(s)."""
     url = url.strip().rstrip("/").removesuffix("/v1").rstrip("/")
     if not url.startswith(("http://", "https://")) or len(url.split("://", 1)[1]) == 0:
-        raise ValueError(f"a worker URL is http://host:port, got {url!r}")
+        raise ValueError(f"A worker URL is http://host:port, got {url!r}.")
     return url
 
 
@@ -70,7 +70,7 @@ class WorkerPool:
         """Add a worker (not healthy until its first check passes); ValueError if already there."""
         url = normalize_url(url)
         if url in self.workers:
-            raise ValueError(f"worker {url} is already in the pool")
+            raise ValueError(f"Worker {url} is already in the pool.")
         self.workers[url] = w = Worker(url)
         self.on_add(w)
         log.info("worker added", worker=url)

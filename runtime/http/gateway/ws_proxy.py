@@ -37,7 +37,7 @@ class _Frame(msgspec.Struct):
     type: Any = None
     id: Any = None
     endpoint: Any = "chat"
-    request: msgspec.Raw | None = None
+    request: msgspec.Raw = msgspec.Raw()  # empty when absent
 
 
 _decode_frame = msgspec.json.Decoder(_Frame).decode
@@ -97,7 +97,7 @@ class _Session:
             if (w := self.live.get(cid)) is not None and w in self.upstreams:
                 await self._send_upstream(w, data)
             return  # aborting an unknown or finished id is a no-op, as on a server
-        if frame is not None and frame.type == "generate" and cid is not None and frame.request is not None:
+        if frame is not None and frame.type == "generate" and cid is not None and frame.request:
             if cid in self.live:
                 await self.send_error(cid, InvalidRequest(f"Request id `{cid}` is already live.", param="id"))
                 return
