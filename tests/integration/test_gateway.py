@@ -113,11 +113,17 @@ def run_gateway(
 
 @pytest.fixture(scope="module")
 def replicas(smollm2_path, server_runner, tmp_path_factory):
-    """Three `conduit serve` processes, started together."""
+    """Three `conduit serve` processes, started together, one torch thread each (three replicas with
+    torch's default of one thread per core wait on each other's barriers on a 2-core machine)."""
     tmp = tmp_path_factory.mktemp("replicas")
     managers = [server_runner(tmp) for _ in range(3)]
     with contextlib.ExitStack() as stack, ThreadPoolExecutor(3) as pool:
-        futures = [pool.submit(cm.__enter__) for cm in managers]
+        with pytest.MonkeyPatch.context() as env:  # read when each process starts
+            env.setenv("OMP_NUM_THREADS", "1")
+            futures = [pool.submit(cm.__enter__) for cm in managers]
+            for f in futures:
+                with contextlib.suppress(BaseException):
+                    f.exception()  # waits for the start, failed or not
         servers, errors = [], []
         for cm, f in zip(managers, futures, strict=True):
             try:

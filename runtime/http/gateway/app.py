@@ -48,9 +48,7 @@ def build_gateway_app(cfg: GatewayConfig) -> web.Application:
     WebSocketProxy(router).add_to(app)
 
     async def lifetime(app: web.Application) -> AsyncIterator[None]:
-        timeout = aiohttp.ClientTimeout(
-            total=cfg.request_timeout_secs, sock_connect=cfg.health_check_timeout_secs
-        )
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.health_check_timeout_secs)
         async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
             router.session = router.pool.session = session
             checks = asyncio.create_task(router.pool.run_checks(), name="health-checks")

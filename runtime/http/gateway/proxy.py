@@ -69,7 +69,7 @@ class HttpProxy:
         tried: list[Worker] = []
         last_error: str | None = None
         for _ in range(max(1, router.cfg.retry_max_retries)):
-            worker = router.pick(text, tried, last_error)
+            worker = router.pick(text, tried, last_error, route=endpoint != "models")
             if tried:
                 router.metrics.retries.labels(tried[-1].url).inc()
             tried.append(worker)
@@ -96,6 +96,7 @@ class HttpProxy:
                     worker.url + request.path_qs,
                     data=body,
                     headers=_copy(request.headers, _REQUEST_HEADERS),
+                    timeout=router.request_timeout,
                 )
             except aiohttp.ClientConnectionError as e:
                 raise _Retry(f"{type(e).__name__}: {e}") from None

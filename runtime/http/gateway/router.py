@@ -41,9 +41,17 @@ class Router:
             self.pool.add(url)
         self.metrics = GatewayMetrics(lambda: self.pool)
         self.session: aiohttp.ClientSession | None = None  # set while the app runs
+        # per proxied HTTP request; the session's own timeout bounds only connecting, so that
+        # WebSocket connections to the workers can live as long as their clients'
+        self.request_timeout = aiohttp.ClientTimeout(
+            total=cfg.request_timeout_secs, sock_connect=cfg.health_check_timeout_secs
+        )
 
-    def pick(self, text: str, tried: Container[Worker] = (), last_error: str | None = None) -> Worker:
-        """A healthy worker not in `tried` for a request whose routing text is `text`."""
+    def pick(
+        self, text: str, tried: Container[Worker] = (), last_error: str | None = None, *, route: bool = True
+    ) -> Worker:
+        """A healthy worker not in `tried` for a request whose routing text is `text`; by the policy when
+        `route`, else the least loaded (requests that generate nothing, such as GET /v1/models)."""
         candidates = self.pool.healthy(exclude=tried)
         if not candidates:
             if last_error is not None:
@@ -52,6 +60,8 @@ class Router:
                     code="worker_unreachable",
                 )
             raise Overloaded("No healthy worker behind the gateway.", status=503, code="no_healthy_worker")
+        if not route:
+            return min(candidates, key=lambda w: w.load)
         decision = self.policy.choose(candidates, text)
         self.metrics.decisions.labels(self.policy.name, decision.kind).inc()
         return decision.worker

@@ -105,7 +105,14 @@ class _Session:
             text = request_text(endpoint, bytes(frame.request)) if self.router.policy.needs_text else ""
             await self._route(cid, data, text)
             return
-        await self._route(None, data, "")  # a worker answers what is wrong with it
+        # a worker answers what is wrong with it: one this socket already talks to, if any
+        for worker in list(self.upstreams):
+            try:
+                await self._send_upstream(worker, data)
+                return
+            except (aiohttp.ClientError, ConnectionError):
+                continue
+        await self._route(None, data, "")
 
     async def _route(self, cid: str | None, data: str | bytes, text: str) -> None:
         router = self.router
