@@ -36,7 +36,11 @@ class _Retry(Exception):
 
 
 class _Lost(Exception):
-    """The worker's answer broke off after bytes reached the client."""
+    """The worker's answer broke off (`timed_out`: it ran past --request-timeout-secs)."""
+
+    def __init__(self, message: str, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
 def _copy(headers, names) -> dict[str, str]:
@@ -108,7 +112,9 @@ class HttpProxy:
                     return await self._stream(request, worker, upstream)
                 try:
                     data = await upstream.read()
-                except (aiohttp.ClientError, TimeoutError) as e:
+                except TimeoutError:  # --request-timeout-secs: slow, not lost
+                    raise BadGateway("The worker did not answer in time.", code="worker_timeout") from None
+                except aiohttp.ClientError as e:
                     raise _Retry(f"{type(e).__name__}: {e}") from None
                 return web.Response(
                     status=upstream.status, body=data, headers=_copy(upstream.headers, _RESPONSE_HEADERS)
@@ -128,11 +134,18 @@ class HttpProxy:
                         await resp.prepare(request)
                     await resp.write(chunk)
         except _Lost as e:
+            if resp is None and e.timed_out:
+                raise BadGateway("The worker did not answer in time.", code="worker_timeout") from None
             if resp is None:
                 raise _Retry(str(e)) from None
-            log.warning("worker lost mid-stream", error=str(e))
-            self.router.failed(worker, "midstream", str(e))
-            err = BadGateway(f"The worker serving this request failed mid-stream: {e}", code="worker_failed")
+            if e.timed_out:
+                err = BadGateway("The worker did not finish in time.", code="worker_timeout")
+            else:
+                log.warning("worker lost mid-stream", error=str(e))
+                self.router.failed(worker, "midstream", str(e))
+                err = BadGateway(
+                    f"The worker serving this request failed mid-stream: {e}", code="worker_failed"
+                )
             try:
                 await resp.write(sse(err.body()) + DONE)
                 await resp.write_eof()
@@ -168,7 +181,9 @@ async def _events(upstream: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
             out, pending = data[:cut], data[cut:]
             done = out.endswith(DONE)
             yield out
-    except (aiohttp.ClientError, TimeoutError) as e:
+    except TimeoutError:
+        raise _Lost(f"timed out after {time.monotonic() - started:.1f}s", timed_out=True) from None
+    except aiohttp.ClientError as e:
         raise _Lost(f"{type(e).__name__}: {e} after {time.monotonic() - started:.1f}s") from None
     if not done:
         raise _Lost("the stream ended without `data: [DONE]`")
