@@ -7,7 +7,9 @@ starts `conduit gateway --policy P` in front of them and runs loadgen's `shared-
 it (several groups, each a long shared system prompt and short questions, shuffled together). Per run:
 the replicas' prefix-cache hit rate (cached / admitted prompt tokens, the difference of their
 /metrics counters over the run), TTFT mean / p50 / p99, request and output throughput, and the
-gateway's routing decisions. Everything lands under --out-dir (loadgen JSON per run, server and
+gateway's routing decisions; then the dataset's first --check-outputs prompts are sent again, greedy,
+and their answers compared across runs (the same text whichever replica and cache served them).
+Everything lands under --out-dir (loadgen JSON per run, server and
 gateway logs, summary.json).
 
     python benchmarks/gateway_cache_aware.py --out-dir out/gateway_cache_aware
@@ -133,7 +135,12 @@ def one_run(args, policy: str, servers: list[Launched], out_dir: Path, tag: str,
             for k, v in scrape(gw.url).items()
             if k.startswith("conduit_gateway_routing_decisions_total")
         }
-    after = [wait_idle(u) for u in urls]
+        after = [wait_idle(u) for u in urls]
+        # not counted above: the same answers, whichever replica and cache gave them?
+        outputs = [
+            greedy(gw.url, p.prompt, args.output_len)
+            for p in check_prompts(lg, tokenizer, args.check_outputs)
+        ]
     cached = sum(a[CACHED] - b[CACHED] for a, b in zip(after, before, strict=True))
     prompt = sum(a[PROMPT] - b[PROMPT] for a, b in zip(after, before, strict=True))
     per_replica = [round(a[PROMPT] - b[PROMPT]) for a, b in zip(after, before, strict=True)]
@@ -147,6 +154,7 @@ def one_run(args, policy: str, servers: list[Launched], out_dir: Path, tag: str,
         "prompt_tokens": prompt,
         "prompt_tokens_per_replica": per_replica,
         "decisions": decisions,
+        "outputs": outputs,
         "completed": m["completed"],
         "failed": m["failed"],
         "duration_s": m["duration_s"],
@@ -154,6 +162,27 @@ def one_run(args, policy: str, servers: list[Launched], out_dir: Path, tag: str,
         "request_throughput": m["request_throughput"],
         "output_throughput": m["output_throughput"],
     }
+
+
+def check_prompts(lg: argparse.Namespace, tokenizer: str, n: int) -> list:
+    """The first `n` prompts of the run's dataset (loadgen builds it the same way from its seed)."""
+    import numpy as np
+
+    from loadgen import datasets
+    from loadgen.tokens import load_codec
+
+    prompts = datasets.build(lg, load_codec(tokenizer), 1000, np.random.default_rng(lg.seed))
+    return prompts[:n]
+
+
+def greedy(url: str, prompt: str, max_tokens: int) -> str:
+    """One request as loadgen's chat backend sends it, answered whole."""
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True}  # fmt: skip
+    req = urllib.request.Request(f"{url}/v1/chat/completions", data=json.dumps(body).encode(), method="POST")
+    req.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(req, timeout=600) as r:
+        return json.loads(r.read())["choices"][0]["message"]["content"]
 
 
 def table(runs: list[dict]) -> str:
@@ -205,6 +234,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-concurrency", type=int, default=6)
     p.add_argument("--request-rate", type=float, default=float("inf"))
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--check-outputs",
+        type=int,
+        default=8,
+        help="after each run, send the dataset's first N prompts again (greedy) and compare the answers "
+        "across runs",
+    )
     p.add_argument("--serve-flags", default="", help="extra `conduit serve` flags for every replica")
     p.add_argument(
         "--replica-threads",
@@ -236,6 +272,12 @@ def main(argv: list[str] | None = None) -> int:
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     print()
     print(table(runs))
+    same = [i for i in range(args.check_outputs) if len({r["outputs"][i] for r in runs}) == 1]
+    print(
+        f"\noutputs of the first {args.check_outputs} prompts, greedy: identical in every run for {len(same)}"
+    )
+    for i in sorted(set(range(args.check_outputs)) - set(same)):
+        print(f"  prompt {i} differs: " + " | ".join(repr(r["outputs"][i][:60]) for r in runs))
     print(
         f"\nload average at start {info['loadavg']}, at end {info['loadavg_end']}; wrote {out_dir}/summary.json"
     )
