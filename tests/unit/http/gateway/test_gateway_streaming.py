@@ -2,7 +2,8 @@
 writes exactly the bytes a test wants, when it wants; the real replicas are in
 tests/integration/test_gateway.py): events go out as the worker writes them, an event split across
 reads goes out whole, a worker lost mid-event ends the stream with an error event and never a torn
-one, and a client that goes away takes the worker's connection with it."""
+one, a client that goes away takes the worker's connection with it, and a worker's WebSocket that
+drops ends its live requests with errors while the client's socket stays open."""
 
 from __future__ import annotations
 
@@ -31,7 +32,20 @@ class ScriptedWorker:
         app = web.Application()
         app.router.add_get("/health", self.health)
         app.router.add_post("/v1/completions", self.completions)
+        app.router.add_get("/v1/ws", self.websocket)
         return app
+
+    async def websocket(self, request: web.Request) -> web.WebSocketResponse:
+        """Answers a `generate` with one delta, waits for `go`, then drops the connection."""
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        async for msg in ws:
+            cid = json.loads(msg.data)["id"]
+            await ws.send_json({"type": "delta", "id": cid, "index": 0, "text": "Hel", "token_ids": [1]})
+            await self.go.wait()
+            assert request.transport is not None
+            request.transport.abort()
+        return ws
 
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -126,5 +140,27 @@ def test_a_client_that_goes_away_closes_the_workers_connection():
             await worker.gone.wait()
             while (await (await s.get(url + "/workers")).json())["workers"][0]["load"] != 0:
                 await asyncio.sleep(0.01)  # the gateway's handler unwinds as the worker sees it go
+
+    run(go())
+
+
+def test_a_worker_socket_that_drops_ends_its_live_requests_with_errors_and_the_socket_stays_open():
+    worker = ScriptedWorker(first=b"", rest=b"")
+
+    async def go():
+        async with gateway(worker) as url, aiohttp.ClientSession() as s, s.ws_connect(url + "/v1/ws") as ws:
+            request = {"prompt": "x", "max_tokens": 4}
+            await ws.send_json({"type": "generate", "id": "a", "endpoint": "completions", "request": request})
+            assert (await ws.receive_json())["type"] == "delta"
+            worker.go.set()
+            final = await ws.receive_json()
+            assert final["type"] == "error" and final["id"] == "a"
+            assert final["error"]["code"] == "worker_failed"
+            # the client's socket is still open: a new request is answered (no healthy worker is left)
+            await ws.send_json({"type": "generate", "id": "b", "endpoint": "completions", "request": request})
+            again = await ws.receive_json()
+            assert again["id"] == "b" and again["error"]["code"] == "no_healthy_worker"
+            workers = await (await s.get(url + "/workers")).json()
+        assert workers["workers"][0]["healthy"] is False and workers["workers"][0]["load"] == 0
 
     run(go())
