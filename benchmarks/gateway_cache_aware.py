@@ -12,7 +12,7 @@ and their answers compared across runs (the same text whichever replica and cach
 Everything lands under --out-dir (loadgen JSON per run, server and
 gateway logs, summary.json).
 
-    python benchmarks/gateway_cache_aware.py --out-dir out/gateway_cache_aware
+    python -m benchmarks.gateway_cache_aware --rounds 2 --out-dir out/gateway_cache_aware   # from the repository root
 """
 
 from __future__ import annotations
