@@ -225,6 +225,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--temperature", type=float, default=0.0)
     add_engine_flags(g)
 
+    from runtime.http.gateway.config import add_gateway_flags
+
+    gw = sub.add_parser(
+        "gateway",
+        help="one address in front of many `conduit serve` replicas (docs/gateway.md)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add_gateway_flags(gw)
+
     c = sub.add_parser("convert", help="convert a GGUF file into a Hugging Face model directory")
     c.add_argument("gguf", help="path of the .gguf file")
     c.add_argument("out", help="output directory")
@@ -252,6 +261,13 @@ def main(argv: list[str] | None = None) -> int:
         except FileNotFoundError as e:
             print(f"conduit: {e}", file=sys.stderr)
             return 2
+        return 0
+    if args.command == "gateway":
+        import uvloop
+
+        from runtime.http.gateway import gateway_config_from_args, serve_gateway
+
+        uvloop.run(serve_gateway(gateway_config_from_args(args)))
         return 0
     if args.command == "generate":
         from runtime.engine import Engine

@@ -45,6 +45,13 @@ class EngineFailed(ConduitError):
     type = "server_error"
 
 
+class BadGateway(ConduitError):
+    """The gateway's worker could not answer: unreachable, or lost mid-answer (`code` says which)."""
+
+    status = 502
+    type = "server_error"
+
+
 def error_from_status(
     status: int, message: str, *, type: str | None = None, param: str | None = None, code: str | None = None
 ) -> ConduitError:
