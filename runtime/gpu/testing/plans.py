@@ -37,6 +37,7 @@ class PlanBuilder:
         added=(),
         released=(),
         replay=(),
+        draft_lens=(),
     ):
         self.step += 1
         return StepPlan(
@@ -51,6 +52,7 @@ class PlanBuilder:
             out_loc=self.out_loc(rows, prefix_lens, extend_lens, list(replay) or [0] * len(rows)),
             sample=list(sample) if sample is not None else [True] * len(rows),
             replay=list(replay),
+            draft_lens=list(draft_lens),
         )
 
 
