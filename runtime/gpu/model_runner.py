@@ -24,12 +24,15 @@ from runtime.gpu import compile_watch, loader, presets
 from runtime.gpu.attention import default_backend
 from runtime.gpu.cuda_graph import GraphRunner
 from runtime.gpu.forward_batch import ForwardBatch, StepTables, columns_to_device, make_batch, token_positions
+from runtime.gpu.grammar import GrammarTable
 from runtime.gpu.kv_pool import KVPoolSpec
 from runtime.gpu.model_builder import build_model, resolve_dtype, resolve_kv_dtype
 from runtime.gpu.pending import PendingStep
 from runtime.gpu.sampler import Sampler
 from runtime.gpu.warm_up import warm_up
 from runtime.mailbox.messages import StepOutput, StepPlan, WorkerCapabilities
+from runtime.model_info import tokenizer_dir
+from runtime.structured.grammar import GrammarCompiler
 
 log = structlog.get_logger(__name__)
 
@@ -79,6 +82,7 @@ class ModelRunner:
         self.prefix_replay = self.kv_pool.replay_tokens(cfg.swa_replay_tokens, cfg.swa_replay_exact)
         self.tables = StepTables.allocate(rows, cfg.max_model_len, self.device)
         self.sampler = Sampler(cfg.max_reqs, self.vocab_size, self.device, cfg.seed)
+        self.grammar = GrammarTable(self._grammar_compiler, self.vocab_size, self.device)
         self._t_ref: torch.cuda.Event | None = None
         self.graphs: GraphRunner | None = None
         if cfg.cuda_graph and self.device.type == "cuda" and self.attn.supports_cuda_graph:
@@ -96,6 +100,15 @@ class ModelRunner:
             self.model, self.attn, self.kv_pool, self.tables,
             max_bs=max_bs, max_model_len=self.cfg.max_model_len, vocab_size=self.vocab_size, capture=capture,
         )  # fmt: skip
+
+    def _grammar_compiler(self) -> GrammarCompiler:
+        """Structured output's compiler over this model's vocabulary (built on the first constrained
+        request: it loads the tokenizer)."""
+        from transformers import AutoTokenizer
+
+        path = tokenizer_dir(self.cfg.tokenizer, self.cfg.model_path, self.cfg.load_format)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        return GrammarCompiler(tokenizer, self.vocab_size, self.eos_token_ids)
 
     def capabilities(self) -> WorkerCapabilities:
         """What the scheduler is configured from (sent once by the worker at start-up)."""
@@ -127,10 +140,13 @@ class ModelRunner:
             logits, sample_rows, sample_rows_t = self._forward_plan(plan)
             if not sample_rows:
                 return PendingStep(plan.step, [], [], None, start, self._timing_event(), t0, self._t_ref)
-            result = self.sampler.sample(logits, sample_rows, sample_rows_t)
+            mask = self.grammar.mask(sample_rows) if self.grammar.rows else None  # waits for step N's tokens
+            result = self.sampler.sample(logits, sample_rows, sample_rows_t, mask)
             self.tables.last_token[sample_rows_t] = result.tokens
             parts = [result.tokens, result.logprobs, result.top_ids, result.top_logprobs]
             copies = [None if t is None else t.to("cpu", non_blocking=True) for t in parts]
+            if self.grammar.rows:
+                self.grammar.sampled(sample_rows, copies[0])
         return PendingStep(
             plan.step, sample_rows, copies, result.top_counts, start, self._timing_event(), t0, self._t_ref
         )
@@ -186,6 +202,7 @@ class ModelRunner:
     def _update_rows(self, plan: StepPlan) -> None:
         for row in plan.released:
             self.sampler.release(row)
+            self.grammar.release(row)
             self.kv_pool.release_row(row)
         for start in plan.added:
             if start.prefix_slots and not self.model.abilities.prefix_cache:
@@ -197,6 +214,8 @@ class ModelRunner:
                 slots = torch.tensor(start.prefix_slots, dtype=torch.int64)
                 self.tables.req_to_token[start.row, : len(start.prefix_slots)] = slots.to(self.device)
             self.sampler.register(start)
+            if start.params.grammar is not None:
+                self.grammar.add(start.row, start.params.grammar, start.output_ids)
 
     def _build_batch(self, plan: StepPlan) -> tuple[ForwardBatch, torch.Tensor, torch.Tensor]:
         ext = torch.tensor(plan.extend_lens, dtype=torch.int64)

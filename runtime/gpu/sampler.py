@@ -18,10 +18,14 @@ host-to-device copies are non-blocking, and the runner copies the tokens back on
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from runtime.mailbox.messages import SamplingParams, SeqStart
+
+if TYPE_CHECKING:
+    from runtime.gpu.grammar import TokenMask
 
 # Columns of the parameter table.
 TEMP, TOP_P, MIN_P, TOP_K, REP, FREQ, PRES = range(7)
@@ -90,10 +94,15 @@ class Sampler:
     def release(self, row: int) -> None:
         self.rows.pop(row, None)
 
-    def sample(self, logits: torch.Tensor, rows: list[int], rows_t: torch.Tensor) -> SampleResult:
+    def sample(
+        self, logits: torch.Tensor, rows: list[int], rows_t: torch.Tensor, mask: TokenMask | None = None
+    ) -> SampleResult:
         """logits: [B, V] for `rows` (host list and the same rows as a device tensor), float32 or the
         model's 16-bit dtype: an all-greedy batch without penalties or logprobs takes the argmax as is,
-        anything else computes in float32."""
+        anything else computes in float32. `mask`: the tokens constrained rows may take (structured
+        output, runtime/gpu/grammar.py), applied before anything else, logprobs included."""
+        if mask is not None:
+            logits = mask.apply(logits)
         states = [self.rows[r] for r in rows]
         k_asked = [s.params.logprobs for s in states]
         plain_greedy = all(s.params.greedy and not s.penalized for s in states) and all(
