@@ -88,7 +88,7 @@ class GrammarTable:
         pinned = device.type == "cuda"
         # Two host buffers, alternating, so a step's bitmask copy may still be in flight while the next
         # step fills the other one; an event guards each buffer's reuse.
-        self._hosts: list[torch.Tensor] = []
+        self._hosts: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._copied: list[torch.cuda.Event | None] = [None, None]
         self._pinned = pinned
         self._turn = 0
@@ -116,17 +116,18 @@ class GrammarTable:
         picked = [(i, r) for i, r in enumerate(rows) if r in self.rows]
         if not picked:
             return None
-        host = self._host(len(picked))
-        for k, (_, row) in enumerate(picked):
+        host, where = self._host(len(picked))
+        for k, (i, row) in enumerate(picked):
+            where[k] = i
             matcher = self._advance(row, self.rows[row])
             if matcher is None:
                 host[k].fill_(-1)  # all tokens allowed
             else:
                 matcher.fill(host, k)
-        positions = torch.tensor([i for i, _ in picked], dtype=torch.int64)
-        bitmask = host[: len(picked)]
+        positions, bitmask = where[: len(picked)], host[: len(picked)]
         if self.device.type == "cpu":
-            return TokenMask(positions, bitmask.clone())  # the host buffer is reused next step
+            return TokenMask(positions.clone(), bitmask.clone())  # the host buffers are reused next step
+        # from pinned buffers: the copies queue behind the forward without stalling this thread
         mask = TokenMask(
             positions.to(self.device, non_blocking=True), bitmask.to(self.device, non_blocking=True)
         )
@@ -173,15 +174,19 @@ class GrammarTable:
                 return None
         return None if matcher.terminated else matcher
 
-    def _host(self, n: int) -> torch.Tensor:
+    def _host(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This step's host buffers (bitmask rows, batch positions) for `n` rows, once free again."""
         self._turn ^= 1
-        if len(self._hosts) < 2:
-            self._hosts = [torch.empty(0, self.words, dtype=torch.int32) for _ in range(2)]
         if (ev := self._copied[self._turn]) is not None:
             ev.synchronize()
-        buf = self._hosts[self._turn]
-        if buf.shape[0] < n:
-            size = max(n, 2 * buf.shape[0], 8)
-            buf = torch.empty(size, self.words, dtype=torch.int32, pin_memory=self._pinned)
-            self._hosts[self._turn] = buf
-        return buf
+        while len(self._hosts) < 2:
+            self._hosts.append(
+                (torch.empty(0, self.words, dtype=torch.int32), torch.empty(0, dtype=torch.int64))
+            )
+        bits, where = self._hosts[self._turn]
+        if bits.shape[0] < n:
+            size = max(n, 2 * bits.shape[0], 8)
+            bits = torch.empty(size, self.words, dtype=torch.int32, pin_memory=self._pinned)
+            where = torch.empty(size, dtype=torch.int64, pin_memory=self._pinned)
+            self._hosts[self._turn] = (bits, where)
+        return bits, where

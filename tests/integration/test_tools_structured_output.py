@@ -72,28 +72,22 @@ def check_call(call, tool: dict) -> dict:
     return args
 
 
-def test_a_named_tool_choice_returns_a_call_whose_arguments_follow_the_schema(client):
+def test_a_named_tool_choice_returns_a_call_whose_arguments_follow_the_schema_streaming_and_not(client):
     named = {"type": "function", "function": {"name": "get_weather"}}
-    r = client.chat.completions.create(
-        model=MODEL, messages=ASK, tools=[WEATHER, TIME], tool_choice=named, max_tokens=96
-    )
+    kw = dict(model=MODEL, messages=ASK, tools=[WEATHER, TIME], tool_choice=named, max_tokens=96)
+    with cf.ThreadPoolExecutor(2) as pool:  # both at once: one batch
+        whole = pool.submit(client.chat.completions.create, **kw)
+        streamed = pool.submit(lambda: list(client.chat.completions.create(**kw, stream=True)))
+        r, chunks = whole.result(), streamed.result()
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls", choice
     (call,) = choice.message.tool_calls
     check_call(call, WEATHER)
     assert choice.message.content is None
-
-
-def test_a_named_tool_choice_streams_its_call_as_deltas(client):
-    named = {"type": "function", "function": {"name": "get_weather"}}
-    chunks = list(
-        client.chat.completions.create(
-            model=MODEL, messages=ASK, tools=[WEATHER, TIME], tool_choice=named, max_tokens=96, stream=True
-        )
-    )
+    # streamed: the call arrives as one tool_calls delta (index 0, its id, name and whole arguments)
     deltas = [tc for ch in chunks if ch.choices for tc in ch.choices[0].delta.tool_calls or []]
     assert [d.index for d in deltas] == [0]
-    check_call(deltas[0], WEATHER)
+    assert check_call(deltas[0], WEATHER) == json.loads(call.function.arguments)
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     assert not "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices).strip()
 
