@@ -29,12 +29,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import structlog
 import torch
 
 from runtime.mailbox.messages import GrammarSpec
-from runtime.structured.grammar import GrammarCompiler, Matcher
+
+if TYPE_CHECKING:  # xgrammar is imported with the first constrained request
+    from runtime.structured.grammar import GrammarCompiler, Matcher
 
 log = structlog.get_logger(__name__)
 

@@ -15,6 +15,7 @@ import json
 import math
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 import torch
@@ -32,7 +33,9 @@ from runtime.gpu.sampler import Sampler
 from runtime.gpu.warm_up import warm_up
 from runtime.mailbox.messages import StepOutput, StepPlan, WorkerCapabilities
 from runtime.model_info import tokenizer_dir
-from runtime.structured.grammar import GrammarCompiler
+
+if TYPE_CHECKING:
+    from runtime.structured.grammar import GrammarCompiler
 
 log = structlog.get_logger(__name__)
 
@@ -105,6 +108,8 @@ class ModelRunner:
         """Structured output's compiler over this model's vocabulary (built on the first constrained
         request: it loads the tokenizer)."""
         from transformers import AutoTokenizer
+
+        from runtime.structured.grammar import GrammarCompiler
 
         path = tokenizer_dir(self.cfg.tokenizer, self.cfg.model_path, self.cfg.load_format)
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
