@@ -7,6 +7,7 @@ import json
 import sys
 
 from runtime.config import ServerConfig
+from runtime.parsers.tool_calls import PARSERS as TOOL_CALL_PARSERS
 
 
 def add_engine_flags(p: argparse.ArgumentParser) -> None:
@@ -181,6 +182,61 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_serving_flags(p: argparse.ArgumentParser) -> None:
+    """What the OpenAI surface adds to the model: sampling defaults, templates, parsers, access."""
+    g = p.add_argument_group("serving (docs/serving.md)")
+    g.add_argument(
+        "--generation-config",
+        default="auto",
+        help="sampling defaults for parameters a request omits, as vLLM: `auto` reads the model's "
+        "generation_config.json, `vllm` ignores it (temperature 1, top_p 1), or a directory / JSON file",
+    )
+    g.add_argument(
+        "--override-generation-config",
+        type=_json_object,
+        default=None,
+        metavar="JSON",
+        help="JSON object merged over those defaults, e.g. '{\"temperature\": 0.6}'",
+    )
+    g.add_argument(
+        "--chat-template",
+        default=None,
+        help="a Jinja chat template: a file, a built-in (deepseek-v3, deepseek-r1, deepseek-v4), or the "
+        "template itself; default: the tokenizer's, else the built-in for a DeepSeek model",
+    )
+    g.add_argument(
+        "--tool-call-parser",
+        choices=sorted(TOOL_CALL_PARSERS),
+        default=None,
+        help="how tool calls are written (SGLang's names): deepseekv3, deepseekv31, deepseekv4, hermes "
+        "(also qwen25); default: deepseekv3 / deepseekv4 for those models, hermes for the rest",
+    )
+    g.add_argument(
+        "--reasoning-parser",
+        choices=["deepseek-r1", "deepseek-v3"],
+        default=None,
+        help="separate <think>...</think> into reasoning_content: deepseek-r1 (the output starts in "
+        "the reasoning) or deepseek-v3 (only when chat_template_kwargs.thinking is on)",
+    )
+    g.add_argument(
+        "--api-key",
+        default=None,
+        help="require `Authorization: Bearer KEY` on every route but /health and the page's files",
+    )
+    g.add_argument(
+        "--allowed-origins",
+        type=_origins,
+        default=[],
+        metavar="ORIGINS",
+        help="comma-separated origins (e.g. http://localhost:5173, or *) whose browsers may call the "
+        "API (CORS); default: none",
+    )
+
+
+def _origins(text: str) -> list[str]:
+    return [o.strip().rstrip("/") for o in text.split(",") if o.strip()]
+
+
 def _json_object(text: str) -> dict:
     try:
         value = json.loads(text)
@@ -213,6 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="print which implementation each kernel op uses on --device, then exit",
     )
     add_engine_flags(s)
+    add_serving_flags(s)
 
     g = sub.add_parser(
         "generate",

@@ -62,6 +62,16 @@ class ServerConfig(msgspec.Struct, kw_only=True, frozen=True):
     host: str = "127.0.0.1"
     port: int = 30000
     placement: str = "multiprocess"  # "multiprocess" (frontend + engine process) | "single"
+    # what the OpenAI surface adds to the model (docs/serving.md)
+    generation_config: str = "auto"  # sampling defaults: "auto" (the model's) | "vllm" (none) | a path
+    override_generation_config: dict[str, Any] | None = None  # merged over them (vLLM's flag)
+    chat_template: str | None = (
+        None  # a file, a built-in name (deepseek-v3, deepseek-r1, deepseek-v4), inline
+    )
+    tool_call_parser: str | None = None  # None: by model family (runtime/parsers/tool_calls)
+    reasoning_parser: str | None = None  # "deepseek-r1" | "deepseek-v3"; None: no reasoning_content
+    api_key: str | None = None  # required as a bearer token on every route but /health and the page
+    allowed_origins: list[str] = []  # CORS: origins whose browsers may call the API ("*": any)
 
     def resolved_dtype(self) -> str:
         return self.dtype or ("bfloat16" if self.device.startswith("cuda") else "float32")
@@ -119,6 +129,7 @@ class RunnerConfig(msgspec.Struct, frozen=True):
     speculative_algorithm: str | None = None  # ServerConfig's speculative settings
     speculative_num_draft_tokens: int = 3
     speculative_ngram_sizes: tuple[int, int] = (1, 4)
+    tokenizer: str | None = None  # --tokenizer: the vocabulary structured output compiles against
 
     @classmethod
     def resolve(
@@ -151,6 +162,7 @@ class RunnerConfig(msgspec.Struct, frozen=True):
                 cfg.speculative_ngram_min_match_window_size,
                 cfg.speculative_ngram_max_match_window_size,
             ),
+            tokenizer=cfg.tokenizer,
         )
 
 

@@ -23,6 +23,13 @@ class InvalidRequest(ConduitError):
     type = "invalid_request_error"
 
 
+class Unauthorized(ConduitError):
+    """A missing or wrong API key (`--api-key`)."""
+
+    status = 401
+    type = "invalid_request_error"
+
+
 class NotFound(ConduitError):
     status = 404
     type = "not_found_error"

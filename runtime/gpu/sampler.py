@@ -24,10 +24,14 @@ host-to-device copies are non-blocking, and the runner copies the tokens back on
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from runtime.mailbox.messages import SamplingParams, SeqStart
+
+if TYPE_CHECKING:
+    from runtime.gpu.grammar import TokenMask
 
 # Columns of the parameter table.
 TEMP, TOP_P, MIN_P, TOP_K, REP, FREQ, PRES = range(7)
@@ -55,10 +59,11 @@ class Block:
     """The sampled positions of a step with verify rows, one entry per position (rows' blocks in order):
     `offsets[p]`: how many of the block's tokens precede position p (its draw is the row's
     (n_out + offset)-th); `prior` [P, K]: those preceding drafts (-1 past them), counted as outputs by
-    the penalties."""
+    the penalties; `plain`: the rows of one position (no drafts), whose one token is theirs at once."""
 
     offsets: list[int]
     prior: torch.Tensor
+    plain: list[int]
 
 
 @dataclass
@@ -108,12 +113,21 @@ class Sampler:
         self.rows.pop(row, None)
 
     def sample(
-        self, logits: torch.Tensor, rows: list[int], rows_t: torch.Tensor, block: Block | None = None
+        self,
+        logits: torch.Tensor,
+        rows: list[int],
+        rows_t: torch.Tensor,
+        mask: TokenMask | None = None,
+        block: Block | None = None,
     ) -> SampleResult:
         """logits: [B, V] for `rows` (host list and the same rows as a device tensor), float32 or the
         model's 16-bit dtype: an all-greedy batch without penalties or logprobs takes the argmax as is,
-        anything else computes in float32. With `block`, B counts sampled positions (a row may have
-        several) and nothing is recorded: see `accept` and `advance`."""
+        anything else computes in float32. `mask`: the tokens constrained rows may take (structured
+        output, runtime/gpu/grammar.py), applied before anything else, logprobs included. With `block`,
+        B counts sampled positions (a row may have several) and nothing is recorded: see `accept` and
+        `advance`."""
+        if mask is not None:
+            logits = mask.apply(logits)
         states = [self.rows[r] for r in rows]
         offsets = block.offsets if block is not None else [0] * len(rows)
         k_asked = [s.params.logprobs for s in states]
@@ -136,6 +150,9 @@ class Sampler:
             self._count(rows_t, tokens)
             for s in states:
                 s.n_out += 1
+        else:  # a plain row may be in the next step before this one's counts reach the host
+            for row in block.plain:
+                self.rows[row].n_out += 1
         result = SampleResult(tokens)
         if raw_logprobs is not None:
             result.logprobs = raw_logprobs.gather(1, tokens[:, None]).squeeze(1)
@@ -155,7 +172,9 @@ class Sampler:
         self.counts.index_put_((rows[kept], tokens[kept]), kept[kept].int(), accumulate=True)
 
     def advance(self, rows: list[int], counts: list[int]) -> None:
-        """The host learns how many tokens a verify step's rows emitted (min_tokens progress, draw index)."""
+        """The host learns how many tokens a verify step's verifying rows emitted (min_tokens progress,
+        draw index). A verifying row is not planned again before this (its length is unknown until then);
+        the step's plain rows advanced when they sampled (`Block.plain`)."""
         for row, n in zip(rows, counts, strict=True):
             state = self.rows.get(row)
             if state is not None:

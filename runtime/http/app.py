@@ -1,6 +1,7 @@
-"""The aiohttp application: OpenAI routes, WebSocket, health, metrics, cache control.
+"""The aiohttp application: OpenAI routes, WebSocket, health, metrics, cache control, the page at `/`;
+API keys and CORS (runtime/http/security.py) when configured.
 
-app = build_app(engine_client, served_model="SmolLM2-135M-Instruct")
+app = build_app(engine_client, served_model="SmolLM2-135M-Instruct", options=ServingOptions(...))
 runner = await start_server(app, "0.0.0.0", 8000)    # ... await runner.cleanup()
 """
 
@@ -14,6 +15,9 @@ from runtime.http.engine import Engine
 from runtime.http.metrics import CONTENT_TYPE, Metrics
 from runtime.http.middleware import METRICS_KEY, errors_middleware
 from runtime.http.openai_routes import OpenAIRoutes
+from runtime.http.options import ServingOptions
+from runtime.http.page import add_page_routes
+from runtime.http.security import Cors, auth_middleware
 from runtime.http.websocket import WebSocketRoutes
 
 log = structlog.get_logger("conduit.http")
@@ -21,12 +25,25 @@ log = structlog.get_logger("conduit.http")
 MAX_BODY_BYTES = 64 << 20  # long prompts as token ids run to megabytes; aiohttp's default is 1 MiB
 
 
-def build_app(client: Engine, *, served_model: str, max_body_bytes: int = MAX_BODY_BYTES) -> web.Application:
-    app = web.Application(middlewares=[errors_middleware], client_max_size=max_body_bytes)
+def build_app(
+    client: Engine,
+    *,
+    served_model: str,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    options: ServingOptions | None = None,
+) -> web.Application:
+    options = options or ServingOptions()
+    cors = Cors(options.allowed_origins)
+    middlewares = [errors_middleware, cors.middleware]  # preflights are answered before the key check
+    if options.api_key:
+        middlewares.append(auth_middleware(options.api_key))
+    app = web.Application(middlewares=middlewares, client_max_size=max_body_bytes)
+    app.on_response_prepare.append(cors.on_prepare)
     metrics = Metrics(client)
     app[METRICS_KEY] = metrics
-    OpenAIRoutes(client, metrics, served_model).add_to(app)
-    WebSocketRoutes(client, metrics, served_model).add_to(app)
+    OpenAIRoutes(client, metrics, served_model, options).add_to(app)
+    WebSocketRoutes(client, metrics, served_model, options).add_to(app)
+    add_page_routes(app)
 
     async def health(request: web.Request) -> web.Response:
         if client.healthy:

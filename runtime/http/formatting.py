@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
+from runtime.http.chat_output import ChoiceOutput
 from runtime.http.generation import Choice, usage
 from runtime.http.protocol import Job
 from runtime.mailbox.messages import TextDelta, TokenLogprobs
@@ -79,6 +80,7 @@ class ChunkWriter:
         self.job = job
         self.choices = [Choice(i) for i in range(len(job.requests))]
         self.object = "chat.completion.chunk" if job.endpoint == "chat" else "text_completion"
+        self.outputs = [ChoiceOutput(job.output) for _ in self.choices] if job.output else None
 
     def _chunk(self, choices: list[dict]) -> bytes:
         body = {
@@ -118,12 +120,16 @@ class ChunkWriter:
         if self.job.endpoint == "chat":
             if self.job.logprobs is not None:
                 logprobs = {"content": chat_logprobs(delta)}
-            body = {
-                "index": index,
-                "delta": {"content": delta.text} if delta.text else {},
-                "logprobs": logprobs,
-                "finish_reason": delta.finish_reason,
-            }
+            parts, finish = {"content": delta.text} if delta.text else {}, delta.finish_reason
+            if self.outputs is not None:  # reasoning and tool calls split from the text
+                out = self.outputs[index]
+                parts, finish = (
+                    out.feed(delta.text, final=finish is not None).delta(),
+                    out.finish_reason(finish),
+                )
+                if not parts and not logprobs and finish is None:
+                    return b""
+            body = {"index": index, "delta": parts, "logprobs": logprobs, "finish_reason": finish}
         else:
             if self.job.logprobs is not None:
                 logprobs = completion_logprobs(delta, choice)
@@ -156,6 +162,7 @@ class ResponseBuilder:
         self.job = job
         self.choices = [Choice(i) for i in range(len(job.requests))]
         self.logprobs: list[list | dict | None] = [None] * len(job.requests)
+        self.outputs = [ChoiceOutput(job.output) for _ in self.choices] if job.output else None
         if job.logprobs is not None:
             for i in range(len(job.requests)):
                 self.logprobs[i] = (
@@ -165,7 +172,9 @@ class ResponseBuilder:
                 )
 
     def add(self, index: int, delta: TextDelta) -> None:
-        """Record a delta's logprobs (after `Choice.update`)."""
+        """Record a delta's logprobs and message parts (after `Choice.update`)."""
+        if self.outputs is not None:
+            self.outputs[index].feed(delta.text, final=delta.finish_reason is not None)
         acc = self.logprobs[index]
         if acc is None:
             return
@@ -181,12 +190,18 @@ class ResponseBuilder:
         for c, lps in zip(self.choices, self.logprobs, strict=True):
             text = "".join(c.text)
             if job.endpoint == "chat":
+                message, finish = {"role": "assistant", "content": text}, c.finish_reason
+                if self.outputs is not None:
+                    message, finish = (
+                        self.outputs[c.index].message(),
+                        self.outputs[c.index].finish_reason(finish),
+                    )
                 out.append(
                     {
                         "index": c.index,
-                        "message": {"role": "assistant", "content": text},
+                        "message": message,
                         "logprobs": None if lps is None else {"content": lps},
-                        "finish_reason": c.finish_reason,
+                        "finish_reason": finish,
                     }
                 )
             else:

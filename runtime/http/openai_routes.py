@@ -22,6 +22,7 @@ from runtime.http.engine import Engine
 from runtime.http.formatting import DONE, ChunkWriter, ResponseBuilder, sse
 from runtime.http.generation import run_job
 from runtime.http.metrics import Metrics
+from runtime.http.options import ServingOptions
 from runtime.http.protocol import Job, parse_chat, parse_completion
 
 log = structlog.get_logger("conduit.http")
@@ -59,10 +60,13 @@ def _server_cancels_handlers(request: web.Request) -> bool:
 
 
 class OpenAIRoutes:
-    def __init__(self, engine: Engine, metrics: Metrics, served_model: str) -> None:
+    def __init__(
+        self, engine: Engine, metrics: Metrics, served_model: str, options: ServingOptions | None = None
+    ) -> None:
         self.engine = engine
         self.metrics = metrics
         self.served_model = served_model
+        self.options = options
         self.created = int(time.time())
 
     def add_to(self, app: web.Application) -> None:
@@ -72,12 +76,20 @@ class OpenAIRoutes:
         app.router.add_get("/v1/models/{model}", self.get_model)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        job = parse_chat(await request.read(), served_model=self.served_model, max_model_len=self._max_len())
+        job = parse_chat(
+            await request.read(),
+            served_model=self.served_model,
+            max_model_len=self._max_len(),
+            options=self.options,
+        )
         return await self._serve(request, job)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         job = parse_completion(
-            await request.read(), served_model=self.served_model, max_model_len=self._max_len()
+            await request.read(),
+            served_model=self.served_model,
+            max_model_len=self._max_len(),
+            options=self.options,
         )
         return await self._serve(request, job)
 

@@ -16,13 +16,16 @@ from typing import Literal
 import msgspec
 
 from runtime.errors import InvalidRequest, NotFound
-from runtime.mailbox.messages import ChatMessage, GenerateRequest, SamplingParams
+from runtime.http import tools as tooling
+from runtime.http.options import ServingOptions
+from runtime.mailbox.messages import ChatMessage, GenerateRequest, GrammarSpec, SamplingParams, ToolCall
+from runtime.structured import specs
 
 MAX_N = 16  # samples per prompt
 MAX_CHOICES = 256  # engine requests one HTTP request may fan out to (n x batched prompts)
 MAX_LOGPROBS = 20
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's, SGLang's) default for /v1/completions
-CHAT_ROLES = frozenset({"system", "user", "assistant", "developer"})
+CHAT_ROLES = frozenset({"system", "user", "assistant", "developer", "tool"})
 
 Endpoint = Literal["chat", "completions"]
 
@@ -32,10 +35,24 @@ class ContentPart(msgspec.Struct, kw_only=True):
     text: str | None = None
 
 
+class CalledFunction(msgspec.Struct, kw_only=True):
+    name: str
+    arguments: str | dict = "{}"
+
+
+class MessageToolCall(msgspec.Struct, kw_only=True):
+    id: str | None = None
+    type: str = "function"
+    function: CalledFunction
+
+
 class Message(msgspec.Struct, kw_only=True):
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None  # assistant
+    tool_call_id: str | None = None  # tool
+    reasoning_content: str | None = None  # assistant (DeepSeek)
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):
@@ -68,7 +85,10 @@ class _Common(msgspec.Struct, kw_only=True):
     priority: int | None = 0
     # accepted so that a request using them fails loudly instead of being silently ignored
     logit_bias: dict[str, float] | None = None
+    # structured output: OpenAI's response_format, SGLang's regex / ebnf (runtime/structured)
     response_format: dict | None = None
+    regex: str | None = None
+    ebnf: str | None = None
 
 
 class ChatCompletionRequest(_Common, kw_only=True):
@@ -77,7 +97,11 @@ class ChatCompletionRequest(_Common, kw_only=True):
     logprobs: bool | None = False
     top_logprobs: int | None = None
     add_generation_prompt: bool | None = True
-    tools: list[dict] | None = None
+    tools: list[tooling.Tool] | None = None
+    tool_choice: tooling.ToolChoice | None = None
+    parallel_tool_calls: bool | None = True
+    reasoning_effort: str | None = None
+    chat_template_kwargs: dict | None = None
 
 
 class CompletionRequest(_Common, kw_only=True):
@@ -100,6 +124,7 @@ class Job:
     stream: bool
     include_usage: bool
     logprobs: int | None  # None: no logprobs; k: the chosen token's plus k alternatives
+    output: tooling.OutputSpec | None = None  # chat: reasoning and tool calls to split from the text
 
 
 _DECODERS = {
@@ -135,15 +160,25 @@ def validation_error(e: msgspec.ValidationError, path: str = "") -> InvalidReque
     return InvalidRequest(f"{m['msg']}{where}", param=param)
 
 
-def parse_chat(body: bytes, *, served_model: str, max_model_len: int = 0) -> Job:
+def parse_chat(
+    body: bytes, *, served_model: str, max_model_len: int = 0, options: ServingOptions | None = None
+) -> Job:
     return build_job(
-        "chat", decode_body("chat", body), served_model=served_model, max_model_len=max_model_len
+        "chat",
+        decode_body("chat", body),
+        served_model=served_model,
+        max_model_len=max_model_len,
+        options=options,
     )
 
 
-def parse_completion(body: bytes, *, served_model: str, max_model_len: int = 0) -> Job:
+def parse_completion(
+    body: bytes, *, served_model: str, max_model_len: int = 0, options: ServingOptions | None = None
+) -> Job:
     req = decode_body("completions", body)
-    return build_job("completions", req, served_model=served_model, max_model_len=max_model_len)
+    return build_job(
+        "completions", req, served_model=served_model, max_model_len=max_model_len, options=options
+    )
 
 
 def build_job(
@@ -153,15 +188,18 @@ def build_job(
     served_model: str,
     max_model_len: int = 0,
     stream: bool | None = None,
+    options: ServingOptions | None = None,
 ) -> Job:
     """Validate a decoded body and build its engine requests. `stream` overrides the body's (WebSocket)."""
+    options = options or ServingOptions()
     if req.model is not None and req.model != served_model:
         raise NotFound(f"The model `{req.model}` does not exist.", param="model", code="model_not_found")
     n = _check_range("n", req.n, 1, 1, MAX_N)
     if req.logit_bias:
         raise InvalidRequest("`logit_bias` is not supported.", param="logit_bias")
-    if req.response_format and req.response_format.get("type", "text") != "text":
-        raise InvalidRequest('Only `response_format` {"type": "text"} is supported.', param="response_format")
+    constraint = specs.from_fields(req.response_format, req.regex, req.ebnf)
+    extra: dict = {}  # chat: tools and template variables for every engine request
+    output = None
     streaming = bool(req.stream) if stream is None else stream
     if req.stream_options is not None and not streaming:
         raise InvalidRequest(
@@ -171,6 +209,16 @@ def build_job(
 
     if isinstance(req, ChatCompletionRequest):
         prompts: list[dict] = [{"messages": _chat_messages(req)}]
+        extra["chat_template_kwargs"] = _template_kwargs(req)
+        extra["tools"], constraint, output = tooling.plan_chat(
+            tools=tooling.function_tools(req.tools),
+            tool_choice=req.tool_choice,
+            parallel=req.parallel_tool_calls,
+            constraint=constraint,
+            tool_parser=options.tool_call_parser,
+            reasoning_parser=options.reasoning_parser,
+            template_kwargs=extra["chat_template_kwargs"],
+        )
         logprobs = _chat_logprobs(req)
         max_tokens_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -183,12 +231,17 @@ def build_job(
         prompts = _completion_prompts(req.prompt)
         logprobs = _check_range("logprobs", req.logprobs, None, 0, MAX_LOGPROBS)
         max_tokens_param = "max_tokens"
-        max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
+        max_tokens = req.max_tokens
+        if max_tokens is None:
+            max_tokens = options.sampling_defaults.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
         rid = f"cmpl-{uuid.uuid4().hex}"
 
     if len(prompts) * n > MAX_CHOICES:
         raise InvalidRequest(f"At most {MAX_CHOICES} choices (prompts x n) per request.", param="n")
-    params = _sampling_params(req, max_tokens, max_tokens_param, logprobs, max_model_len)
+    params = _sampling_params(req, max_tokens, max_tokens_param, logprobs, max_model_len, options, constraint)
+    if output is not None and output.tool_parser is not None:
+        # call markers are special tokens in DeepSeek's vocabularies: the parser must see them (SGLang too)
+        params = msgspec.structs.replace(params, skip_special_tokens=False)
     priority = req.priority or 0
     arrival = time.time()
     requests = []
@@ -208,6 +261,7 @@ def build_job(
                     arrival=arrival,
                     add_generation_prompt=add_gen,
                     **prompt,
+                    **extra,
                 )
             )
     return Job(
@@ -220,14 +274,13 @@ def build_job(
         stream=streaming,
         include_usage=include_usage,
         logprobs=logprobs,
+        output=output if output is not None and output.active else None,
     )
 
 
 def _chat_messages(req: ChatCompletionRequest) -> list[ChatMessage]:
     if not req.messages:
         raise InvalidRequest("`messages` must contain at least one message.", param="messages")
-    if req.tools:
-        raise InvalidRequest("`tools` are not supported.", param="tools")
     out = []
     for i, m in enumerate(req.messages):
         if m.role not in CHAT_ROLES:
@@ -252,8 +305,44 @@ def _chat_messages(req: ChatCompletionRequest) -> list[ChatMessage]:
                 parts.append(part.text)
             text = "\n".join(parts)
         # chat templates know `system`; OpenAI's `developer` is the same instruction slot
-        out.append(ChatMessage(role="system" if m.role == "developer" else m.role, content=text))
+        role = "system" if m.role == "developer" else m.role
+        out.append(
+            ChatMessage(
+                role=role,
+                content=text,
+                tool_calls=_tool_calls(m, i),
+                tool_call_id=m.tool_call_id,
+                name=m.name,
+                reasoning_content=m.reasoning_content,
+            )
+        )
     return out
+
+
+def _tool_calls(m: Message, i: int) -> list[ToolCall] | None:
+    if not m.tool_calls:
+        return None
+    if m.role != "assistant":
+        raise InvalidRequest("Only assistant messages carry `tool_calls`.", param=f"messages[{i}].tool_calls")
+    calls = []
+    for j, c in enumerate(m.tool_calls):
+        args = c.function.arguments
+        text = args if isinstance(args, str) else msgspec.json.encode(args).decode()
+        calls.append(ToolCall(id=c.id or f"call_{i}_{j}", name=c.function.name, arguments=text))
+    return calls
+
+
+def _template_kwargs(req: ChatCompletionRequest) -> dict | None:
+    """`chat_template_kwargs` (DeepSeek's `thinking`, ...) plus `reasoning_effort`, for the template."""
+    kwargs = dict(req.chat_template_kwargs or {})
+    if req.reasoning_effort is not None:
+        if req.reasoning_effort not in tooling.REASONING_EFFORTS:
+            raise InvalidRequest(
+                f"`reasoning_effort` must be one of {sorted(tooling.REASONING_EFFORTS)}.",
+                param="reasoning_effort",
+            )
+        kwargs.setdefault("reasoning_effort", req.reasoning_effort)
+    return kwargs or None
 
 
 def _chat_logprobs(req: ChatCompletionRequest) -> int | None:
@@ -291,17 +380,28 @@ def _token_ids(ids: list, param: str) -> list[int]:
 
 
 def _sampling_params(
-    req: _Common, max_tokens: int | None, max_tokens_param: str, logprobs: int | None, max_model_len: int
+    req: _Common,
+    max_tokens: int | None,
+    max_tokens_param: str,
+    logprobs: int | None,
+    max_model_len: int,
+    options: ServingOptions,
+    grammar: GrammarSpec | None,
 ) -> SamplingParams:
     hi = max_model_len if max_model_len > 0 else None
-    max_tokens = _check_range(max_tokens_param, max_tokens, None, 1, hi)
-    temperature = _check_range("temperature", req.temperature, 1.0, 0.0, 2.0)
-    top_p = _check_range("top_p", req.top_p, 1.0, 0.0, 1.0)
+    d = options.sampling_defaults  # the model's generation_config.json, where the request is silent
+    if max_tokens is None and d.max_tokens is not None and hi is not None:
+        max_tokens = min(d.max_tokens, hi)
+    max_tokens = _check_range(max_tokens_param, max_tokens, d.max_tokens, 1, hi)
+    temperature = _check_range("temperature", req.temperature, _default(d.temperature, 1.0), 0.0, 2.0)
+    top_p = _check_range("top_p", req.top_p, _default(d.top_p, 1.0), 0.0, 1.0)
     if top_p <= 0.0:
         raise InvalidRequest("`top_p` must be in (0, 1].", param="top_p")
-    top_k = _check_range("top_k", req.top_k, -1, -1, None)
-    min_p = _check_range("min_p", req.min_p, 0.0, 0.0, 1.0)
-    rep = _check_range("repetition_penalty", req.repetition_penalty, 1.0, 0.0, 2.0)
+    top_k = _check_range("top_k", req.top_k, _default(d.top_k, -1), -1, None)
+    min_p = _check_range("min_p", req.min_p, _default(d.min_p, 0.0), 0.0, 1.0)
+    rep = _check_range(
+        "repetition_penalty", req.repetition_penalty, _default(d.repetition_penalty, 1.0), 0.0, 2.0
+    )
     if rep <= 0.0:
         raise InvalidRequest("`repetition_penalty` must be in (0, 2].", param="repetition_penalty")
     min_tokens = _check_range("min_tokens", req.min_tokens, 0, 0, max_tokens)
@@ -322,7 +422,12 @@ def _sampling_params(
         min_tokens=min_tokens,
         logprobs=logprobs,
         skip_special_tokens=req.skip_special_tokens is not False,
+        grammar=grammar,
     )
+
+
+def _default(value, fallback):
+    return fallback if value is None else value
 
 
 def _check_range(param: str, value, default, lo, hi):

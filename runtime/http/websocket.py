@@ -4,7 +4,8 @@ Schema (JSON text frames; docs/websocket.md has examples):
 
     client -> server  {"type": "generate", "id": str, "endpoint": "chat" | "completions", "request": {...}}
                       {"type": "abort", "id": str}
-    server -> client  {"type": "delta", "id", "index", "text", "token_ids", ["logprobs"]}
+    server -> client  {"type": "delta", "id", "index", "text", "token_ids", ["logprobs"],
+                       ["reasoning_content"], ["tool_calls"]}     (chat with --reasoning-parser / tools)
                       {"type": "done", "id", "finish_reason", "finish_reasons", "usage"}     exactly one of
                       {"type": "error", "id", "error": {message, type, param, code}}         these per id
 
@@ -26,11 +27,14 @@ import structlog
 from aiohttp import WSMsgType, web
 
 from runtime.errors import ConduitError, InvalidRequest, Overloaded
+from runtime.http.chat_output import ChoiceOutput
 from runtime.http.engine import Engine
 from runtime.http.formatting import chat_logprobs, completion_logprobs
 from runtime.http.generation import Choice, run_job, usage
 from runtime.http.metrics import Metrics
+from runtime.http.options import ServingOptions
 from runtime.http.protocol import Job, build_job, decode_body, validation_error
+from runtime.http.security import WS_PROTOCOL
 
 log = structlog.get_logger("conduit.http.ws")
 
@@ -53,16 +57,20 @@ _encode = msgspec.json.Encoder().encode
 
 
 class WebSocketRoutes:
-    def __init__(self, engine: Engine, metrics: Metrics, served_model: str) -> None:
+    def __init__(
+        self, engine: Engine, metrics: Metrics, served_model: str, options: ServingOptions | None = None
+    ) -> None:
         self.engine = engine
         self.metrics = metrics
         self.served_model = served_model
+        self.options = options
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_get("/v1/ws", self.handle)
 
     async def handle(self, request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES)
+        # the `conduit` subprotocol: browsers offer it beside the API key's (runtime/http/security.py)
+        ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES, protocols=(WS_PROTOCOL,))
         await ws.prepare(request)
         session = _Session(self, ws)
         log.debug("websocket opened", remote=request.remote)
@@ -135,6 +143,7 @@ class _Session:
                 served_model=routes.served_model,
                 max_model_len=getattr(routes.engine, "max_model_len", 0) or 0,
                 stream=True,
+                options=routes.options,
             )
         except ConduitError as err:
             await self.send_error(msg.id, err)
@@ -155,6 +164,7 @@ class _Session:
     async def _run(self, cid: str, job: Job) -> None:
         metrics = self.routes.metrics
         choices = [Choice(i) for i in range(len(job.requests))]
+        outputs = [ChoiceOutput(job.output) for _ in choices] if job.output else None
         with structlog.contextvars.bound_contextvars(rid=job.id, ws_id=cid):
             try:
                 async with aclosing(run_job(self.routes.engine, job)) as events:
@@ -162,8 +172,18 @@ class _Session:
                         metrics.on_delta(choices[i], delta)
                         choices[i].update(delta)
                         if delta.text or delta.token_ids or delta.logprobs:
-                            await self.send(self._delta(cid, job, choices[i], delta))
+                            frame = self._delta(cid, job, choices[i], delta)
+                            if outputs is not None:  # reasoning and tool calls split from the text
+                                piece = outputs[i].feed(delta.text, final=delta.finish_reason is not None)
+                                frame["text"] = piece.content
+                                frame.update({k: v for k, v in piece.delta().items() if k != "content"})
+                            await self.send(frame)
                 final = self._done(cid, job, choices)
+                if outputs is not None:
+                    final["finish_reasons"] = [
+                        o.finish_reason(r) for o, r in zip(outputs, final["finish_reasons"], strict=True)
+                    ]
+                    final["finish_reason"] = final["finish_reasons"][0]
             except asyncio.CancelledError:
                 if not self.live[cid].aborted:
                     raise  # the socket is closing: nobody to tell

@@ -16,9 +16,21 @@ step for all requests, not one per token); no tensors ever travel here.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 Struct = msgspec.Struct
+
+
+class GrammarSpec(Struct, frozen=True, kw_only=True):
+    """A constraint on a request's output, enforced by masking the logits each step (runtime/structured).
+
+    `kind`: "json_schema" | "json_object" | "regex" | "ebnf" | "structural_tag"; `spec` is the schema,
+    pattern, grammar or structural tag as JSON text (empty for json_object)."""
+
+    kind: str
+    spec: str = ""
 
 
 class SamplingParams(Struct, frozen=True, kw_only=True):
@@ -39,15 +51,46 @@ class SamplingParams(Struct, frozen=True, kw_only=True):
     min_tokens: int = 0
     logprobs: int | None = None  # None: none; k >= 0: the chosen token's logprob plus k top alternatives
     skip_special_tokens: bool = True
+    grammar: GrammarSpec | None = None  # structured output / forced tool calls
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0 or self.top_k == 1
 
 
+class ToolCall(Struct, frozen=True):
+    """A function call an assistant made earlier in the conversation."""
+
+    id: str
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
 class ChatMessage(Struct, frozen=True):
     role: str
     content: str
+    tool_calls: list[ToolCall] | None = None  # assistant
+    tool_call_id: str | None = None  # tool: the call this result answers
+    name: str | None = None
+    reasoning_content: str | None = None  # assistant: its earlier reasoning (DeepSeek templates)
+
+
+class FunctionTool(Struct, frozen=True, kw_only=True):
+    """A function the model may call (OpenAI `tools[i].function`)."""
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # JSON schema of the arguments
+    strict: bool = False
+
+    def openai(self) -> dict[str, Any]:
+        """The `{"type": "function", "function": {...}}` shape chat templates expect."""
+        fn: dict[str, Any] = {"name": self.name}
+        if self.description is not None:
+            fn["description"] = self.description
+        if self.parameters is not None:
+            fn["parameters"] = self.parameters
+        return {"type": "function", "function": fn}
 
 
 # ---------------------------------------------------------------- client -> tokenizer -> scheduler
@@ -64,6 +107,8 @@ class GenerateRequest(Struct, frozen=True, tag=True, array_like=True, kw_only=Tr
     add_generation_prompt: bool = True
     priority: int = 0
     arrival: float = 0.0  # time.time() at the frontend, for queueing metrics
+    tools: list[FunctionTool] | None = None  # given to the chat template
+    chat_template_kwargs: dict[str, Any] | None = None  # extra template variables (thinking, ...)
 
 
 class TokenizedRequest(Struct, frozen=True, tag=True, array_like=True, kw_only=True):

@@ -49,7 +49,7 @@ class Speculation:
     def release(self, row: int) -> None:
         self.drafter.release(row)
 
-    def block(self, rows_t: torch.Tensor, verify: VerifyRows) -> Block:
+    def block(self, rows: list[int], rows_t: torch.Tensor, verify: VerifyRows) -> Block:
         """Each sampled position's earlier drafts in its block (-1 past them), for the sampler."""
         k = self.max_draft
         drafts = self.tables.fed[rows_t, 1:]  # [B, K]
@@ -59,7 +59,18 @@ class Speculation:
         )
         cols = torch.arange(k, device=rows_t.device)
         prior = torch.where(cols[None, :] < offsets[:, None], drafts[owner], -1)
-        return Block(verify.offsets, prior)
+        plain = [r for r, k in zip(rows, verify.draft_lens, strict=True) if not k]
+        return Block(verify.offsets, prior, plain)
+
+    @staticmethod
+    def advance(sampler: Sampler, verify: VerifyRows):  # noqa: ANN205 - the PendingStep's callback
+        """The callback that tells the sampler what a verify step's verifying rows emitted."""
+
+        def on_counts(rows: list[int], counts: list[int]) -> None:
+            kept = [(r, n) for r, n, k in zip(rows, counts, verify.draft_lens, strict=True) if k]
+            sampler.advance([r for r, _ in kept], [n for _, n in kept])
+
+        return on_counts
 
     def accept(
         self, sampler: Sampler, result: SampleResult, rows_t: torch.Tensor, verify: VerifyRows

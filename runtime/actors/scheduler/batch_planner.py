@@ -316,7 +316,8 @@ class BatchPlanner:
         drafts = []
         for r, slot in zip(decoding, first, strict=True):
             limit = min(r.max_new_tokens - r.planned_outputs, self.max_model_len - r.kv_len, max(budget, 0))
-            k = policy.draft_len(r.spec, load, limit) if limit > 0 else 0
+            # a constrained request's mask follows its matcher token by token: it does not speculate
+            k = policy.draft_len(r.spec, load, limit) if limit > 0 and r.params.grammar is None else 0
             k = self._fit(r, k)
             out_loc.append(slot)
             if k:

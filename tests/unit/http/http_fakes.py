@@ -13,6 +13,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from runtime.errors import EngineFailed, InvalidRequest
 from runtime.http.app import build_app
+from runtime.http.options import ServingOptions
 from runtime.mailbox.messages import EngineStats, GenerateRequest, TextDelta, TokenLogprobs
 
 MODEL = "test-model"
@@ -94,9 +95,9 @@ class FakeEngine:
 
 
 @asynccontextmanager
-async def serve(engine: FakeEngine) -> AsyncIterator[TestClient]:
+async def serve(engine: FakeEngine, options: ServingOptions | None = None) -> AsyncIterator[TestClient]:
     """The app on a loopback TestServer (which cancels handlers on disconnect)."""
-    app = build_app(engine, served_model=MODEL)
+    app = build_app(engine, served_model=MODEL, options=options)
     async with TestClient(TestServer(app, host="127.0.0.1")) as client:
         yield client
 

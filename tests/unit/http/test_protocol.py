@@ -121,9 +121,21 @@ def test_missing_model_is_accepted_and_unknown_model_is_404():
         (chat(stop=5), "stop"),
         (chat(presence_penalty=3), "presence_penalty"),
         (chat(min_tokens=5, max_tokens=2), "min_tokens"),
-        (chat(tools=[{"type": "function"}]), "tools"),
+        (chat(tools=[{"type": "function"}]), "tools[0].function"),
+        (chat(tools=[{"type": "code", "function": {"name": "f"}}]), "tools[0].type"),
+        (chat(tool_choice="required"), "tool_choice"),
+        (
+            chat(
+                tools=[{"function": {"name": "f"}}],
+                tool_choice={"type": "function", "function": {"name": "g"}},
+            ),
+            "tool_choice",
+        ),
+        (chat(reasoning_effort="extreme"), "reasoning_effort"),
+        (chat(regex="a+", ebnf='root ::= "a"'), "ebnf"),
         (chat(logit_bias={"5": 1.0}), "logit_bias"),
-        (chat(response_format={"type": "json_object"}), "response_format"),
+        (chat(response_format={"type": "xml"}), "response_format.type"),
+        (chat(response_format={"type": "json_schema"}), "response_format"),
     ],
 )
 def test_bad_chat_bodies_name_the_field(body, param):
