@@ -11,6 +11,7 @@ Decode steps (every row one new token) run as CUDA graphs on CUDA (`cuda_graph.G
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
@@ -187,7 +188,8 @@ class ModelRunner:
             if self.grammar.rows:
                 self.grammar.sampled(s.rows, copies.tokens[:, 0])
         return PendingStep(
-            plan.step, s.rows, copies, result.top_counts, start, self._timing_event(), t0, self._t_ref,
+            plan.step, s.rows, copies, _per_row(result.top_counts, verify), start, self._timing_event(), t0,
+            self._t_ref,
             on_counts=Speculation.advance(self.sampler, verify) if verify is not None else None, draft=draft,
         )  # fmt: skip
 
@@ -321,6 +323,14 @@ def _ranges(lens: torch.Tensor) -> torch.Tensor:
     """0..n-1 for each n of `lens`, concatenated."""
     starts = torch.cumsum(lens, 0) - lens
     return torch.arange(int(lens.sum())) - torch.repeat_interleave(starts, lens)
+
+
+def _per_row(per_position: list[int] | None, verify: VerifyRows | None) -> list[int] | None:
+    """A per-sampled-position host list taken at each row's first position (a row's block shares it)."""
+    if per_position is None or verify is None:
+        return per_position
+    firsts = itertools.accumulate([0] + [k + 1 for k in verify.draft_lens[:-1]])
+    return [per_position[i] for i in firsts]
 
 
 def _last(emitted: Emitted) -> torch.Tensor:

@@ -7,12 +7,12 @@ import time
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from runtime.http.engine import Engine
 from runtime.http.generation import Choice
-from runtime.mailbox.messages import TextDelta
+from runtime.mailbox.messages import SpecCounters, TextDelta
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (
@@ -119,6 +119,44 @@ class _EngineCollector(Collector):
             ("conduit_gpu_idle_seconds", "Device idle time between consecutive steps (CUDA)", s.gpu_idle_s),
         ):
             yield CounterMetricFamily(name, doc, value=value)
+        if s.spec is not None:
+            yield from _speculation(s.spec)
+
+
+def _speculation(c: SpecCounters) -> Iterator:
+    """Speculative decoding: drafts verified and accepted, the accepted length's distribution (as a
+    histogram: tokens a verify row emitted), acceptance per draft position, drafting and verify time."""
+    for name, doc, value in (
+        ("conduit_spec_verify_steps", "Steps with a row verifying drafts", c.steps),
+        ("conduit_spec_verify_rows", "Rows that verified drafts (one row in one step)", c.rows),
+        ("conduit_spec_draft_tokens", "Draft tokens verified", c.drafted),
+        ("conduit_spec_accepted_tokens", "Draft tokens accepted", c.accepted),
+        ("conduit_spec_draft_seconds", "Time spent drafting (device time on CUDA)", c.draft_s),
+        ("conduit_spec_verify_seconds", "Time of the steps with verify rows", c.verify_s),
+    ):
+        yield CounterMetricFamily(name, doc, value=value)
+    yield GaugeMetricFamily(
+        "conduit_spec_accept_length_mean",
+        "Mean tokens a verify row emitted (accepted drafts + 1)",
+        value=(c.accepted + c.rows) / max(1, c.rows),
+    )
+    hist = HistogramMetricFamily(
+        "conduit_spec_accept_length", "Tokens a verify row emitted (accepted drafts + 1)"
+    )
+    cumulative, buckets = 0, []
+    for n, count in enumerate(c.lengths, start=1):
+        cumulative += count
+        buckets.append((str(n), cumulative))
+    hist.add_metric([], buckets + [("+Inf", cumulative)], sum_value=c.accepted + c.rows)
+    yield hist
+    per = GaugeMetricFamily(
+        "conduit_spec_acceptance_by_position",
+        "Accepted / verified drafts at each draft position",
+        labels=["position"],
+    )
+    for j, (acc, seen) in enumerate(zip(c.per_position, c.reached, strict=True), start=1):
+        per.add_metric([str(j)], acc / max(1, seen))
+    yield per
 
 
 class Metrics:
