@@ -56,6 +56,17 @@ class ServerConfig(msgspec.Struct, kw_only=True, frozen=True):
     host: str = "127.0.0.1"
     port: int = 30000
     placement: str = "multiprocess"  # "multiprocess" (frontend + engine process) | "single"
+    max_body_bytes: int | None = None  # default: fits the context length (`resolved_max_body_bytes`)
+    max_requests_per_websocket: int = 256
+    shutdown_timeout: float = 10.0  # SIGTERM/SIGINT: seconds in-flight requests get to finish
+    max_engine_restarts: int = 3  # engine process deaths restarted within 10 minutes
+
+    def resolved_max_body_bytes(self, max_model_len: int) -> int:
+        """The request body limit: room for a full context written out as JSON (64 bytes per token
+        covers token-id lists and escaped non-ASCII text), at least 1 MiB."""
+        if self.max_body_bytes is not None:
+            return self.max_body_bytes
+        return max(1 << 20, 64 * max_model_len)
 
     def resolved_dtype(self) -> str:
         return self.dtype or ("bfloat16" if self.device.startswith("cuda") else "float32")

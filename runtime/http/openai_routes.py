@@ -104,14 +104,11 @@ class OpenAIRoutes:
     async def _serve(self, request: web.Request, job: Job) -> web.StreamResponse:
         with structlog.contextvars.bound_contextvars(rid=job.id):
             log.debug("request", endpoint=job.endpoint, choices=len(job.requests), stream=job.stream)
-            self.metrics.in_flight.inc()
-            try:
+            with self.metrics.request(len(job.requests)):
                 async with cancel_on_disconnect(request):
                     if job.stream:
                         return await self._stream(request, job)
                     return await self._complete(job)
-            finally:
-                self.metrics.in_flight.dec()
 
     async def _complete(self, job: Job) -> web.Response:
         builder = ResponseBuilder(job)

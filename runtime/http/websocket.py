@@ -29,13 +29,15 @@ from runtime.errors import ConduitError, InvalidRequest, Overloaded
 from runtime.http.engine import Engine
 from runtime.http.formatting import chat_logprobs, completion_logprobs
 from runtime.http.generation import Choice, run_job, usage
+from runtime.http.lifecycle import LIFECYCLE_KEY, Lifecycle
 from runtime.http.metrics import Metrics
 from runtime.http.protocol import Job, build_job, decode_body, validation_error
 
 log = structlog.get_logger("conduit.http.ws")
 
-MAX_LIVE_PER_SOCKET = 1024
-MAX_MESSAGE_BYTES = 64 << 20
+MAX_LIVE_PER_SOCKET = 256  # live ids per socket (`--max-requests-per-websocket`)
+MAX_MESSAGE_BYTES = 1 << 20  # the app passes its body limit
+SEND_TIMEOUT_S = 60.0  # a client that reads nothing for this long is disconnected (its requests aborted)
 
 
 class WsGenerate(msgspec.Struct, tag="generate", tag_field="type", kw_only=True):
@@ -53,29 +55,58 @@ _encode = msgspec.json.Encoder().encode
 
 
 class WebSocketRoutes:
-    def __init__(self, engine: Engine, metrics: Metrics, served_model: str) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        metrics: Metrics,
+        served_model: str,
+        *,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+        max_live: int = MAX_LIVE_PER_SOCKET,
+    ) -> None:
         self.engine = engine
         self.metrics = metrics
         self.served_model = served_model
+        self.max_message_bytes = max_message_bytes
+        self.max_live = max_live
+        self.lifecycle: Lifecycle | None = None
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_get("/v1/ws", self.handle)
 
     async def handle(self, request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES)
+        self.lifecycle = request.app.get(LIFECYCLE_KEY)
+        if self.lifecycle is not None and self.lifecycle.draining:
+            raise self.lifecycle.refuse()
+        # aiohttp closes a socket whose message is over the limit (code 1009, the sizes as the reason);
+        # the client is told first, in an error frame naming the limit (`on_oversized`)
+        ws = web.WebSocketResponse(max_msg_size=self.max_message_bytes + 1)
         await ws.prepare(request)
-        session = _Session(self, ws)
+        session = _Session(self, ws, request.transport)
+        if self.lifecycle is not None:
+            self.lifecycle.websockets.add(ws)
         log.debug("websocket opened", remote=request.remote)
         try:
             async for msg in ws:
                 if msg.type == WSMsgType.TEXT:
-                    await session.on_message(msg.data)
+                    if len(msg.data) > self.max_message_bytes:
+                        await session.send_error(None, self._too_large(len(msg.data)))
+                    else:
+                        await session.on_message(msg.data)
                 elif msg.type == WSMsgType.BINARY:
                     await session.send_error(None, InvalidRequest("Send JSON text frames, not binary."))
         finally:
+            if self.lifecycle is not None:
+                self.lifecycle.websockets.discard(ws)
             await session.close()
             log.debug("websocket closed")
         return ws
+
+    def _too_large(self, size: int) -> InvalidRequest:
+        return InvalidRequest(
+            f"The message is {size} characters; the limit is {self.max_message_bytes} bytes.",
+            code="message_too_large",
+        )
 
 
 @dataclass
@@ -88,14 +119,27 @@ class _Live:
 class _Session:
     routes: WebSocketRoutes
     ws: web.WebSocketResponse
+    transport: asyncio.BaseTransport | None = None
+    gone: bool = False  # the client cannot be written to any more
     live: dict[str, _Live] = field(default_factory=dict)
     send_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     senders: set[asyncio.Task] = field(default_factory=set)
 
     async def send(self, obj: dict) -> None:
         async with self.send_lock:
-            if not self.ws.closed:
-                await self.ws.send_str(_encode(obj).decode())
+            if self.ws.closed:
+                return
+            if self.gone:
+                return
+            try:
+                await asyncio.wait_for(self.ws.send_str(_encode(obj).decode()), SEND_TIMEOUT_S)
+            except TimeoutError:  # a reader that stalls: drop it, which ends the socket's requests
+                log.warning("websocket client stopped reading; closing", timeout_s=SEND_TIMEOUT_S)
+                self.gone = True
+                if self.transport is not None:
+                    self.transport.abort()
+            except ConnectionError:
+                self.gone = True  # the reader loop sees the socket close and aborts every live request
 
     async def send_error(self, cid: str | None, err: ConduitError) -> None:
         await self.send({"type": "error", "id": cid, "error": err.body()["error"]})
@@ -121,10 +165,19 @@ class _Session:
                 msg.id, InvalidRequest(f"Request id `{msg.id}` is already live.", param="id")
             )
             return
-        if len(self.live) >= MAX_LIVE_PER_SOCKET:
+        max_live = self.routes.max_live
+        if len(self.live) >= max_live:
             await self.send_error(
-                msg.id, Overloaded(f"At most {MAX_LIVE_PER_SOCKET} live requests per socket.")
+                msg.id,
+                Overloaded(
+                    f"At most {max_live} live requests per socket (--max-requests-per-websocket).",
+                    param="id",
+                    code="too_many_requests_on_socket",
+                ),
             )
+            return
+        if (lifecycle := self.routes.lifecycle) is not None and lifecycle.draining:
+            await self.send_error(msg.id, lifecycle.refuse())
             return
         routes = self.routes
         try:
@@ -155,7 +208,10 @@ class _Session:
     async def _run(self, cid: str, job: Job) -> None:
         metrics = self.routes.metrics
         choices = [Choice(i) for i in range(len(job.requests))]
-        with structlog.contextvars.bound_contextvars(rid=job.id, ws_id=cid):
+        with (
+            structlog.contextvars.bound_contextvars(rid=job.id, ws_id=cid),
+            metrics.request(len(job.requests)),
+        ):
             try:
                 async with aclosing(run_job(self.routes.engine, job)) as events:
                     async for i, delta in events:
