@@ -12,6 +12,7 @@ from typing import Literal
 
 import msgspec
 
+from runtime.http import protocol
 from runtime.http.protocol import ChatCompletionRequest, CompletionRequest
 from runtime.http.websocket import WsAbort, WsGenerate
 
@@ -217,10 +218,38 @@ def _generation(summary: str, body: str, answer: str, chunk: str) -> dict:
     }
 
 
+def _limits(components: dict) -> None:
+    """The limits protocol.py checks (its constants), added to the fields they bound."""
+    msg = components["Message"]["properties"]
+    msg["role"] = {"enum": sorted(protocol.CHAT_ROLES), "description": "`developer` is a system message"}
+    for name, lo, hi in (
+        ("n", 1, protocol.MAX_N),
+        ("top_logprobs", 0, protocol.MAX_LOGPROBS),
+        ("seed", *protocol.INT64),
+        ("priority", *protocol.INT32),
+    ):
+        for body in ("ChatCompletionRequest", "CompletionRequest"):
+            field = components[body]["properties"].get(name)
+            if field is not None:
+                field["anyOf"][0] |= {"minimum": lo, "maximum": hi}
+    components["CompletionRequest"]["properties"]["logprobs"]["anyOf"][0] |= {
+        "minimum": 0,
+        "maximum": protocol.MAX_LOGPROBS,
+    }
+    for body in ("ChatCompletionRequest", "CompletionRequest"):
+        stop = components[body]["properties"]["stop"]["anyOf"]
+        stop[0] |= {"maxLength": protocol.MAX_STOP_CHARS}
+        stop[1] |= {
+            "maxItems": protocol.MAX_STOP,
+            "items": {"type": "string", "maxLength": protocol.MAX_STOP_CHARS},
+        }
+
+
 def document(served_model: str) -> dict:
     """The OpenAPI 3.1 document of this server."""
     types = REQUESTS + RESPONSES + WS_SERVER_MESSAGES + (Status,)
     _, components = msgspec.json.schema_components(types, ref_template="#/components/schemas/{name}")
+    _limits(components)
     paths = {
         "/v1/chat/completions": _generation(
             "Chat completion (OpenAI)", "ChatCompletionRequest", "ChatCompletion", "ChatCompletionChunk"
