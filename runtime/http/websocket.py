@@ -78,9 +78,9 @@ class WebSocketRoutes:
         self.lifecycle = request.app.get(LIFECYCLE_KEY)
         if self.lifecycle is not None and self.lifecycle.draining:
             raise self.lifecycle.refuse()
-        # aiohttp closes a socket whose message is over the limit (code 1009, the sizes as the reason);
-        # the client is told first, in an error frame naming the limit (`on_oversized`)
-        ws = web.WebSocketResponse(max_msg_size=self.max_message_bytes + 1)
+        # A message over the limit gets an error frame naming it and the socket stays open; aiohttp reads
+        # at most 4x the limit of one message, and closes the socket (code 1009) on a larger one.
+        ws = web.WebSocketResponse(max_msg_size=4 * self.max_message_bytes)
         await ws.prepare(request)
         session = _Session(self, ws, request.transport)
         if self.lifecycle is not None:
