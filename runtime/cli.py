@@ -144,6 +144,13 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         help="default: triton on cuda, torch (the reference) on cpu",
     )
+    g.add_argument(
+        "--cpu-threads",
+        type=int,
+        default=None,
+        help="torch threads of a CPU engine (default: one per core). On a small machine shared with other "
+        "work, 1 keeps step times steady: with one thread per core, every op waits for the busiest core",
+    )
     g = p.add_argument_group("placement")
     g.add_argument(
         "--placement",

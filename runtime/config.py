@@ -52,6 +52,7 @@ class ServerConfig(msgspec.Struct, kw_only=True, frozen=True):
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int | None = None  # largest decode batch captured; default max_running_requests
     attention_backend: str | None = None  # default: triton on cuda, torch on cpu
+    cpu_threads: int | None = None  # torch threads of a CPU engine (None: torch's default, one per core)
     # serving
     host: str = "127.0.0.1"
     port: int = 30000
@@ -144,6 +145,7 @@ class RunnerConfig(msgspec.Struct, frozen=True):
             swa_replay_tokens=cfg.swa_replay_tokens,
             swa_replay_exact=cfg.swa_replay_exact,
             hf_overrides=cfg.hf_overrides,
+            cpu_threads=cfg.cpu_threads,
             max_prefill_tokens=cfg.resolved_chunked_prefill_size(),
             rank=rank,
             world_size=world_size,

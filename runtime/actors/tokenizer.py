@@ -9,6 +9,8 @@ scheduler behind it, so an abort never overtakes its request."""
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -39,6 +41,15 @@ LARGE_PROMPT_CHARS = 32 << 10  # a prompt this long is tokenized alone, on the l
 MAX_BATCH = 64
 
 
+def _background() -> None:
+    """The large-prompt thread yields the CPU to everything else (the engine's steps on a small machine):
+    a huge prompt's tokenization is the one piece of work that may wait."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except OSError:
+        pass
+
+
 def _prompt_chars(msg: GenerateRequest) -> int:
     if msg.prompt is not None:
         return len(msg.prompt)
@@ -56,7 +67,7 @@ class TokenizerActor(Actor):
         self.info = info
         self.tokenizer = info.load_tokenizer()
         self._small = ThreadPoolExecutor(1, thread_name_prefix="tokenize")
-        self._large = ThreadPoolExecutor(1, thread_name_prefix="tokenize-large")
+        self._large = ThreadPoolExecutor(1, thread_name_prefix="tokenize-large", initializer=_background)
         self._batch: list[GenerateRequest] = []  # arrived together; tokenized by one thread call
         self._pending: dict[str, bool] = {}  # rid being tokenized -> aborted meanwhile
         self._tasks: set[asyncio.Task] = set()
