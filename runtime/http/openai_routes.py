@@ -27,6 +27,15 @@ from runtime.http.protocol import Job, parse_chat, parse_completion
 log = structlog.get_logger("conduit.http")
 
 DISCONNECT_POLL_S = 0.5
+WRITE_TIMEOUT_S = 60.0  # a client that takes no stream data for this long is treated as gone
+
+
+async def _write(resp: web.StreamResponse, data: bytes) -> None:
+    """Write or, when the client has stopped reading (its socket buffers full), give up on it."""
+    try:
+        await asyncio.wait_for(resp.write(data), WRITE_TIMEOUT_S)
+    except TimeoutError:
+        raise ConnectionResetError("the client stopped reading") from None
 
 
 @asynccontextmanager
@@ -141,14 +150,14 @@ class OpenAIRoutes:
             )
             await resp.prepare(request)
             try:
-                await resp.write(writer.start())
+                await _write(resp, writer.start())
                 item = first
                 while item is not None:
                     i, delta = item
                     self.metrics.on_delta(writer.choices[i], delta)
                     writer.choices[i].update(delta)
                     if chunk := writer.delta(i, delta):
-                        await resp.write(chunk)
+                        await _write(resp, chunk)
                     item = await anext(events, None)
                 tail = writer.finish()
             except ConnectionResetError:
@@ -163,7 +172,7 @@ class OpenAIRoutes:
                 self.metrics.on_error(len(job.requests))
                 tail = sse(ConduitError("Internal server error").body())
         try:
-            await resp.write(tail + DONE)
+            await _write(resp, tail + DONE)
             await resp.write_eof()
         except ConnectionResetError:
             log.info("client disconnected before the end of the stream")
