@@ -197,7 +197,10 @@ def plot(samples: list[dict], path: str, title: str) -> None:
 
     t = [s["t_s"] / 60 for s in samples]
     fig, ax = plt.subplots(4, 1, figsize=(9, 10), sharex=True)
-    ax[0].plot(t, [s["rss_mib"] for s in samples])
+    rss = [s["rss_mib"] for s in samples]
+    ax[0].plot(t, rss)
+    ax[0].set_ylim(min(rss) - 100, max(rss) + 100)  # growth would show; noise of 0.1 MiB does not
+    ax[0].ticklabel_format(axis="y", useOffset=False)
     ax[0].set_ylabel("RSS (MiB)\nserver + engine")
     ax[1].plot(t, [s["kv_pages_used"] for s in samples])
     ax[1].set_ylabel("KV pages used")
@@ -227,7 +230,13 @@ def main() -> int:
     p.add_argument("--out", default="out/soak")
     p.add_argument("--plot", default=None, help="PNG path")
     p.add_argument("--server-args", default="--cpu-threads 1", help="flags for conduit serve")
+    p.add_argument("--replot", metavar="SOAK_JSONL", help="only draw --plot from a finished run's samples")
     args = p.parse_args()
+    if args.replot:
+        samples = [json.loads(line) for line in Path(args.replot).read_text().splitlines()]
+        minutes = round(samples[-1]["t_s"] / 60, 1)
+        plot(samples, args.plot, f"Soak (CPU): SmolLM2-135M, {args.concurrency} clients, {minutes} min")
+        return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     port = free_port()
