@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from loadgen.errors import LoadgenError
@@ -75,8 +76,20 @@ def results_json(config: dict, server_models, started_at: float, metrics: Metric
     }
 
 
+def strict(value):
+    """`value` with every non-finite float (an infinite request rate, a ratio over zero) as None: strict
+    JSON has no Infinity or NaN, and parsers other than Python's reject them."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: strict(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [strict(v) for v in value]
+    return value
+
+
 def write_json(path: str, doc: dict) -> None:
-    Path(path).write_text(json.dumps(doc, indent=1))
+    Path(path).write_text(json.dumps(strict(doc), indent=1, allow_nan=False))
 
 
 def load_json(path: str) -> dict:
@@ -99,9 +112,20 @@ def compare(a: dict, b: dict, name_a: str = "A", name_b: str = "B") -> str:
         for stat in ("mean", "median", "p99"):
             rows.append((f"{stat.capitalize()} {lat.upper()} (ms)", getattr(getattr(ma, f"{lat}_ms"), stat),
                          getattr(getattr(mb, f"{lat}_ms"), stat)))  # fmt: skip
-    na, nb = name_a[-14:], name_b[-14:]
-    lines = [f"{'metric':<34}{na:>14}{nb:>14}{'B/A':>9}", "-" * 71]
+    na, nb = _column_names(name_a, name_b)
+    w = max(14, len(na) + 2, len(nb) + 2)
+    lines = [f"{'metric':<34}{na:>{w}}{nb:>{w}}{'B/A':>9}", "-" * (43 + 2 * w)]
     for label, va, vb in rows:
         ratio = f"{vb / va:.3f}" if va else "-"
-        lines.append(f"{label:<34}{_fmt(va):>14}{_fmt(vb):>14}{ratio:>9}")
+        lines.append(f"{label:<34}{_fmt(va):>{w}}{_fmt(vb):>{w}}{ratio:>9}")
     return "\n".join(lines)
+
+
+def _column_names(a: str, b: str) -> tuple[str, str]:
+    """Whole file names (the columns widen to fit), with as many parent folders as tell them apart."""
+    pa, pb = Path(a).parts, Path(b).parts
+    for k in range(1, max(len(pa), len(pb)) + 1):
+        na, nb = str(Path(*pa[-k:])), str(Path(*pb[-k:]))
+        if na != nb:
+            return na, nb
+    return a, b

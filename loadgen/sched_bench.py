@@ -140,6 +140,8 @@ def main(args) -> int:
     for r in results:
         print(f"{r['running']:>8} {r['cache_tokens']:>12} " + " ".join(f"{r[c]:>16.1f}" for c in cols))
     if args.json:
+        from loadgen.report import strict
+
         with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+            json.dump(strict(results), f, indent=2, allow_nan=False)
     return 0

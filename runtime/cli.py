@@ -173,12 +173,50 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         help="default: triton on cuda, torch (the reference) on cpu",
     )
+    g.add_argument(
+        "--cpu-threads",
+        type=int,
+        default=None,
+        help="torch threads of a CPU engine (default: one per core). On a small machine shared with other "
+        "work, 1 keeps step times steady: with one thread per core, every op waits for the busiest core",
+    )
     g = p.add_argument_group("placement")
     g.add_argument(
         "--placement",
         choices=["multiprocess", "single"],
         default=d.placement,
         help="actors in a frontend + an engine process, or all in this one",
+    )
+    g.add_argument(
+        "--max-engine-restarts",
+        type=int,
+        default=d.max_engine_restarts,
+        help="an engine process that dies is restarted (its requests fail, /health is 503 meanwhile) "
+        "up to this many times in 10 minutes",
+    )
+
+
+def add_http_flags(p: argparse.ArgumentParser) -> None:
+    d = ServerConfig()
+    g = p.add_argument_group("http")
+    g.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=None,
+        help="request body (and WebSocket message) limit; default: 64 bytes per token of context, "
+        "at least 1 MiB",
+    )
+    g.add_argument(
+        "--max-requests-per-websocket",
+        type=int,
+        default=d.max_requests_per_websocket,
+        help="live request ids on one WebSocket",
+    )
+    g.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=d.shutdown_timeout,
+        help="on SIGTERM/SIGINT: seconds requests in flight get to finish before they end with an error",
     )
 
 
@@ -270,6 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_engine_flags(s)
     add_serving_flags(s)
+    add_http_flags(s)
 
     g = sub.add_parser(
         "generate",
@@ -311,13 +350,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         import uvloop
 
-        from runtime.server import serve
+        from runtime.server import PortInUse, serve
 
         try:
             uvloop.run(serve(config_from_args(args)))
-        except FileNotFoundError as e:
+        except (FileNotFoundError, PortInUse) as e:
             print(f"conduit: {e}", file=sys.stderr)
             return 2
+        except KeyboardInterrupt:  # before the server's own signal handling was installed
+            return 130
         return 0
     if args.command == "gateway":
         import uvloop
@@ -340,7 +381,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "convert":
         from runtime.gpu.convert import convert_gguf
 
-        print(convert_gguf(args.gguf, args.out))
+        try:
+            print(convert_gguf(args.gguf, args.out))
+        except (OSError, ValueError) as e:
+            print(f"conduit convert: {e}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            return 130
         return 0
     return 1
 

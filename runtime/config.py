@@ -58,6 +58,7 @@ class ServerConfig(msgspec.Struct, kw_only=True, frozen=True):
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int | None = None  # largest decode batch captured; default max_running_requests
     attention_backend: str | None = None  # default: triton on cuda, torch on cpu
+    cpu_threads: int | None = None  # torch threads of a CPU engine (None: torch's default, one per core)
     # serving
     host: str = "127.0.0.1"
     port: int = 30000
@@ -72,6 +73,17 @@ class ServerConfig(msgspec.Struct, kw_only=True, frozen=True):
     reasoning_parser: str | None = None  # "deepseek-r1" | "deepseek-v3"; None: no reasoning_content
     api_key: str | None = None  # required as a bearer token on every route but /health and the page
     allowed_origins: list[str] = []  # CORS: origins whose browsers may call the API ("*": any)
+    max_body_bytes: int | None = None  # default: fits the context length (`resolved_max_body_bytes`)
+    max_requests_per_websocket: int = 256
+    shutdown_timeout: float = 10.0  # SIGTERM/SIGINT: seconds in-flight requests get to finish
+    max_engine_restarts: int = 3  # engine process deaths restarted within 10 minutes
+
+    def resolved_max_body_bytes(self, max_model_len: int) -> int:
+        """The request body limit: room for a full context written out as JSON (64 bytes per token
+        covers token-id lists and escaped non-ASCII text), at least 1 MiB."""
+        if self.max_body_bytes is not None:
+            return self.max_body_bytes
+        return max(1 << 20, 64 * max_model_len)
 
     def resolved_dtype(self) -> str:
         return self.dtype or ("bfloat16" if self.device.startswith("cuda") else "float32")
@@ -153,6 +165,7 @@ class RunnerConfig(msgspec.Struct, frozen=True):
             swa_replay_tokens=cfg.swa_replay_tokens,
             swa_replay_exact=cfg.swa_replay_exact,
             hf_overrides=cfg.hf_overrides,
+            cpu_threads=cfg.cpu_threads,
             max_prefill_tokens=cfg.resolved_chunked_prefill_size(),
             rank=rank,
             world_size=world_size,

@@ -9,6 +9,7 @@ Placements:
 from __future__ import annotations
 
 import asyncio
+import shutil
 import tempfile
 import threading
 from collections.abc import AsyncIterator, Sequence
@@ -25,7 +26,7 @@ from runtime.actors.engine_process import EngineArgs, spawn_engine_actors
 from runtime.actors.system import ActorSystem
 from runtime.actors.tokenizer import TokenizerActor
 from runtime.config import ServerConfig
-from runtime.mailbox.messages import ChatMessage, GenerateRequest, SamplingParams, TextDelta
+from runtime.mailbox.messages import ChatMessage, GenerateRequest, NodeFailed, SamplingParams, TextDelta
 from runtime.model_info import ModelInfo, load_model_info, resolve_model_path
 
 log = structlog.get_logger(__name__)
@@ -43,7 +44,16 @@ class Running:
     info: ModelInfo
 
     async def stop(self) -> None:
-        await self.system.stop()
+        await _stop(self.system)
+
+
+async def _stop(system: ActorSystem) -> None:
+    """Stop the actors and child processes, and remove the socket directory (nothing left in /tmp)."""
+    try:
+        await system.stop()
+    finally:
+        if system.sock_dir is not None:
+            shutil.rmtree(system.sock_dir, ignore_errors=True)
 
 
 async def launch(cfg: ServerConfig) -> Running:
@@ -59,11 +69,20 @@ async def launch(cfg: ServerConfig) -> Running:
         system = ActorSystem(addresses.FRONTEND_NODE, placement, Path(tempfile.mkdtemp(prefix="conduit-")))
         await system.listen()
     client = EngineClient(info.name, info.max_model_len)
-    system.on_node_failed.append(lambda msg: client.fail_all(f"{msg.node}: {msg.error}"))
-    await system.spawn(client)
-    await system.spawn(TokenizerActor(info))
-    await system.spawn(DetokenizerActor(info))
     try:
+        await system.spawn(client)
+        await system.spawn(TokenizerActor(info))
+        await system.spawn(DetokenizerActor(info))
+
+        def engine_died(msg: NodeFailed) -> None:
+            client.fail_all(f"{msg.node}: {msg.error}")
+            try:  # the detokenizer forgets the dead engine's requests (after the ones it is decoding)
+                system.actors[addresses.DETOKENIZER].mailbox.put_nowait(msg)
+            except asyncio.QueueFull:
+                log.warning("detokenizer_busy_at_engine_death")
+
+        system.on_node_failed.append(engine_died)
+        system.on_node_ready.append(lambda msg: client.engine_ready(msg.node))
         if cfg.placement == "single":
             await spawn_engine_actors(system, cfg, model_path, info.max_model_len)
         else:
@@ -73,11 +92,14 @@ async def launch(cfg: ServerConfig) -> Running:
                     rank, world_size,
                 )  # fmt: skip
                 node = addresses.engine_node(rank)
-                await system.start_child(node, "runtime.actors.engine_process", msgspec.msgpack.encode(args))
+                payload = msgspec.msgpack.encode(args)
+                await system.start_child(
+                    node, "runtime.actors.engine_process", payload, max_restarts=cfg.max_engine_restarts
+                )
             for rank in range(world_size):
                 await system.wait_ready(addresses.engine_node(rank), ENGINE_START_TIMEOUT_S)
     except BaseException:
-        await system.stop()
+        await _stop(system)
         raise
     log.info("engine_ready", model=info.name, placement=cfg.placement, device=cfg.device)
     return Running(system, client, info)

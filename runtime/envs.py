@@ -32,3 +32,14 @@ def step_trace_path() -> str | None:
     """$CONDUIT_STEP_TRACE=file: the scheduler appends a JSON line per step (rows, decode rows, prefill
     tokens, device start and end), for finding where a benchmark's time goes."""
     return os.environ.get("CONDUIT_STEP_TRACE") or None
+
+
+def injected_fault(actor: str) -> str | None:
+    """$CONDUIT_FAULT_INJECT="tokenizer=MARK,detokenizer=MARK": for fault-injection tests, that actor
+    crashes on a request whose prompt contains MARK (the tokenizer when it receives it, the detokenizer at
+    its first output tokens, from the prompt's last tokens it is given). Unset in production."""
+    for item in os.environ.get("CONDUIT_FAULT_INJECT", "").split(","):
+        name, _, mark = item.partition("=")
+        if name.strip() == actor and mark:
+            return mark
+    return None

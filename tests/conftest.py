@@ -71,9 +71,11 @@ class Server(Launched):
 
 
 @contextlib.contextmanager
-def run_server(tmp_dir: Path, *args: str, timeout: float = 300.0) -> Iterator[Server]:
+def run_server(
+    tmp_dir: Path, *args: str, timeout: float = 300.0, env: dict[str, str] | None = None
+) -> Iterator[Server]:
     port = free_port()
-    with launch(conduit_serve(port, *args), port, tmp_dir / f"server-{port}.log", timeout) as s:
+    with launch(conduit_serve(port, *args), port, tmp_dir / f"server-{port}.log", timeout, env) as s:
         yield Server(s.url, s.proc, s.log_path)
 
 
@@ -88,8 +90,8 @@ def server(smollm2_path, tmp_path_factory) -> Iterator[Server]:
 def launch_server(smollm2_path, tmp_path):
     """Start an extra server with its own flags: `with launch_server("--page-size", "16") as s: ...`."""
 
-    def launch(*args: str, timeout: float = 300.0):
-        return run_server(tmp_path, *args, timeout=timeout)
+    def launch(*args: str, timeout: float = 300.0, env: dict[str, str] | None = None):
+        return run_server(tmp_path, *args, timeout=timeout, env=env)
 
     return launch
 

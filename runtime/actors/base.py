@@ -24,6 +24,9 @@ class Actor:
     not block the event loop: long CPU or GPU work goes to a thread (see GpuWorker)."""
 
     mailbox_size: ClassVar[int] = 4096
+    # True: an exception from `handle` is a crash. The system calls `on_crash` (fail what the actor held)
+    # and replaces it with `fresh()`, which keeps its mailbox. False: `on_error` fails that message only.
+    restart_on_crash: ClassVar[bool] = False
 
     def __init__(self, address: str) -> None:
         self.address = address
@@ -42,6 +45,21 @@ class Actor:
     async def send(self, to: str, msg: Message) -> None:
         assert self.system is not None, f"{self.address} is not spawned"
         await self.system.send(to, msg)
+
+    async def on_crash(self, msg: Message, exc: BaseException) -> None:
+        """`handle` raised and this instance is about to be replaced: end every request it holds."""
+
+    def fresh(self) -> Actor:
+        """A new instance for the same address, with empty state (restart after a crash)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be restarted")
+
+    async def fail(self, rids, message: str) -> None:
+        """Send each request's final error (a 500) to the client."""
+        for rid in rids:
+            await self.send(
+                addresses.CLIENT,
+                RequestFailed(rid=rid, status=500, message=message, error_type="server_error"),
+            )
 
     async def on_error(self, msg: Message, exc: BaseException) -> None:
         """Supervision for one failed message: the actor keeps running (its state is its own to repair),

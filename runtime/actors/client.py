@@ -135,8 +135,25 @@ class EngineClient(Actor):
             self.fail_all(f"{msg.node}: {msg.error}")
 
     def fail_all(self, error: str) -> None:
-        """The engine is gone: every waiting request gets its final error now."""
+        """The engine is gone: every waiting request gets its final error now, and the client refuses new
+        ones (503, /health too) until `engine_ready`."""
         self.error = error
+        self.stats = None  # the dead engine's gauges; a restarted engine reports its own
         log.error("engine_failed", error=error, in_flight=len(self._streams))
         for q in self._streams.values():
             q.put_nowait(EngineFailed(f"engine failed: {error}"))
+
+    def engine_ready(self, node: str) -> None:
+        """A restarted engine reported in: serve again."""
+        if self.error is not None:
+            log.info("engine_recovered", node=node, after=self.error)
+        self.error = None
+
+    def cancel_all(self, message: str) -> int:
+        """End every request in flight with a 503 `message` (shutdown past its deadline); the handlers'
+        streams then abort them in the engine. Returns how many there were."""
+        for q in self._streams.values():
+            err = Overloaded(message, status=503, retry_after=5.0, code="shutting_down")
+            err.type = "server_error"
+            q.put_nowait(err)
+        return len(self._streams)

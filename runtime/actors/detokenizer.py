@@ -1,14 +1,29 @@
 """The detokenizer actor: token ids -> text deltas, incrementally, never splitting a UTF-8 character, with
-stop strings trimmed from the output (and never streamed in part)."""
+stop strings trimmed from the output (and never streamed in part).
+
+Each step's TokenBatch is decoded by one call on the actor's own thread, off the event loop. If decoding
+fails the actor crashes: every request it tracks ends with an error and is aborted in the scheduler (so
+its KV is freed), and a fresh instance takes over. When the engine dies, its requests are forgotten."""
 
 from __future__ import annotations
 
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from runtime import envs
 from runtime.actors import addresses
 from runtime.actors.base import Actor
-from runtime.mailbox.messages import AbortRequest, Message, TextDelta, TextDeltas, TokenBatch, TrackRequest
+from runtime.mailbox.messages import (
+    AbortRequest,
+    Message,
+    NodeFailed,
+    TextDelta,
+    TextDeltas,
+    TokenBatch,
+    TrackRequest,
+)
 
 if TYPE_CHECKING:
     from runtime.model_info import ModelInfo
@@ -24,6 +39,7 @@ class DecodeState:
     read_offset: int = 0
     text: str = ""  # all decoded output text so far
     sent: int = 0  # characters of `text` already sent
+    doomed: bool = False  # fault injection: decoding this request crashes the actor
 
 
 def held_back(text: str, stops: list[str]) -> int:
@@ -38,11 +54,29 @@ def held_back(text: str, stops: list[str]) -> int:
 
 
 class DetokenizerActor(Actor):
+    restart_on_crash = True
+
     def __init__(self, info: ModelInfo, scheduler: str = addresses.scheduler(0)) -> None:
         super().__init__(addresses.DETOKENIZER)
+        self.info = info
         self.scheduler = scheduler  # where stop-string aborts go
         self.tokenizer = info.load_tokenizer()
         self.states: dict[str, DecodeState] = {}
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="detokenize")
+        self._fault = envs.injected_fault("detokenizer")
+
+    def fresh(self) -> DetokenizerActor:
+        return DetokenizerActor(self.info, self.scheduler)
+
+    async def on_stop(self) -> None:
+        self._thread.shutdown(wait=False, cancel_futures=True)
+
+    async def on_crash(self, msg: Message, exc: BaseException) -> None:
+        rids = list(self.states)
+        self.states.clear()
+        await self.fail(rids, f"the detokenizer failed: {exc}")
+        for rid in rids:  # free their KV: the scheduler would otherwise run them to the end
+            await self.send(self.scheduler, AbortRequest(rid))
 
     async def handle(self, msg: Message) -> None:
         if isinstance(msg, TrackRequest):
@@ -55,9 +89,17 @@ class DetokenizerActor(Actor):
                 tail,
                 prefix_offset=0,
                 read_offset=len(tail),
+                doomed=bool(self._fault and self._fault in self.tokenizer.decode(tail)),
             )
         elif isinstance(msg, TokenBatch):
-            await self._on_batch(msg)
+            loop = asyncio.get_running_loop()
+            items, stops = await loop.run_in_executor(self._thread, self._decode_batch, msg)
+            for rid in stops:
+                await self.send(self.scheduler, AbortRequest(rid, reason="stop"))
+            if items:
+                await self.send(addresses.CLIENT, TextDeltas(items))
+        elif isinstance(msg, NodeFailed):
+            self.states.clear()  # the engine died: the client failed every request it ran
 
     def _decode_new(self, st: DecodeState) -> str:
         """vLLM-style incremental decoding: decode a short window and emit only what it adds, holding back
@@ -71,12 +113,16 @@ class DetokenizerActor(Actor):
             return full[len(prefix) :]
         return ""
 
-    async def _on_batch(self, batch: TokenBatch) -> None:
+    def _decode_batch(self, batch: TokenBatch) -> tuple[list[TextDelta], list[str]]:
+        """The batch's deltas, and the requests a stop string ended (to abort in the scheduler)."""
         items: list[TextDelta] = []
+        stops: list[str] = []
         for i, rid in enumerate(batch.rids):
             st = self.states.get(rid)
             if st is None:
                 continue  # already finished here (stop string) or never tracked
+            if st.doomed:
+                raise RuntimeError("injected detokenizer fault")
             finish = batch.finished[i]
             st.ids.extend(batch.tokens[i])
             start = len(st.text)
@@ -98,7 +144,7 @@ class DetokenizerActor(Actor):
                     end = min(hits)
                     st.text = st.text[:end]
                     if finish is None:
-                        await self.send(self.scheduler, AbortRequest(rid, reason="stop"))
+                        stops.append(rid)
                     finish = "stop"
                 elif finish is None:
                     end -= held_back(st.text, st.stop)
@@ -124,5 +170,4 @@ class DetokenizerActor(Actor):
                 )
             if finish is not None:
                 del self.states[rid]
-        if items:
-            await self.send(addresses.CLIENT, TextDeltas(items))
+        return items, stops

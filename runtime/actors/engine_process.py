@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -59,6 +60,9 @@ class EngineArgs(msgspec.Struct):
 
 
 def main() -> None:
+    # The frontend stops this process (a Shutdown message, then SIGTERM); a Ctrl-C meant for the
+    # frontend must not kill it mid-stream with a KeyboardInterrupt traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     import uvloop
 
     from runtime.logging import setup_logging

@@ -5,12 +5,20 @@ Addresses are rank-aware actor names ("tokenizer", "scheduler/dp0", "worker/0", 
 addresses.py). A placement maps each address to the node (process) that runs it; a message to an actor
 of another node is framed over that node's Unix socket (runtime/mailbox/transport.py). The pseudo-actor
 "system" of each node receives node lifecycle messages (NodeReady, NodeFailed).
+
+Supervision: an actor that declares `restart_on_crash` (tokenizer, detokenizer) is replaced by a fresh
+instance when its `handle` raises, after `on_crash` failed the requests it held; other actors keep running
+and fail only the message's request (`Actor.on_error`). A child process that dies is reported to
+`on_node_failed` subscribers, messages to it are dropped while it is down, and it is started again (with
+a back-off, at most `max_restarts` times in `RESTART_WINDOW_S`); its NodeReady reaches `on_node_ready`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
+import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,6 +30,9 @@ from runtime.mailbox import transport
 from runtime.mailbox.messages import Envelope, Message, NodeFailed, NodeReady, Shutdown
 
 log = structlog.get_logger(__name__)
+
+RESTART_WINDOW_S = 600.0
+RESTART_BACKOFF_S = (0.5, 2.0, 5.0, 10.0)
 
 
 class ActorSystem:
@@ -37,6 +48,11 @@ class ActorSystem:
         self._children: dict[str, asyncio.subprocess.Process] = {}
         self.ready: dict[str, asyncio.Future[NodeReady]] = {}
         self.on_node_failed: list[Callable[[NodeFailed], None]] = []
+        self.on_node_ready: list[Callable[[NodeReady], None]] = []
+        self._child_specs: dict[str, tuple[str, bytes, int]] = {}  # node -> (module, payload, max restarts)
+        self._restarts: dict[str, deque[float]] = {}  # node -> times of its recent restarts
+        self._down: set[str] = set()  # child nodes that died and are not ready again: sends are dropped
+        self._restarting: set[asyncio.Task] = set()
         self.shutdown_requested = asyncio.Event()  # set when a parent asks this node to stop
         self._stopping = False
 
@@ -59,12 +75,35 @@ class ActorSystem:
                 await actor.handle(msg)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # supervision: one bad message never kills the actor
-                try:
+            except Exception as exc:
+                if actor.restart_on_crash:
+                    actor = await self._restart(actor, msg, exc)
+                    continue
+                try:  # supervision: one bad message never kills the actor
                     await actor.on_error(msg, exc)
                 except Exception:
                     log.exception("actor_on_error_failed", actor=actor.address)
         await actor.on_stop()
+
+    async def _restart(self, actor: Actor, msg: Message, exc: Exception) -> Actor:
+        """A crashed actor's state is suspect: it fails what it held, and a fresh instance takes its
+        address and its mailbox (the messages queued behind the crash are not lost)."""
+        log.error("actor_crashed", actor=actor.address, msg=type(msg).__name__, error=repr(exc), exc_info=exc)
+        try:
+            await actor.on_crash(msg, exc)
+        except Exception:
+            log.exception("actor_on_crash_failed", actor=actor.address)
+        try:
+            await actor.on_stop()
+        except Exception:
+            log.exception("actor_on_stop_failed", actor=actor.address)
+        fresh = actor.fresh()
+        fresh.mailbox = actor.mailbox
+        fresh.system = self
+        await fresh.on_start()
+        self.actors[fresh.address] = fresh
+        log.info("actor_restarted", actor=fresh.address)
+        return fresh
 
     # ------------------------------------------------------------------ delivery
 
@@ -79,6 +118,9 @@ class ActorSystem:
         node = self.placement.get(to)
         if node is None or node == self.node:
             log.warning("dropped_message_to_unknown_actor", to=to, msg=type(msg).__name__)
+            return
+        if node in self._down:  # its requests were failed when it died; a restart starts afresh
+            log.debug("dropped_message_to_down_node", node=node, to=to, msg=type(msg).__name__)
             return
         await self._send_remote(node, Envelope(to, msg))
 
@@ -103,9 +145,12 @@ class ActorSystem:
 
     def _system_message(self, msg: Message) -> None:
         if isinstance(msg, NodeReady):
+            self._down.discard(msg.node)
             fut = self.ready.setdefault(msg.node, asyncio.get_running_loop().create_future())
             if not fut.done():
                 fut.set_result(msg)
+            for cb in self.on_node_ready:
+                cb(msg)
         elif isinstance(msg, NodeFailed):
             fut = self.ready.get(msg.node)
             if fut is not None and not fut.done():
@@ -124,13 +169,17 @@ class ActorSystem:
     async def listen(self) -> None:
         self._server = await transport.serve(self._sock_path(self.node), self._deliver)
 
-    async def start_child(self, node: str, module: str, payload: bytes) -> None:
+    async def start_child(self, node: str, module: str, payload: bytes, max_restarts: int = 0) -> None:
         """Start `python -m module` as a child process, handing it `payload` (msgpack) on stdin. A fresh
-        interpreter, not a fork or multiprocessing spawn: the caller's __main__ is never re-imported. The
-        child announces itself with NodeReady; its death is reported to `on_node_failed` subscribers."""
-        self.ready.setdefault(node, asyncio.get_running_loop().create_future())
+        interpreter, not a fork or multiprocessing spawn: the caller's __main__ is never re-imported. It
+        runs in its own session, so a Ctrl-C at the terminal reaches only this process, which stops
+        it in order. The child announces itself with NodeReady; its death is reported to `on_node_failed`
+        subscribers, and it is started again up to `max_restarts` times in RESTART_WINDOW_S."""
+        self._child_specs[node] = (module, payload, max_restarts)
+        self.ready[node] = ready = asyncio.get_running_loop().create_future()
+        ready.add_done_callback(lambda f: f.cancelled() or f.exception())  # a restart's has no waiter
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", module, stdin=asyncio.subprocess.PIPE
+            sys.executable, "-m", module, stdin=asyncio.subprocess.PIPE, start_new_session=True
         )
         proc.stdin.write(payload)
         await proc.stdin.drain()
@@ -140,9 +189,28 @@ class ActorSystem:
 
     async def _watch(self, node: str, proc: asyncio.subprocess.Process) -> None:
         code = await proc.wait()
+        if self._stopping:
+            return
+        log.error("node_died", node=node, exitcode=code)
+        self._down.add(node)
+        link = self._links.pop(node, None)
+        if link is not None:
+            await link.close()
+        self._system_message(NodeFailed(node, f"process exited with code {code}"))
+        module, payload, max_restarts = self._child_specs[node]
+        recent = self._restarts.setdefault(node, deque())
+        now = time.monotonic()
+        while recent and now - recent[0] > RESTART_WINDOW_S:
+            recent.popleft()
+        if len(recent) >= max_restarts:
+            log.error("node_not_restarted", node=node, restarts=len(recent), window_s=RESTART_WINDOW_S)
+            return
+        backoff = RESTART_BACKOFF_S[min(len(recent), len(RESTART_BACKOFF_S) - 1)]
+        recent.append(now)
+        log.warning("node_restarting", node=node, attempt=len(recent), backoff_s=backoff)
+        await asyncio.sleep(backoff)  # a back-off, not synchronisation: a crash loop must not spin
         if not self._stopping:
-            log.error("node_died", node=node, exitcode=code)
-            self._system_message(NodeFailed(node, f"process exited with code {code}"))
+            await self.start_child(node, module, payload, max_restarts)
 
     async def wait_ready(self, node: str, timeout: float) -> NodeReady:
         return await asyncio.wait_for(asyncio.shield(self.ready[node]), timeout)
@@ -153,6 +221,8 @@ class ActorSystem:
         """Orderly shutdown: children first (asked, then terminated), then local actors in reverse order."""
         self._stopping = True
         for node, proc in self._children.items():
+            if node in self._down:
+                continue
             if proc.returncode is None:
                 try:
                     await asyncio.wait_for(self.send_to_node(node, addresses.SYSTEM, Shutdown()), 2)

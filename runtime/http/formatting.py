@@ -67,7 +67,10 @@ def completion_logprobs(delta: TextDelta, choice: Choice) -> dict:
         out["tokens"].append(text)
         out["token_logprobs"].append(_lp(lp.logprob))
         alts = _alt_texts(delta, j, lp, text)
-        out["top_logprobs"].append({a: _lp(tlp) for a, tlp in zip(alts, lp.top_logprobs, strict=False)})
+        top = {a: _lp(tlp) for a, tlp in zip(alts, lp.top_logprobs, strict=False)}
+        if lp.token_id not in lp.top_ids:  # as OpenAI: the sampled token is listed even outside the top k
+            top.setdefault(text, _lp(lp.logprob))
+        out["top_logprobs"].append(top)
         out["text_offset"].append(choice.text_offset)
         choice.text_offset += len(text)
     return out

@@ -3,8 +3,12 @@ from `engine.stats` at scrape time. One registry per app, so tests can build man
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -159,6 +163,17 @@ def _speculation(c: SpecCounters) -> Iterator:
     yield per
 
 
+@dataclass
+class _Ended:
+    """Choices of the request being served (by this task) that ended with a finish reason or an error."""
+
+    choices: int
+    ended: int = 0
+
+
+_REQUEST: contextvars.ContextVar[_Ended | None] = contextvars.ContextVar("conduit_request", default=None)
+
+
 class Metrics:
     def __init__(self, engine: Engine) -> None:
         self.registry = r = CollectorRegistry()
@@ -191,9 +206,35 @@ class Metrics:
             registry=r,
         )
         self.in_flight = Gauge(
-            "conduit_http_requests_in_flight", "Generation requests being served", registry=r
+            "conduit_http_requests_in_flight",
+            "Generation requests being served (HTTP and WebSocket)",
+            registry=r,
         )
+        self.live = 0
+        self.idle = asyncio.Event()  # set while no generation request is being served
+        self.idle.set()
         r.register(_EngineCollector(engine))
+
+    @contextmanager
+    def request(self, choices: int) -> Iterator[None]:
+        """Around serving one generation request (HTTP or one WebSocket id): counts it in flight, and
+        its choices that end with neither a finish reason nor an error (client aborts and disconnects)
+        as finished with reason "abort"."""
+        ended = _Ended(choices)
+        token = _REQUEST.set(ended)
+        self.in_flight.inc()
+        self.live += 1
+        self.idle.clear()
+        try:
+            yield
+        finally:
+            _REQUEST.reset(token)
+            self.in_flight.dec()
+            self.live -= 1
+            if not self.live:
+                self.idle.set()
+            if ended.ended < choices:
+                self.finished.labels("abort").inc(choices - ended.ended)
 
     def on_delta(self, choice: Choice, delta: TextDelta) -> None:
         """Record timing for a choice's delta; call before `choice.update(delta)`."""
@@ -212,11 +253,16 @@ class Metrics:
         if delta.finish_reason is not None:
             self.e2e.observe(now - choice.start)
             self.finished.labels(delta.finish_reason).inc()
+            if (ended := _REQUEST.get()) is not None:
+                ended.ended += 1
             self.prompt_tokens.inc(delta.prompt_tokens)
             self.generation_tokens.inc(delta.completion_tokens)
             self.cached_tokens.inc(delta.cached_tokens)
 
     def on_error(self, n_choices: int) -> None:
+        if (ended := _REQUEST.get()) is not None:
+            n_choices = min(n_choices, ended.choices - ended.ended)  # those not finished already
+            ended.ended += n_choices
         self.finished.labels("error").inc(n_choices)
 
     def render(self) -> bytes:

@@ -5,6 +5,7 @@ logged 500. Also counts requests by route and status for /metrics."""
 from __future__ import annotations
 
 import math
+import re
 
 import structlog
 from aiohttp import web
@@ -24,12 +25,19 @@ def error_response(err: ConduitError) -> web.Response:
     return web.json_response(err.body(), status=err.status, headers=headers)
 
 
+def _too_large(exc: web.HTTPException) -> str:
+    """aiohttp's 413 says "Maximum request body size N exceeded, actual body size M"."""
+    m = re.search(r"size (\d+) exceeded", exc.text or "")
+    limit = f" of {m[1]} bytes" if m else ""
+    return f"The request body is over the server's limit{limit} (--max-body-bytes)."
+
+
 def _http_error(exc: web.HTTPException, request: web.Request) -> web.Response:
     types = {404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error"}
     messages = {
         404: f"Not found: {request.method} {request.path}",
         405: f"Method {request.method} is not allowed on {request.path}",
-        413: "The request body is too large.",
+        413: _too_large(exc),
     }
     body = {
         "error": {

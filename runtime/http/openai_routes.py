@@ -28,6 +28,18 @@ from runtime.http.protocol import Job, parse_chat, parse_completion
 log = structlog.get_logger("conduit.http")
 
 DISCONNECT_POLL_S = 0.5
+WRITE_TIMEOUT_S = 60.0  # a client that takes no stream data for this long is treated as gone
+
+
+async def _write(resp: web.StreamResponse, data: bytes) -> None:
+    """Write or, when the client has stopped reading (its socket buffers full), give up on it."""
+    try:
+        # in the handler's own task: written from another (asyncio.wait_for's), the streamed response
+        # ended as a client disconnect and went uncounted in /metrics
+        async with asyncio.timeout(WRITE_TIMEOUT_S):
+            await resp.write(data)
+    except TimeoutError:
+        raise ConnectionResetError("the client stopped reading") from None
 
 
 @asynccontextmanager
@@ -116,14 +128,11 @@ class OpenAIRoutes:
     async def _serve(self, request: web.Request, job: Job) -> web.StreamResponse:
         with structlog.contextvars.bound_contextvars(rid=job.id):
             log.debug("request", endpoint=job.endpoint, choices=len(job.requests), stream=job.stream)
-            self.metrics.in_flight.inc()
-            try:
+            with self.metrics.request(len(job.requests)):
                 async with cancel_on_disconnect(request):
                     if job.stream:
                         return await self._stream(request, job)
                     return await self._complete(job)
-            finally:
-                self.metrics.in_flight.dec()
 
     async def _complete(self, job: Job) -> web.Response:
         builder = ResponseBuilder(job)
@@ -156,14 +165,14 @@ class OpenAIRoutes:
             )
             await resp.prepare(request)
             try:
-                await resp.write(writer.start())
+                await _write(resp, writer.start())
                 item = first
                 while item is not None:
                     i, delta = item
                     self.metrics.on_delta(writer.choices[i], delta)
                     writer.choices[i].update(delta)
                     if chunk := writer.delta(i, delta):
-                        await resp.write(chunk)
+                        await _write(resp, chunk)
                     item = await anext(events, None)
                 tail = writer.finish()
             except ConnectionResetError:
@@ -178,7 +187,7 @@ class OpenAIRoutes:
                 self.metrics.on_error(len(job.requests))
                 tail = sse(ConduitError("Internal server error").body())
         try:
-            await resp.write(tail + DONE)
+            await _write(resp, tail + DONE)
             await resp.write_eof()
         except ConnectionResetError:
             log.info("client disconnected before the end of the stream")

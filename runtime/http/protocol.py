@@ -24,6 +24,11 @@ from runtime.structured import specs
 MAX_N = 16  # samples per prompt
 MAX_CHOICES = 256  # engine requests one HTTP request may fan out to (n x batched prompts)
 MAX_LOGPROBS = 20
+MAX_STOP = 16  # stop strings per request, each at most MAX_STOP_CHARS characters
+MAX_STOP_CHARS = 256
+MAX_STOP_TOKEN_IDS = 256
+INT64 = (-(2**63), 2**63 - 1)  # `seed`: what the engine's messages carry (msgpack ints are 64-bit)
+INT32 = (-(2**31), 2**31 - 1)  # other integers that travel to the engine (`top_k`, `priority`)
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's, SGLang's) default for /v1/completions
 CHAT_ROLES = frozenset({"system", "user", "assistant", "developer", "tool"})
 
@@ -242,7 +247,7 @@ def build_job(
     if output is not None and output.tool_parser is not None:
         # call markers are special tokens in DeepSeek's vocabularies: the parser must see them (SGLang too)
         params = msgspec.structs.replace(params, skip_special_tokens=False)
-    priority = req.priority or 0
+    priority = _check_range("priority", req.priority, 0, *INT32)
     arrival = time.time()
     requests = []
     for p, prompt in enumerate(prompts):
@@ -397,7 +402,7 @@ def _sampling_params(
     top_p = _check_range("top_p", req.top_p, _default(d.top_p, 1.0), 0.0, 1.0)
     if top_p <= 0.0:
         raise InvalidRequest("`top_p` must be in (0, 1].", param="top_p")
-    top_k = _check_range("top_k", req.top_k, _default(d.top_k, -1), -1, None)
+    top_k = _check_range("top_k", req.top_k, _default(d.top_k, -1), -1, INT32[1])
     min_p = _check_range("min_p", req.min_p, _default(d.min_p, 0.0), 0.0, 1.0)
     rep = _check_range(
         "repetition_penalty", req.repetition_penalty, _default(d.repetition_penalty, 1.0), 0.0, 2.0
@@ -406,6 +411,7 @@ def _sampling_params(
         raise InvalidRequest("`repetition_penalty` must be in (0, 2].", param="repetition_penalty")
     min_tokens = _check_range("min_tokens", req.min_tokens, 0, 0, max_tokens)
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    _check_stop(stop, list(req.stop_token_ids or []))
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=temperature,
@@ -415,7 +421,7 @@ def _sampling_params(
         repetition_penalty=rep,
         frequency_penalty=_check_range("frequency_penalty", req.frequency_penalty, 0.0, -2.0, 2.0),
         presence_penalty=_check_range("presence_penalty", req.presence_penalty, 0.0, -2.0, 2.0),
-        seed=req.seed,
+        seed=_check_range("seed", req.seed, None, *INT64),
         stop=[s for s in stop if s],
         stop_token_ids=list(req.stop_token_ids or []),
         ignore_eos=bool(req.ignore_eos),
@@ -428,6 +434,17 @@ def _sampling_params(
 
 def _default(value, fallback):
     return fallback if value is None else value
+
+
+def _check_stop(stop: list[str], stop_token_ids: list[int]) -> None:
+    if len(stop) > MAX_STOP:
+        raise InvalidRequest(f"At most {MAX_STOP} `stop` strings (got {len(stop)}).", param="stop")
+    if any(len(s) > MAX_STOP_CHARS for s in stop):
+        raise InvalidRequest(f"A `stop` string is at most {MAX_STOP_CHARS} characters long.", param="stop")
+    if len(stop_token_ids) > MAX_STOP_TOKEN_IDS:
+        raise InvalidRequest(f"At most {MAX_STOP_TOKEN_IDS} `stop_token_ids`.", param="stop_token_ids")
+    if any(not 0 <= t <= INT32[1] for t in stop_token_ids):
+        raise InvalidRequest("`stop_token_ids` must be token ids (non-negative).", param="stop_token_ids")
 
 
 def _check_range(param: str, value, default, lo, hi):

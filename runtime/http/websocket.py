@@ -31,6 +31,7 @@ from runtime.http.chat_output import ChoiceOutput
 from runtime.http.engine import Engine
 from runtime.http.formatting import chat_logprobs, completion_logprobs
 from runtime.http.generation import Choice, run_job, usage
+from runtime.http.lifecycle import LIFECYCLE_KEY, Lifecycle
 from runtime.http.metrics import Metrics
 from runtime.http.options import ServingOptions
 from runtime.http.protocol import Job, build_job, decode_body, validation_error
@@ -38,8 +39,9 @@ from runtime.http.security import WS_PROTOCOL
 
 log = structlog.get_logger("conduit.http.ws")
 
-MAX_LIVE_PER_SOCKET = 1024
-MAX_MESSAGE_BYTES = 64 << 20
+MAX_LIVE_PER_SOCKET = 256  # live ids per socket (`--max-requests-per-websocket`)
+MAX_MESSAGE_BYTES = 1 << 20  # the app passes its body limit
+SEND_TIMEOUT_S = 60.0  # a client that reads nothing for this long is disconnected (its requests aborted)
 
 
 class WsGenerate(msgspec.Struct, tag="generate", tag_field="type", kw_only=True):
@@ -58,32 +60,60 @@ _encode = msgspec.json.Encoder().encode
 
 class WebSocketRoutes:
     def __init__(
-        self, engine: Engine, metrics: Metrics, served_model: str, options: ServingOptions | None = None
+        self,
+        engine: Engine,
+        metrics: Metrics,
+        served_model: str,
+        options: ServingOptions | None = None,
+        *,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+        max_live: int = MAX_LIVE_PER_SOCKET,
     ) -> None:
         self.engine = engine
         self.metrics = metrics
         self.served_model = served_model
         self.options = options
+        self.max_message_bytes = max_message_bytes
+        self.max_live = max_live
+        self.lifecycle: Lifecycle | None = None
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_get("/v1/ws", self.handle)
 
     async def handle(self, request: web.Request) -> web.WebSocketResponse:
+        self.lifecycle = request.app.get(LIFECYCLE_KEY)
+        if self.lifecycle is not None and self.lifecycle.draining:
+            raise self.lifecycle.refuse()
+        # A message over the limit gets an error frame naming it and the socket stays open; aiohttp reads
+        # at most 4x the limit of one message, and closes the socket (code 1009) on a larger one.
         # the `conduit` subprotocol: browsers offer it beside the API key's (runtime/http/security.py)
-        ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES, protocols=(WS_PROTOCOL,))
+        ws = web.WebSocketResponse(max_msg_size=4 * self.max_message_bytes, protocols=(WS_PROTOCOL,))
         await ws.prepare(request)
-        session = _Session(self, ws)
+        session = _Session(self, ws, request.transport)
+        if self.lifecycle is not None:
+            self.lifecycle.websockets.add(ws)
         log.debug("websocket opened", remote=request.remote)
         try:
             async for msg in ws:
                 if msg.type == WSMsgType.TEXT:
-                    await session.on_message(msg.data)
+                    if len(msg.data) > self.max_message_bytes:
+                        await session.send_error(None, self._too_large(len(msg.data)))
+                    else:
+                        await session.on_message(msg.data)
                 elif msg.type == WSMsgType.BINARY:
                     await session.send_error(None, InvalidRequest("Send JSON text frames, not binary."))
         finally:
+            if self.lifecycle is not None:
+                self.lifecycle.websockets.discard(ws)
             await session.close()
             log.debug("websocket closed")
         return ws
+
+    def _too_large(self, size: int) -> InvalidRequest:
+        return InvalidRequest(
+            f"The message is {size} characters; the limit is {self.max_message_bytes} bytes.",
+            code="message_too_large",
+        )
 
 
 @dataclass
@@ -96,14 +126,28 @@ class _Live:
 class _Session:
     routes: WebSocketRoutes
     ws: web.WebSocketResponse
+    transport: asyncio.BaseTransport | None = None
+    gone: bool = False  # the client cannot be written to any more
     live: dict[str, _Live] = field(default_factory=dict)
     send_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     senders: set[asyncio.Task] = field(default_factory=set)
 
     async def send(self, obj: dict) -> None:
         async with self.send_lock:
-            if not self.ws.closed:
-                await self.ws.send_str(_encode(obj).decode())
+            if self.ws.closed:
+                return
+            if self.gone:
+                return
+            try:
+                async with asyncio.timeout(SEND_TIMEOUT_S):  # in this task, as openai_routes._write
+                    await self.ws.send_str(_encode(obj).decode())
+            except TimeoutError:  # a reader that stalls: drop it, which ends the socket's requests
+                log.warning("websocket client stopped reading; closing", timeout_s=SEND_TIMEOUT_S)
+                self.gone = True
+                if self.transport is not None:
+                    self.transport.abort()
+            except ConnectionError:
+                self.gone = True  # the reader loop sees the socket close and aborts every live request
 
     async def send_error(self, cid: str | None, err: ConduitError) -> None:
         await self.send({"type": "error", "id": cid, "error": err.body()["error"]})
@@ -129,10 +173,19 @@ class _Session:
                 msg.id, InvalidRequest(f"Request id `{msg.id}` is already live.", param="id")
             )
             return
-        if len(self.live) >= MAX_LIVE_PER_SOCKET:
+        max_live = self.routes.max_live
+        if len(self.live) >= max_live:
             await self.send_error(
-                msg.id, Overloaded(f"At most {MAX_LIVE_PER_SOCKET} live requests per socket.")
+                msg.id,
+                Overloaded(
+                    f"At most {max_live} live requests per socket (--max-requests-per-websocket).",
+                    param="id",
+                    code="too_many_requests_on_socket",
+                ),
             )
+            return
+        if (lifecycle := self.routes.lifecycle) is not None and lifecycle.draining:
+            await self.send_error(msg.id, lifecycle.refuse())
             return
         routes = self.routes
         try:
@@ -165,7 +218,10 @@ class _Session:
         metrics = self.routes.metrics
         choices = [Choice(i) for i in range(len(job.requests))]
         outputs = [ChoiceOutput(job.output) for _ in choices] if job.output else None
-        with structlog.contextvars.bound_contextvars(rid=job.id, ws_id=cid):
+        with (
+            structlog.contextvars.bound_contextvars(rid=job.id, ws_id=cid),
+            metrics.request(len(job.requests)),
+        ):
             try:
                 async with aclosing(run_job(self.routes.engine, job)) as events:
                     async for i, delta in events:

@@ -97,3 +97,23 @@ def test_extensions_sglang_and_vllm_clients_send(client):
         extra_body={"ignore_eos": True, "min_tokens": 6, "top_k": 1, "min_p": 0.1, "repetition_penalty": 1.1},
     )
     assert r.usage.completion_tokens == 6
+
+
+def test_completion_logprobs_list_the_sampled_token_outside_the_top_k(client):
+    """As OpenAI: `top_logprobs` holds the k best and, when it is not among them, the sampled token."""
+    r = client.completions.create(
+        model="SmolLM2-135M-Instruct",
+        prompt="Once upon a time",
+        max_tokens=48,
+        temperature=1.8,
+        seed=7,
+        logprobs=1,
+    )
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.top_logprobs) == 48
+    outside = 0
+    for token, chosen, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
+        assert top[token] == chosen
+        assert len(top) in (1, 2)
+        outside += len(top) == 2
+    assert outside > 0  # at this temperature some sampled tokens are not the most likely

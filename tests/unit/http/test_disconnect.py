@@ -77,3 +77,29 @@ def test_disconnect_aborts_every_choice_of_n(engine: FakeEngine):
 
     run(go())
     assert sorted(engine.aborted) == sorted(r.rid for r in engine.requests)
+
+
+def test_a_client_that_stops_reading_is_dropped_and_its_request_aborted(monkeypatch):
+    """Its socket buffers fill, the write waits WRITE_TIMEOUT_S, and the request is aborted."""
+    import json
+    import socket
+
+    monkeypatch.setattr(openai_routes, "WRITE_TIMEOUT_S", 0.5)
+    engine = FakeEngine(["x" * 65536] * 400)  # 26 MB of stream: more than any socket buffer
+
+    async def go():
+        async with _server(engine, plain=False) as url:
+            host, port = url.removeprefix("http://").split(":")
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect((host, int(port)))
+            body = json.dumps(_body("Hi", True)).encode()
+            head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            sock.sendall(head.encode() + body)  # then never read
+            try:
+                await asyncio.wait_for(engine.abort_seen.wait(), 10)
+            finally:
+                sock.close()
+
+    run(go())
+    assert engine.aborted

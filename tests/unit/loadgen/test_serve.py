@@ -180,3 +180,25 @@ def test_bad_arguments_are_one_line_errors(tmp_path):
     assert p.returncode == 2 and p.stderr.startswith("error: --base-url") and "Traceback" not in p.stderr
     p = _cli("compare", str(tmp_path / "missing.json"), str(tmp_path / "missing.json"))
     assert p.returncode == 2 and p.stderr.startswith("error: cannot read")
+
+
+def test_compare_header_names_the_whole_files(tmp_path, capsys):
+    from loadgen.metrics import Metrics
+    from loadgen.report import compare
+
+    doc = {"metrics": Metrics(1, 0, 1.0, 1, 1, 1.0, 1.0, 1.0, 2.0, 1.0).to_json()}
+    out = compare(doc, doc, "/tmp/runs/baseline-with-long-name.json", "/tmp/runs/candidate.json")
+    header = out.splitlines()[0]
+    assert "baseline-with-long-name.json" in header and "candidate.json" in header
+    same = compare(doc, doc, "/a/x/r.json", "/a/y/r.json").splitlines()[0]
+    assert "x/r.json" in same and "y/r.json" in same
+
+
+def test_results_json_is_strict_json_without_infinity(tmp_path):
+    from loadgen.report import write_json
+
+    path = tmp_path / "r.json"
+    write_json(str(path), {"config": {"request_rate": float("inf")}, "metrics": {"x": [float("nan"), 1.5]}})
+    text = path.read_text()
+    assert "Infinity" not in text and "NaN" not in text
+    assert json.loads(text) == {"config": {"request_rate": None}, "metrics": {"x": [None, 1.5]}}
