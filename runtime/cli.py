@@ -75,13 +75,21 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         "--max-running-requests",
         type=int,
         default=d.max_running_requests,
-        help="requests decoded together at most",
+        help="requests decoded together at most (default: 256 on GPUs of 60 GB and more, else 128)",
     )
     g.add_argument(
         "--max-total-tokens",
         type=int,
         default=None,
-        help="KV pool size in tokens (default: 32768 on cpu, 262144 on cuda)",
+        help="KV pool size in tokens: on cuda a cap on what --mem-fraction-static leaves for it (default: "
+        "no cap), on cpu the size (default 32768)",
+    )
+    g.add_argument(
+        "--mem-fraction-static",
+        type=float,
+        default=None,
+        help="cuda: the share of GPU memory for the weights and the KV pool, the rest left for activations "
+        "and CUDA graphs (default by GPU memory: 0.9 from 120 GB, 0.88 from 60 GB, 0.85 from 35 GB, else 0.8)",
     )
     g.add_argument(
         "--page-size",

@@ -35,8 +35,13 @@ class ServerConfig(msgspec.Struct, kw_only=True, frozen=True):
     hf_overrides: dict[str, Any] | None = None
     # limits
     max_model_len: int | None = None  # default: the model's max_position_embeddings, capped at 8192
-    max_running_requests: int = 128
-    max_total_tokens: int | None = None  # KV pool size in token slots; default depends on device
+    max_running_requests: int | None = None  # default by device (`resolved_max_running_requests`)
+    # KV pool size in token slots: on CUDA a cap on what memory allows (`mem_fraction_static`); on the
+    # CPU the size (default 32768)
+    max_total_tokens: int | None = None
+    # CUDA: the share of the GPU's memory for weights and the KV pool (SGLang's name and meaning); the
+    # rest is left for activations and CUDA graphs. Default by the GPU's memory (`resolved_...`).
+    mem_fraction_static: float | None = None
     page_size: int = 1
     chunked_prefill_size: int | None = None  # default: by device memory (`resolved_chunked_prefill_size`)
     max_queued_requests: int = 4096
@@ -88,22 +93,45 @@ class ServerConfig(msgspec.Struct, kw_only=True, frozen=True):
     def resolved_dtype(self) -> str:
         return self.dtype or ("bfloat16" if self.device.startswith("cuda") else "float32")
 
-    def resolved_chunked_prefill_size(self) -> int:
-        """The step's token budget: as given, else SGLang's tiers by the GPU's memory (2048 under 35 GB,
-        8192 under 160 GB, as on an H100 / H200, else 16384), and 2048 on the CPU."""
-        if self.chunked_prefill_size is not None:
-            return self.chunked_prefill_size
+    def _gpu_gib(self) -> float | None:
+        """The GPU's memory in GiB; None on the CPU."""
         if not self.device.startswith("cuda"):
-            return 2048
+            return None
         import torch
 
-        gib = torch.cuda.get_device_properties(torch.device(self.device)).total_memory / 2**30
-        return 2048 if gib < 35 else 8192 if gib < 160 else 16384
+        return torch.cuda.get_device_properties(torch.device(self.device)).total_memory / 2**30
 
-    def resolved_kv_slots(self) -> int:
+    def resolved_chunked_prefill_size(self) -> int:
+        """The step's token budget: as given, else by the GPU's memory (2048 under 35 GB, 8192 under
+        120 GB as on an H100, 16384 above: an H200's 16K-token steps prefill faster than 8K ones at no
+        cost to decode), and 2048 on the CPU."""
+        if self.chunked_prefill_size is not None:
+            return self.chunked_prefill_size
+        gib = self._gpu_gib()
+        if gib is None:
+            return 2048
+        return 2048 if gib < 35 else 8192 if gib < 120 else 16384
+
+    def resolved_max_running_requests(self) -> int:
+        """Requests decoded together: as given, else 256 on GPUs of 60 GB and more (a decode step of 256
+        rows still reads mostly weights there), 128 on smaller ones and on the CPU."""
+        if self.max_running_requests is not None:
+            return self.max_running_requests
+        gib = self._gpu_gib()
+        return 256 if gib is not None and gib >= 60 else 128
+
+    def resolved_mem_fraction_static(self) -> float:
+        if self.mem_fraction_static is not None:
+            return self.mem_fraction_static
+        gib = self._gpu_gib() or 0.0
+        return 0.9 if gib >= 120 else 0.88 if gib >= 60 else 0.85 if gib >= 35 else 0.8
+
+    def kv_slot_cap(self) -> int | None:
+        """The KV pool's size in token slots when it is fixed: `max_total_tokens`, or 32768 on the CPU;
+        None on CUDA without a cap (the runner sizes the pool from the memory left after the weights)."""
         if self.max_total_tokens is not None:
             return self.max_total_tokens
-        return 262144 if self.device.startswith("cuda") else 32768
+        return None if self.device.startswith("cuda") else 32768
 
 
 class RunnerConfig(msgspec.Struct, frozen=True):
@@ -117,7 +145,10 @@ class RunnerConfig(msgspec.Struct, frozen=True):
     # FP8 block-scaled weights (DeepSeek-V2/V3, `quant.fp8.keep_fp8`): "auto" keeps an FP8 checkpoint's
     # on CUDA, "none" dequantizes, "fp8" keeps them (quantizing float or dummy weights at load)
     quantization: str = "auto"
-    num_kv_slots: int = 16384  # including slot 0 (padding)
+    # including slot 0 (padding); None: as many as `mem_fraction_static` of the GPU's memory holds after
+    # the weights (CUDA only)
+    num_kv_slots: int | None = 16384
+    mem_fraction_static: float = 0.9
     max_reqs: int = 256  # rows of req_to_token; row 0 is padding, rows 1..max_reqs usable
     max_model_len: int = 8192
     page_size: int = 1  # as asked: the runner raises it to a multiple of the pool's page multiple
@@ -154,8 +185,9 @@ class RunnerConfig(msgspec.Struct, frozen=True):
             kv_cache_dtype=cfg.kv_cache_dtype,
             quantization=cfg.quantization,
             load_format=cfg.load_format,
-            num_kv_slots=cfg.resolved_kv_slots(),
-            max_reqs=cfg.max_running_requests,
+            num_kv_slots=cfg.kv_slot_cap(),
+            mem_fraction_static=cfg.resolved_mem_fraction_static(),
+            max_reqs=cfg.resolved_max_running_requests(),
             max_model_len=max_model_len,
             page_size=cfg.page_size,
             seed=cfg.seed,

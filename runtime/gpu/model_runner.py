@@ -78,7 +78,7 @@ class ModelRunner:
                 f" models, not {type(self.model).__name__}"
             )
         rows = cfg.max_reqs + 1  # row 0 is padding
-        spec = KVPoolSpec(cfg.num_kv_slots, rows, self.kv_dtype, self.device, cfg.max_model_len)
+        spec = KVPoolSpec(self._pool_slots(rows), rows, self.kv_dtype, self.device, cfg.max_model_len)
         self.kv_pool = self.model.make_kv_pool(spec)
         self.page_size = _page_size(cfg.page_size, self.kv_pool.page_multiple)
         self.attn = self.model.make_attention_backend(
@@ -104,10 +104,38 @@ class ModelRunner:
         if cfg.cuda_graph and self.device.type == "cuda" and self.attn.supports_cuda_graph:
             self.graphs = self.make_graphs(min(cfg.cuda_graph_max_bs or cfg.max_reqs, cfg.max_reqs))
         if self.device.type == "cuda" and self.attn.wants_warm_up:
-            warm_up(cfg, self.forward_logits)
+            warm_up(cfg, self.kv_pool.num_slots, self.forward_logits)
             torch.cuda.synchronize(self.device)
         if self.device.type == "cuda":
             compile_watch.mark_serving()
+
+    def _pool_slots(self, rows: int) -> int:
+        """The KV pool's token slots: what `mem_fraction_static` of the GPU's memory leaves after the
+        weights (what is already allocated) and the per-request state, or `num_kv_slots` when that is
+        less; the rest of the memory is for activations and CUDA graphs. A fixed `num_kv_slots` elsewhere."""
+        cfg, per_token = self.cfg, self.model.kv_bytes_per_token(self.kv_dtype)
+        if self.device.type != "cuda":
+            if cfg.num_kv_slots is None:
+                raise ValueError("the KV pool is sized from memory on CUDA only: give num_kv_slots")
+            return cfg.num_kv_slots
+        free, total = torch.cuda.mem_get_info(self.device)
+        budget = (
+            free - total * (1 - cfg.mem_fraction_static) - rows * self.model.kv_bytes_per_row(self.kv_dtype)
+        )
+        slots = int(budget // per_token)
+        if cfg.num_kv_slots is not None and cfg.num_kv_slots <= slots:
+            return cfg.num_kv_slots
+        if slots < 2 * cfg.max_model_len:
+            raise ValueError(
+                f"the KV pool would hold {max(slots, 0)} tokens, under two requests of max_model_len "
+                f"{cfg.max_model_len}: raise --mem-fraction-static ({cfg.mem_fraction_static}) or lower "
+                "--max-model-len"
+            )
+        log.info(
+            "kv_pool", tokens=slots, gib=round(slots * per_token / 2**30, 2), dtype=str(self.kv_dtype),
+            mem_fraction_static=cfg.mem_fraction_static,
+        )  # fmt: skip
+        return slots
 
     def make_graphs(self, max_bs: int, capture: bool = True) -> GraphRunner:
         """Decode graphs over this runner's model, backend, pool and tables (`capture=False`: the padded

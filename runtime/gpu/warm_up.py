@@ -19,27 +19,27 @@ from runtime.mailbox.messages import StepPlan
 Shape = tuple[int, list[int], list[tuple[int, int]]]
 
 
-def warm_up_shapes(cfg: RunnerConfig) -> list[Shape]:
-    if cfg.max_reqs < 4 or cfg.num_kv_slots < 40:
+def warm_up_shapes(cfg: RunnerConfig, num_slots: int) -> list[Shape]:
+    if cfg.max_reqs < 4 or num_slots < 40:
         return []
     shapes = [
         (n_dec, [1] * n_dec, [(0, 16)] + [(1, 16)] * (n_ext - 1)) for n_dec in (0, 1, 2) for n_ext in (1, 2)
     ]
     long_row = 2 * 1024 + 1  # past the prefill kernel's short-row launch
-    if cfg.max_model_len > long_row + 1 and cfg.num_kv_slots > long_row + 8:
+    if cfg.max_model_len > long_row + 1 and num_slots > long_row + 8:
         shapes += [(0, [], [(0, long_row)]), (0, [], [(1, long_row)])]
-    if full := full_step_shape(cfg):
+    if full := full_step_shape(cfg, num_slots):
         shapes.append(full)
     return shapes
 
 
-def full_step_shape(cfg: RunnerConfig) -> Shape | None:
+def full_step_shape(cfg: RunnerConfig, num_slots: int | None = None) -> Shape | None:
     """The warm-up's largest step, as a mixed step of a serving run looks: two decode rows with long
     contexts (the decode kernel's multi-split launch) beside `max_prefill_tokens` of prefill in rows
     of up to 1024 tokens, the first continuing a cached prefix. It leaves the first full-size step of
     a run its own work only: no first allocations of its activations, no launch shape seen for the
     first time. None when it would not fit or adds nothing over the warm-up's other shapes."""
-    total = min(cfg.max_prefill_tokens or 0, cfg.num_kv_slots - 16)
+    total = min(cfg.max_prefill_tokens or 0, (num_slots or cfg.num_kv_slots) - 16)
     row_len = min(1024, cfg.max_model_len - 2)
     if total <= 2 * 1024 + 1 or row_len < 64:
         return None
@@ -51,9 +51,9 @@ def full_step_shape(cfg: RunnerConfig) -> Shape | None:
     return 2, [dec_prefix] * 2, [(1, sizes[0] - 1)] + [(0, n) for n in sizes[1:]]
 
 
-def warm_up(cfg: RunnerConfig, forward: Callable[[StepPlan], object]) -> None:
-    """Run every warm-up shape through `forward` (the runner's logits of a plan)."""
-    for n_dec, dec_prefix, prefills in warm_up_shapes(cfg):
+def warm_up(cfg: RunnerConfig, num_slots: int, forward: Callable[[StepPlan], object]) -> None:
+    """Run every warm-up shape through `forward` (the runner's logits of a plan) in a pool of `num_slots`."""
+    for n_dec, dec_prefix, prefills in warm_up_shapes(cfg, num_slots):
         rows = list(range(1, n_dec + len(prefills) + 1))
         prefix = dec_prefix + [p for p, _ in prefills]
         ext = [1] * n_dec + [e for _, e in prefills]

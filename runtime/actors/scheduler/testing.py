@@ -151,9 +151,9 @@ def fake_capabilities(cfg: ServerConfig, max_model_len: int, prefix_replay: int 
     return WorkerCapabilities(
         rank=0,
         model="fake",
-        num_kv_slots=cfg.resolved_kv_slots(),
+        num_kv_slots=(cfg.kv_slot_cap() or 32768),
         page_size=cfg.page_size,
-        max_reqs=cfg.max_running_requests,
+        max_reqs=cfg.resolved_max_running_requests(),
         max_model_len=max_model_len,
         prefix_cache=True,
         prefix_replay=prefix_replay,
@@ -169,12 +169,12 @@ class Restricted:
 
     def __init__(self, runner, cfg: ServerConfig) -> None:  # noqa: ANN001 - a ModelRunner
         caps = runner.capabilities()
-        slots, page = cfg.resolved_kv_slots(), cfg.page_size
-        assert slots <= caps.num_kv_slots and cfg.max_running_requests <= caps.max_reqs
+        slots, page = (cfg.kv_slot_cap() or 32768), cfg.page_size
+        assert slots <= caps.num_kv_slots and cfg.resolved_max_running_requests() <= caps.max_reqs
         assert page % caps.page_size == 0, f"page size {page} breaks the runner's {caps.page_size}"
         self.runner = runner
         self.caps = msgspec.structs.replace(
-            caps, num_kv_slots=slots, page_size=page, max_reqs=cfg.max_running_requests
+            caps, num_kv_slots=slots, page_size=page, max_reqs=cfg.resolved_max_running_requests()
         )
 
     def capabilities(self) -> WorkerCapabilities:
@@ -270,7 +270,9 @@ async def run_scheduler(
     has its final message. `waves`: later batches, each sent once the previous finished."""
     from runtime.actors.system import ActorSystem
 
-    runner = runner or HashRunner(cfg.resolved_kv_slots(), cfg.max_running_requests, max_model_len)
+    runner = runner or HashRunner(
+        (cfg.kv_slot_cap() or 32768), cfg.resolved_max_running_requests(), max_model_len
+    )
     if not isinstance(runner, FakeRunner):
         runner = Restricted(runner, cfg)
     elif runner.caps is None:

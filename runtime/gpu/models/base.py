@@ -60,6 +60,10 @@ class CausalLM(nn.Module, ABC):
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
         """Bytes of the paged KV per token slot in a pool of `dtype` (for sizing the pool)."""
 
+    def kv_bytes_per_row(self, dtype: torch.dtype) -> int:
+        """Bytes of per-request state outside the pages, for each request row (none by default)."""
+        return 0
+
     @abstractmethod
     def make_kv_pool(self, spec: KVPoolSpec) -> KVPool:
         """The family's KV pool."""

@@ -125,7 +125,7 @@ def plan_builder(runner, slots: list[int] | None = None) -> PlanBuilder:  # noqa
     """Plans in the slot layout the scheduler gives the runner's page size: shuffled pages when it is
     above 1 (`PagedPlanBuilder`), else `slots` one by one."""
     page = runner.page_size
-    return PagedPlanBuilder(page, runner.cfg.num_kv_slots) if page > 1 else PlanBuilder(slots)
+    return PagedPlanBuilder(page, runner.kv_pool.num_slots) if page > 1 else PlanBuilder(slots)
 
 
 def prefill_then_decode(runner, seqs: list[list[int]], split: int) -> torch.Tensor:  # noqa: ANN001
@@ -133,7 +133,7 @@ def prefill_then_decode(runner, seqs: list[list[int]], split: int) -> torch.Tens
     then one token each per decode step (CUDA graphs where the runner has them), on shuffled slots
     (shuffled pages with a paged pool). Returns the float32 logits on the CPU, [rows, len - split + 1,
     vocab]: positions split-1 .. end-1."""
-    pb = plan_builder(runner, shuffled_slots(0, runner.cfg.num_kv_slots))
+    pb = plan_builder(runner, shuffled_slots(0, runner.kv_pool.num_slots))
     rows = list(range(1, len(seqs) + 1))
     added = [seq_start(r, s) for r, s in zip(rows, seqs, strict=True)]
     ids = [t for s in seqs for t in s[:split]]

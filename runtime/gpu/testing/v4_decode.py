@@ -16,7 +16,7 @@ def v4_decode_scenario(runner) -> list[torch.Tensor]:  # noqa: ANN001 - a ModelR
     takes a new request (prefilled beside the others' decodes: a mixed step) and row 4 a prefix hit on
     row 3's first 16 tokens, replaying 8 (its state starts at position 8); then 14 decode steps of all
     four rows. 26 decode steps in all."""
-    vocab, pb, out = runner.vocab_size, PagedPlanBuilder(PAGE, runner.cfg.num_kv_slots, seed=3), []
+    vocab, pb, out = runner.vocab_size, PagedPlanBuilder(PAGE, runner.kv_pool.num_slots, seed=3), []
     prompts = {row: random_prompt(n, 10 + row, vocab) for row, n in ((1, 2), (2, 14), (3, 31))}
     seqs = {row: list(p) for row, p in prompts.items()}
 

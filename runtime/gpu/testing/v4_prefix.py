@@ -68,7 +68,7 @@ def v4_hit_vs_cold(
     prefix = random_prompt(prefix_len, seed, runner.vocab_size)
     a = prefix + random_prompt(7, seed + 1, runner.vocab_size)
     b = prefix + random_prompt(9, seed + 2, runner.vocab_size)
-    pb = PagedPlanBuilder(page, runner.cfg.num_kv_slots, seed)
+    pb = PagedPlanBuilder(page, runner.kv_pool.num_slots, seed)
     runner.execute(pb.plan([1], [0], [len(a)], a, added=[seq_start(1, a)]))
     before = _cached_entries(runner, pb, 1, prefix_len)
     cold, cold_tokens = _prefill_and_decode(runner, pb, 2, b, 0, 0, decode)

@@ -60,7 +60,7 @@ def test_the_mixed_step_warm_up_leaves_serving_unchanged(tmp_path, cfg):
     then take those rows and slots generate what transformers does."""
     ref = save_tiny_llama(tmp_path, num_key_value_heads=2)
     runner = ModelRunner(RunnerConfig(str(tmp_path), **cfg))
-    warm_up(runner.cfg, runner.forward_logits)
+    warm_up(runner.cfg, runner.kv_pool.num_slots, runner.forward_logits)
     assert runner.tables.req_to_token[1:5].any()  # it ran (a CPU runner does not warm up by itself)
     prompts = {1: [3, 14, 15, 92, 65], 2: [35, 89, 79, 32, 38, 46, 26, 43]}
     pb = PlanBuilder()  # hands out slots from 1, the ones the warm-up wrote

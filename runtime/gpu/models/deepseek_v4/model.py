@@ -270,6 +270,9 @@ class DeepseekV4ForCausalLM(CausalLM):
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
         return V4KVPool.bytes_for(self.config, dtype)
 
+    def kv_bytes_per_row(self, dtype: torch.dtype) -> int:
+        return V4KVPool.bytes_per_row(self.config, dtype)
+
     def make_kv_pool(self, spec: KVPoolSpec) -> V4KVPool:
         """Per-row state is allocated for every request row of `spec` up front."""
         return V4KVPool(self.config, self.attention_layers(), spec)

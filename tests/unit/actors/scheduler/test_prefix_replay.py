@@ -18,7 +18,7 @@ EOS = 7
 
 
 def run(cfg: ServerConfig, reqs, replay: int, waves=None):
-    runner = HashRunner(cfg.resolved_kv_slots(), cfg.max_running_requests, 4096, eos=EOS, eos_every=200)
+    runner = HashRunner(cfg.kv_slot_cap(), cfg.resolved_max_running_requests(), 4096, eos=EOS, eos_every=200)
     runner.prefix_replay = replay
     results, _ = asyncio.run(run_scheduler(cfg, reqs, runner=runner, waves=waves, timeout=60))
     return results, runner

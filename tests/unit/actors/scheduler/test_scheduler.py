@@ -17,7 +17,9 @@ EOS = 7
 
 
 def run(cfg: ServerConfig, reqs, *, waves=None, eos_every: int = 0):
-    runner = HashRunner(cfg.resolved_kv_slots(), cfg.max_running_requests, 4096, eos=EOS, eos_every=eos_every)
+    runner = HashRunner(
+        cfg.kv_slot_cap(), cfg.resolved_max_running_requests(), 4096, eos=EOS, eos_every=eos_every
+    )
     return asyncio.run(run_scheduler(cfg, reqs, runner=runner, waves=waves, timeout=60))
 
 
