@@ -58,7 +58,8 @@ def test_graph_decode_step_and_sampling_never_sync(tiny_path, params):
     torch.cuda.set_sync_debug_mode("error")
     try:
         with torch.inference_mode():
-            logits, sample_rows, rows_t = runner._forward_plan(plan)
+            s = runner._forward_plan(plan)
+            logits, sample_rows, rows_t = s.logits, s.rows, s.rows_t
             result = runner.sampler.sample(logits, sample_rows, rows_t)
             runner.tables.last_token[rows_t] = result.tokens
     finally:
