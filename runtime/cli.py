@@ -138,11 +138,16 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("speculative decoding")
     g.add_argument(
         "--speculative-algorithm",
-        choices=["ngram"],
+        choices=["ngram", "draft-model"],
         default=None,
         help="draft tokens with this drafter and verify them together (lossless: the output follows the "
         "model's own distribution); ngram: the continuation of the latest earlier occurrence of the last "
-        "tokens (prompt lookup)",
+        "tokens (prompt lookup); draft-model: a smaller model of the same tokenizer (--speculative-draft-model-path)",
+    )
+    g.add_argument(
+        "--speculative-draft-model-path",
+        default=None,
+        help="draft-model: a Hugging Face directory (or preset) sharing the target's tokenizer",
     )
     g.add_argument(
         "--speculative-num-draft-tokens",

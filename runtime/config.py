@@ -55,10 +55,11 @@ class ServerConfig(msgspec.Struct, kw_only=True, frozen=True):
     swa_replay_exact: bool = False
     # speculative decoding (runtime/speculative): a drafter proposes up to `speculative_num_draft_tokens`
     # tokens per request and step, verified together by the target
-    speculative_algorithm: str | None = None  # None | "ngram"
+    speculative_algorithm: str | None = None  # None | "ngram" | "draft-model"
     speculative_num_draft_tokens: int = 3
     speculative_ngram_min_match_window_size: int = 1  # n-gram drafter: the n-gram sizes it looks up
     speculative_ngram_max_match_window_size: int = 4
+    speculative_draft_model_path: str | None = None  # draft-model: a checkpoint sharing the tokenizer
     # fast path
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int | None = None  # largest decode batch captured; default max_running_requests
@@ -172,6 +173,7 @@ class RunnerConfig(msgspec.Struct, frozen=True):
     speculative_algorithm: str | None = None  # ServerConfig's speculative settings
     speculative_num_draft_tokens: int = 3
     speculative_ngram_sizes: tuple[int, int] = (1, 4)
+    speculative_draft_model_path: str | None = None
     tokenizer: str | None = None  # --tokenizer: the vocabulary structured output compiles against
 
     @classmethod
@@ -207,6 +209,7 @@ class RunnerConfig(msgspec.Struct, frozen=True):
                 cfg.speculative_ngram_min_match_window_size,
                 cfg.speculative_ngram_max_match_window_size,
             ),
+            speculative_draft_model_path=cfg.speculative_draft_model_path,
             tokenizer=cfg.tokenizer,
         )
 

@@ -96,7 +96,8 @@ class ModelRunner:
                     f"--speculative-algorithm needs a KV pool that drops rejected drafts; "
                     f"{type(self.model).__name__}'s per-request state cannot yet"
                 )
-            self.spec = Speculation(make_drafter(cfg, rows, self.device), self.tables)
+            drafter = make_drafter(cfg, self.tables, self.kv_pool.num_slots, self.vocab_size, self.dtype)
+            self.spec = Speculation(drafter, self.tables)
         self.sampler = Sampler(cfg.max_reqs, self.vocab_size, self.device, cfg.seed)
         self.grammar = GrammarTable(self._grammar_compiler, self.vocab_size, self.device)
         self._t_ref: torch.cuda.Event | None = None
@@ -259,6 +260,8 @@ class ModelRunner:
 
     def _forward_plan(self, plan: StepPlan) -> Sampled:
         self._accept(plan)
+        if self.spec is not None and plan.draft_lens:
+            self.spec.prepare(plan)
         rows = [r for r, s in zip(plan.rows, plan.sample, strict=True) if s]
         if not plan.rows:
             empty = self.tables.last_token[:0]

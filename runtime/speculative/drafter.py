@@ -1,5 +1,7 @@
-"""The drafter contract: after each step a request row sampled in, propose up to `max_draft` tokens that
-the row's next step may verify."""
+"""The drafter contract: a drafter proposes up to `max_draft` tokens that a request row's next step may
+verify. It sees every step's emitted tokens (`observe`, device work only, right after the step), and may
+draft either then, or just before a step that verifies a row's drafts (`prepare`, when the host knows the
+rows' lengths: what a draft model needs to run its own forward)."""
 
 from __future__ import annotations
 
@@ -23,12 +25,39 @@ class StepTokens:
 
 @dataclass(frozen=True)
 class Drafts:
-    """Proposals for the rows of a StepTokens: `tokens[i, :count[i]]`, with the drafter's confidence in
-    each (the probability it puts on the target accepting it, given the ones before)."""
+    """Proposals for some rows: `tokens[i, :count[i]]` (None: the drafter drafts in `prepare`; counts and
+    confidence then say what it will offer), with the drafter's confidence in each (its estimate of the
+    probability that the target accepts it, given the ones before)."""
 
-    tokens: torch.Tensor  # [B, max_draft]
+    tokens: torch.Tensor | None  # [B, max_draft]
     counts: torch.Tensor  # [B]
     confidence: torch.Tensor  # [B, max_draft] in [0, 1]
+
+
+class TokenHistory:
+    """Each request row's tokens on the device (`ids` [rows, max_len]: the prompt, then every emitted
+    token), appended by each step's outputs without a host round trip."""
+
+    def __init__(self, rows: int, max_len: int, device: torch.device) -> None:
+        self.ids = torch.full((rows, max_len), -1, dtype=torch.int64, device=device)
+        self.length = torch.zeros(rows, dtype=torch.int64, device=device)
+
+    def register(self, start: SeqStart) -> None:
+        ids = list(start.prompt_ids) + list(start.output_ids)
+        n = min(len(ids), self.ids.shape[1])
+        if n:
+            tokens = torch.tensor(ids[len(ids) - n :], dtype=torch.int64)
+            self.ids[start.row, :n] = tokens.to(self.ids.device, non_blocking=True)
+        self.length[start.row] = n
+
+    def append(self, step: StepTokens) -> None:
+        rows, width, max_len = step.rows, step.tokens.shape[1], self.ids.shape[1]
+        cols = self.length[rows][:, None] + torch.arange(width, device=rows.device)
+        keep = (torch.arange(width, device=rows.device) < step.counts[:, None]) & (cols < max_len)
+        cols = cols.clamp(max=max_len - 1)
+        current = self.ids[rows[:, None], cols]
+        self.ids[rows[:, None], cols] = torch.where(keep, step.tokens, current)
+        self.length[rows] = (self.length[rows] + step.counts).clamp(max=max_len)
 
 
 class Drafter(ABC):
@@ -44,5 +73,10 @@ class Drafter(ABC):
         return
 
     @abstractmethod
-    def propose(self, step: StepTokens) -> Drafts:
-        """Drafts for each row of `step`, which continue its emitted tokens."""
+    def observe(self, step: StepTokens) -> Drafts:
+        """Right after a step: its emitted tokens, and the drafts (or what will be drafted) for its rows."""
+
+    def prepare(self, rows: list[int], lengths: list[int]) -> Drafts | None:
+        """Just before a step in which `rows` verify drafts, each row's sequence `lengths[i]` tokens long
+        (its last token not yet in KV): drafts for them, or None when `observe` already made them."""
+        return None

@@ -1,9 +1,9 @@
 """N-gram (prompt lookup) drafting on the device: the continuation of the most recent earlier occurrence
 of a request's last n tokens, n from `max_n` down to `min_n`, becomes its drafts.
 
-Each request row keeps its token history on the device (`history` [rows, max_len]: prompt, then every
-emitted token), appended by the step's own outputs without a host round trip, so drafting needs nothing
-from the host and a step's drafts are ready as soon as its tokens are. The search looks at the last
+Each request row keeps its token history on the device (`TokenHistory`), appended by the step's own
+outputs without a host round trip, so drafting needs nothing from the host and a step's drafts are ready
+as soon as its tokens are. The search looks at the last
 `window` tokens of a row: the n-grams of that window are compared with the row's last n tokens in one
 batched pass (no per-row loop), and the latest match wins."""
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from runtime.mailbox.messages import SeqStart
-from runtime.speculative.drafter import Drafter, Drafts, StepTokens
+from runtime.speculative.drafter import Drafter, Drafts, StepTokens, TokenHistory
 
 
 class NgramDrafter(Drafter):
@@ -31,38 +31,22 @@ class NgramDrafter(Drafter):
             raise ValueError(f"n-gram sizes need 1 <= min <= max, got {min_n}..{max_n}")
         self.min_n, self.max_n = min_n, max_n
         self.window = min(window, max_len)
-        self.history = torch.full((rows, max_len), -1, dtype=torch.int64, device=device)
-        self.length = torch.zeros(rows, dtype=torch.int64, device=device)
+        self.history = TokenHistory(rows, max_len, device)
 
     def register(self, start: SeqStart) -> None:
-        ids = list(start.prompt_ids) + list(start.output_ids)
-        n = min(len(ids), self.history.shape[1])
-        if n:
-            tokens = torch.tensor(ids[len(ids) - n :], dtype=torch.int64)
-            self.history[start.row, :n] = tokens.to(self.history.device, non_blocking=True)
-        self.length[start.row] = n
+        self.history.register(start)
 
-    def propose(self, step: StepTokens) -> Drafts:
-        self._append(step)
+    def observe(self, step: StepTokens) -> Drafts:
+        self.history.append(step)
         return self._lookup(step.rows)
-
-    def _append(self, step: StepTokens) -> None:
-        rows, width = step.rows, step.tokens.shape[1]
-        max_len = self.history.shape[1]
-        cols = self.length[rows][:, None] + torch.arange(width, device=rows.device)
-        keep = (torch.arange(width, device=rows.device) < step.counts[:, None]) & (cols < max_len)
-        cols = cols.clamp(max=max_len - 1)
-        current = self.history[rows[:, None], cols]
-        self.history[rows[:, None], cols] = torch.where(keep, step.tokens, current)
-        self.length[rows] = (self.length[rows] + step.counts).clamp(max=max_len)
 
     def _lookup(self, rows: torch.Tensor) -> Drafts:
         """For every row: the latest earlier match of its last n tokens (longest n first) and the up to
         `max_draft` tokens after it."""
         device, w, k = rows.device, self.window, self.max_draft
-        length = self.length[rows]
+        length = self.history.length[rows]
         pos = length[:, None] - w + torch.arange(w, device=device)  # [B, W]: the row's last w positions
-        tail = torch.where(pos >= 0, self.history[rows[:, None], pos.clamp(min=0)], -1)
+        tail = torch.where(pos >= 0, self.history.ids[rows[:, None], pos.clamp(min=0)], -1)
         best = torch.full_like(length, -1)  # the continuation's first column in `tail`, -1: none yet
         for n in range(self.max_n, self.min_n - 1, -1):
             if n >= w:

@@ -9,7 +9,7 @@ import torch
 
 from runtime.gpu.forward_batch import StepTables
 from runtime.gpu.sampler import Block, Sampler, SampleResult
-from runtime.mailbox.messages import SeqStart
+from runtime.mailbox.messages import SeqStart, StepPlan
 from runtime.speculative.drafter import Drafter, Drafts, StepTokens
 from runtime.speculative.verify import accept
 
@@ -81,8 +81,23 @@ class Speculation:
         return Emitted(tokens, counts, index)
 
     def propose(self, rows_t: torch.Tensor, emitted: Emitted) -> Drafts:
-        """The next drafts of the rows that sampled, into their `fed` columns 1..K."""
+        """After a step: the drafter sees the rows' emitted tokens; drafts it makes now go into their `fed`
+        columns 1..K."""
         counts = emitted.counts if emitted.counts is not None else torch.ones_like(rows_t)
-        drafts = self.drafter.propose(StepTokens(rows_t, emitted.tokens, counts))
-        self.tables.fed[rows_t, 1:] = drafts.tokens
+        drafts = self.drafter.observe(StepTokens(rows_t, emitted.tokens, counts))
+        if drafts.tokens is not None:
+            self.tables.fed[rows_t, 1:] = drafts.tokens
         return drafts
+
+    def prepare(self, plan: StepPlan) -> None:
+        """Before a step with verify rows: drafters that draft now (a draft model) write their drafts."""
+        verify = [
+            (r, p + 1) for r, p, k in zip(plan.rows, plan.prefix_lens, plan.draft_lens, strict=True) if k
+        ]
+        if not verify:
+            return
+        rows = [r for r, _ in verify]
+        drafts = self.drafter.prepare(rows, [n for _, n in verify])
+        if drafts is not None:
+            index = torch.tensor(rows, dtype=torch.int64).to(self.tables.fed.device, non_blocking=True)
+            self.tables.fed[index, 1:] = drafts.tokens

@@ -37,17 +37,19 @@ def test_ngram_drafts_the_continuation_of_the_latest_longest_match():
     # row 2: no token repeats -> no drafts
     d.register(start(2, [10, 11, 12]))
     step = StepTokens(torch.tensor([1, 2]), torch.tensor([[3, 0], [13, 14]]), torch.tensor([1, 2]))
-    drafts = d.propose(step)
+    drafts = d.observe(step)
     assert drafts.counts.tolist() == [3, 0]
     assert drafts.tokens[0].tolist() == [5, 6, 7]
-    assert d.length[1].item() == 15 and d.length[2].item() == 5  # the emitted tokens were appended
-    assert d.history[2, :5].tolist() == [10, 11, 12, 13, 14]
+    assert (
+        d.history.length[1].item() == 15 and d.history.length[2].item() == 5
+    )  # the emitted tokens were appended
+    assert d.history.ids[2, :5].tolist() == [10, 11, 12, 13, 14]
 
 
 def test_ngram_match_near_the_end_proposes_only_what_follows_it():
     d = NgramDrafter(4, rows=2, max_len=32, device=torch.device("cpu"), min_n=2, max_n=2)
     d.register(start(1, [7, 8, 9, 7]))
-    drafts = d.propose(StepTokens(torch.tensor([1]), torch.tensor([[8]]), torch.tensor([1])))
+    drafts = d.observe(StepTokens(torch.tensor([1]), torch.tensor([[8]]), torch.tensor([1])))
     assert drafts.counts.tolist() == [3] and drafts.tokens[0, :3].tolist() == [9, 7, 8]
 
 
