@@ -193,9 +193,11 @@ class ModelRunner:
                 mask = self.grammar.mask(s.rows) if self.grammar.rows else None  # waits for step N's tokens
                 result = self.sampler.sample(s.logits, s.rows, s.rows_t, mask)
                 emitted = Emitted(result.tokens[:, None], None, None)
-            else:  # (the scheduler never drafts for a constrained request)
+            else:  # a constrained row never has drafts: its one position takes its mask
+                mask = self.grammar.mask(s.rows) if self.grammar.rows else None
+                mask = None if mask is None else mask.at(verify.block_start)
                 block = spec.block(s.rows, s.rows_t, verify)
-                result = self.sampler.sample(s.logits, s.pos_rows, s.pos_rows_t, block=block)
+                result = self.sampler.sample(s.logits, s.pos_rows, s.pos_rows_t, mask, block=block)
                 emitted = spec.accept(self.sampler, result, s.rows_t, verify)
             last = emitted.tokens[:, 0] if emitted.counts is None else _last(emitted)
             self.tables.last_token[s.rows_t] = last
