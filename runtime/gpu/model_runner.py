@@ -139,11 +139,13 @@ class ModelRunner:
         return slots
 
     def make_graphs(self, max_bs: int, capture: bool = True) -> GraphRunner:
-        """Decode graphs over this runner's model, backend, pool and tables (`capture=False`: the padded
-        static-buffer path run eagerly, as the CPU tests check it)."""
+        """Decode graphs over this runner's model, backend, pool and tables, and verify graphs when it
+        speculates (`capture=False`: the padded static-buffer path run eagerly, as the CPU tests check it)."""
+        q_len = self.spec.max_draft + 1 if self.spec is not None else 1
         return GraphRunner(
             self.model, self.attn, self.kv_pool, self.tables,
             max_bs=max_bs, max_model_len=self.cfg.max_model_len, vocab_size=self.vocab_size, capture=capture,
+            verify_q_len=q_len,
         )  # fmt: skip
 
     def _grammar_compiler(self) -> GrammarCompiler:
@@ -268,6 +270,13 @@ class ModelRunner:
         if not plan.rows:
             empty = self.tables.last_token[:0]
             return Sampled(torch.empty(0, self.vocab_size, device=self.device), [], empty)
+        if self.graphs is not None and any(plan.draft_lens) and self.graphs.fits_verify(plan):
+            v = self.graphs.run_verify(plan)
+            ks = list(plan.draft_lens)
+            pos_rows = [r for r, k in zip(rows, ks, strict=True) for _ in range(k + 1)]
+            return Sampled(
+                v.logits, rows, v.rows, pos_rows, v.pos_rows, VerifyRows(ks, v.block_start, v.draft_lens)
+            )
         if self.graphs is not None and self.graphs.fits(plan) and not any(plan.draft_lens):
             logits, rows_t = self.graphs.run(plan)
             return Sampled(logits, rows, rows_t)
