@@ -12,12 +12,13 @@ import torch
 from runtime.actors.scheduler.testing import run_scheduler
 from runtime.config import RunnerConfig, ServerConfig
 from runtime.gpu.model_runner import ModelRunner
-from runtime.gpu.testing import save_tiny_llama
+from runtime.gpu.testing import save_tiny_deepseek_v3, save_tiny_llama
 
 pytestmark = pytest.mark.gpu
 
 
-def test_greedy_outputs_equal_plain_decoding_on_cuda(tmp_path):
+@pytest.mark.parametrize("family", ["llama", "deepseek_v3"])
+def test_greedy_outputs_equal_plain_decoding_on_cuda(tmp_path, family):
     import sys
     from pathlib import Path
 
@@ -25,7 +26,7 @@ def test_greedy_outputs_equal_plain_decoding_on_cuda(tmp_path):
     from test_lossless import batch  # the CPU test's requests (repetitive motifs)
 
     torch.backends.cuda.matmul.allow_tf32 = False
-    save_tiny_llama(tmp_path)
+    (save_tiny_llama if family == "llama" else save_tiny_deepseek_v3)(tmp_path)
 
     def runner(**spec) -> ModelRunner:
         return ModelRunner(RunnerConfig(str(tmp_path), device="cuda", dtype="float32", num_kv_slots=4096,

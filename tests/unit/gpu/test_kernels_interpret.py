@@ -332,6 +332,34 @@ def _mla(lens: list[int], hq: int, page: int, dtype, splits=None, block_table: b
     return max(close_ratio(got, want, *_tol(dtype)), close_ratio(lse[fin], want_lse[fin], 1e-4, 1e-4))
 
 
+def _mla_verify(lens: list[int], q_len: int, hq: int, page: int, dtype, splits=None) -> float:
+    """q_len query tokens per row (a verify step) against single-query decode of each token on its own
+    (rows repeated, each token's length its position + 1), through the reference."""
+    from runtime.gpu.kernels.mla_decode import reference, triton
+    from runtime.gpu.kernels.mla_decode.testing import mla_case
+    from runtime.gpu.kernels.testing import close_ratio
+
+    c = mla_case(lens, hq, dtype, "cpu", page_size=page, kv_lora_rank=64, rope_dim=16, seed=len(lens) + q_len)
+    gen = torch.Generator().manual_seed(q_len)
+    q = torch.randn(len(lens) * q_len, hq, c.q.shape[-1], generator=gen).to(dtype)
+    per_token = torch.tensor([n - q_len + 1 + i for n in lens for i in range(q_len)])
+    rows = c.rows.repeat_interleave(q_len)
+    want = reference.mla_decode(q, c.pool, c.req_to_token, rows, per_token, c.scale, 64)
+    got = triton.mla_decode(q, c.pool, c.req_to_token, c.rows, c.seq_lens, c.scale, 64, splits, q_len=q_len)
+    ref_multi = reference.mla_decode(q, c.pool, c.req_to_token, c.rows, c.seq_lens, c.scale, 64, q_len=q_len)
+    return max(close_ratio(got, want, *_tol(dtype)), close_ratio(ref_multi, want, 1e-5, 1e-5))
+
+
+@case
+def mla_decode_verify_q4_fp32_split3_page16():
+    return _mla_verify([37, 4, 100], 4, 20, 16, torch.float32, splits=3)
+
+
+@case
+def mla_decode_verify_q2_bf16_direct():
+    return _mla_verify([70, 2], 2, 16, 64, torch.bfloat16, splits=1)
+
+
 @case
 def mla_decode_fp32_split3_page16_empty_row():
     return _mla([37, 1, 0, 100], 20, 16, torch.float32, splits=3)

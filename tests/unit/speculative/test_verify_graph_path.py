@@ -10,14 +10,19 @@ import pytest
 
 from runtime.config import RunnerConfig
 from runtime.gpu.model_runner import ModelRunner
-from runtime.gpu.testing import save_tiny_llama
+from runtime.gpu.testing import save_tiny_deepseek_v3, save_tiny_llama
 from tests.unit.speculative.test_lossless import MAX_MODEL_LEN, SLOTS, batch, first_difference, run
 
+FAMILIES = {
+    "llama": lambda path: save_tiny_llama(path, num_key_value_heads=2),
+    "deepseek_v3": save_tiny_deepseek_v3,  # MLA: the absorbed multi-query decode
+}
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    path = tmp_path_factory.mktemp("llama")
-    save_tiny_llama(path, num_key_value_heads=2)
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def tiny(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param)
+    FAMILIES[request.param](path)
     return str(path)
 
 
