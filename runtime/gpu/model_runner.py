@@ -274,9 +274,8 @@ class ModelRunner:
             v = self.graphs.run_verify(plan)
             ks = list(plan.draft_lens)
             pos_rows = [r for r, k in zip(rows, ks, strict=True) for _ in range(k + 1)]
-            return Sampled(
-                v.logits, rows, v.rows, pos_rows, v.pos_rows, VerifyRows(ks, v.block_start, v.draft_lens)
-            )
+            verify = VerifyRows(ks, v.block_start, v.draft_lens, v.offsets, v.owner)
+            return Sampled(v.logits, rows, v.rows, pos_rows, v.pos_rows, verify)
         if self.graphs is not None and self.graphs.fits(plan) and not any(plan.draft_lens):
             logits, rows_t = self.graphs.run(plan)
             return Sampled(logits, rows, rows_t)
@@ -330,10 +329,11 @@ class ModelRunner:
         block_start = torch.cumsum(k + 1, 0) - (k + 1)
         sample_rows = rows[sample]
         pos_rows = torch.repeat_interleave(sample_rows, k + 1)
+        owner = torch.repeat_interleave(torch.arange(len(k)), k + 1)
         # aligned columns: with them packed end to end, an odd token count shifted the positions the
         # RoPE kernel reads and compiled a new variant mid-run
         cols = [ids, positions, plan.out_loc, token_rows, fed_col, sample_idx, sample_rows, rows]
-        cols += [pos_rows, block_start, k] if any(drafts) else []
+        cols += [pos_rows, block_start, k, _ranges(k + 1), owner] if any(drafts) else []
         dev = columns_to_device(cols, self.device)
         host = (list(plan.rows), list(plan.prefix_lens), list(plan.extend_lens), list(plan.replay))
         batch = make_batch(self.tables, self.kv_pool, *dev[:5], dev[7], host)
@@ -344,7 +344,7 @@ class ModelRunner:
             ks = k.tolist()
             sampled.pos_rows = [r for r, kk in zip(rows_list, ks, strict=True) for _ in range(kk + 1)]
             sampled.pos_rows_t = dev[8]
-            sampled.verify = VerifyRows(ks, dev[9], dev[10])
+            sampled.verify = VerifyRows(ks, dev[9], dev[10], dev[11], dev[12])
         return batch, sampled
 
 
