@@ -174,6 +174,7 @@ class ModelRunner:
             kv_bytes_per_token=self.kv_pool.bytes_per_token,
             vocab_size=self.vocab_size,
             max_draft=self.spec.max_draft if self.spec is not None else 0,
+            compute_bound_tokens=_compute_bound_tokens(self.device),
         )
 
     # ------------------------------------------------------------------ step
@@ -387,6 +388,16 @@ def _per_emitted(t: torch.Tensor | None, emitted: Emitted) -> torch.Tensor | Non
     if emitted.index is None:
         return t[:, None]
     return t[emitted.index]
+
+
+def _compute_bound_tokens(device: torch.device) -> int:
+    """Step tokens at which a forward stops being bound by reading the weights: on an H200 a bf16
+    weight's 2 flops per token reach the copy bandwidth's ridge (765 TFLOP/s over 4.25 TB/s, 180 flops
+    per byte) near 200 tokens, and a Llama-8B verify step of 256 tokens took 1.7x a 64-token decode step
+    (docs/PERF.md); one CPU thread's ridge is near 10 flops per byte, a few tokens of float32."""
+    if device.type == "cuda":
+        return 256
+    return 4 * torch.get_num_threads()
 
 
 def _page_size(asked: int, multiple: int) -> int:
