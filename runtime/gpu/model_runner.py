@@ -104,6 +104,8 @@ class ModelRunner:
         self.graphs: GraphRunner | None = None
         if cfg.cuda_graph and self.device.type == "cuda" and self.attn.supports_cuda_graph:
             self.graphs = self.make_graphs(min(cfg.cuda_graph_max_bs or cfg.max_reqs, cfg.max_reqs))
+            if self.spec is not None:
+                self.spec.capture_observe(self.graphs.buckets)
         if self.device.type == "cuda" and self.attn.wants_warm_up:
             warm_up(cfg, self.kv_pool.num_slots, self.forward_logits)
             torch.cuda.synchronize(self.device)
