@@ -200,6 +200,35 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         default=d.placement,
         help="actors in a frontend + an engine process, or all in this one",
     )
+    g = p.add_argument_group("parallelism (docs/parallelism.md)")
+    g.add_argument(
+        "--tp-size",
+        "--tp",
+        type=int,
+        default=d.tp_size,
+        help="engine ranks (one process and GPU each); dense layers split over them (tensor parallelism)",
+    )
+    g.add_argument(
+        "--dp-size",
+        "--dp",
+        type=int,
+        default=d.dp_size,
+        help="with --enable-dp-attention: data-parallel attention groups, each with its own scheduler and KV",
+    )
+    g.add_argument(
+        "--enable-dp-attention", action="store_true", help="attention data-parallel over --dp-size groups"
+    )
+    g.add_argument(
+        "--ep-size", "--ep", type=int, default=d.ep_size, help="MoE experts split over this many ranks"
+    )
+    g.add_argument("--nnodes", type=int, default=d.nnodes, help="machines the ranks span")
+    g.add_argument("--node-rank", type=int, default=d.node_rank, help="this machine's index (0: HTTP)")
+    g.add_argument(
+        "--dist-init-addr",
+        default=None,
+        metavar="HOST:PORT",
+        help="where rank 0 gathers the ranks (default: a free loopback port; needed with --nnodes > 1)",
+    )
     g.add_argument(
         "--max-engine-restarts",
         type=int,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import socket
 import tempfile
 import threading
 from collections.abc import AsyncIterator, Sequence
@@ -22,7 +23,7 @@ import structlog
 from runtime.actors import addresses
 from runtime.actors.client import EngineClient
 from runtime.actors.detokenizer import DetokenizerActor
-from runtime.actors.engine_process import EngineArgs, spawn_engine_actors
+from runtime.actors.engine_process import EngineArgs, dp_groups, spawn_engine_actors
 from runtime.actors.system import ActorSystem
 from runtime.actors.tokenizer import TokenizerActor
 from runtime.config import ServerConfig
@@ -59,13 +60,18 @@ async def _stop(system: ActorSystem) -> None:
 async def launch(cfg: ServerConfig) -> Running:
     model_path = resolve_model_path(cfg)
     info = load_model_info(cfg, model_path)
-    world_size = 1  # one engine rank; the same code addresses many
+    cfg.check_parallelism()
+    world_size = cfg.world_size()  # engine ranks: one is world size 1 through the same code
+    if world_size > 1 and cfg.placement == "single":
+        raise ValueError("many ranks run one engine process each: use --placement multiprocess")
+    dp_size = dp_groups(cfg, world_size)
     if cfg.placement == "single":
         system = ActorSystem(addresses.SINGLE_NODE, {})
     else:
         placement = {a: addresses.FRONTEND_NODE for a in FRONTEND_ACTORS}
         for rank in range(world_size):
-            placement |= {a: addresses.engine_node(rank) for a in addresses.engine_actors(rank, world_size)}
+            node = addresses.engine_node(rank)
+            placement |= {a: node for a in addresses.engine_actors(rank, world_size, dp_size)}
         system = ActorSystem(addresses.FRONTEND_NODE, placement, Path(tempfile.mkdtemp(prefix="conduit-")))
         await system.listen()
     client = EngineClient(info.name, info.max_model_len)
@@ -76,6 +82,8 @@ async def launch(cfg: ServerConfig) -> Running:
 
         def engine_died(msg: NodeFailed) -> None:
             client.fail_all(f"{msg.node}: {msg.error}")
+            if world_size > 1:  # the survivors' collectives would wait for it: stop every rank
+                system.stop_children(f"{msg.node} died")
             try:  # the detokenizer forgets the dead engine's requests (after the ones it is decoding)
                 system.actors[addresses.DETOKENIZER].mailbox.put_nowait(msg)
             except asyncio.QueueFull:
@@ -86,23 +94,31 @@ async def launch(cfg: ServerConfig) -> Running:
         if cfg.placement == "single":
             await spawn_engine_actors(system, cfg, model_path, info.max_model_len)
         else:
+            dist_addr = cfg.dist_init_addr or f"127.0.0.1:{_free_port()}"
+            # a rank cannot rejoin its world alone: with many, a death stops them all, none restarts
+            restarts = cfg.max_engine_restarts if world_size == 1 else 0
             for rank in range(world_size):
                 args = EngineArgs(
                     cfg, system.placement, str(system.sock_dir), model_path, info.max_model_len, system.node,
-                    rank, world_size,
+                    rank, world_size, dist_addr,
                 )  # fmt: skip
                 node = addresses.engine_node(rank)
                 payload = msgspec.msgpack.encode(args)
-                await system.start_child(
-                    node, "runtime.actors.engine_process", payload, max_restarts=cfg.max_engine_restarts
-                )
+                await system.start_child(node, "runtime.actors.engine_process", payload, max_restarts=restarts)
             for rank in range(world_size):
                 await system.wait_ready(addresses.engine_node(rank), ENGINE_START_TIMEOUT_S)
     except BaseException:
         await _stop(system)
         raise
-    log.info("engine_ready", model=info.name, placement=cfg.placement, device=cfg.device)
+    log.info("engine_ready", model=info.name, placement=cfg.placement, device=cfg.device, ranks=world_size)
     return Running(system, client, info)
+
+
+def _free_port() -> int:
+    """A free TCP port on the loopback for rank 0's rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @dataclass

@@ -28,22 +28,33 @@ async def spawn_engine_actors(
     max_model_len: int,
     rank: int = 0,
     world_size: int = 1,
+    dist_init_addr: str | None = None,
 ) -> None:
     """Start rank `rank`'s actors in `system` (shared by every placement): the scheduler first (when this
     rank leads its DP group), which waits for its worker's capabilities, then the worker, which loads the
-    model and reports them. Returns once the scheduler is configured."""
+    model and reports them. Returns once the scheduler is configured. The group's scheduler sends every
+    plan to each of the group's workers (tensor parallelism: they run it together); its leader's worker
+    reports."""
     from runtime.actors.gpu_worker import GpuWorkerActor
     from runtime.actors.scheduler.actor import SchedulerActor
 
-    dp_rank, leads = addresses.dp_group(rank, world_size)
+    dp_size = dp_groups(cfg, world_size)
+    dp_rank, leads = addresses.dp_group(rank, world_size, dp_size)
     scheduler = None
     if leads:
-        workers = [addresses.worker(rank)]
+        group = world_size // dp_size
+        workers = [addresses.worker(r) for r in range(rank, rank + group)]
         scheduler = await system.spawn(SchedulerActor(cfg, dp_rank=dp_rank, workers=workers))
-    runner_cfg = RunnerConfig.resolve(cfg, model_path, max_model_len, rank, world_size)
-    await system.spawn(GpuWorkerActor(runner_cfg, rank=rank, scheduler=addresses.scheduler(dp_rank)))
+    runner_cfg = RunnerConfig.resolve(cfg, model_path, max_model_len, rank, world_size, dist_init_addr)
+    worker = GpuWorkerActor(runner_cfg, rank=rank, scheduler=addresses.scheduler(dp_rank), reports=leads)
+    await system.spawn(worker)
     if scheduler is not None:
         await scheduler.configured.wait()
+
+
+def dp_groups(cfg: ServerConfig, world_size: int) -> int:
+    """Schedulers of the engine: one per DP-attention group, else one for the whole world."""
+    return cfg.dp_size if cfg.enable_dp_attention and world_size > 1 else 1
 
 
 class EngineArgs(msgspec.Struct):
@@ -57,6 +68,7 @@ class EngineArgs(msgspec.Struct):
     parent_node: str
     rank: int = 0
     world_size: int = 1
+    dist_init_addr: str | None = None
 
 
 def main() -> None:
@@ -76,7 +88,9 @@ async def _engine(a: EngineArgs) -> None:
     system = ActorSystem(node, a.placement, Path(a.sock_dir))
     await system.listen()
     try:
-        await spawn_engine_actors(system, a.cfg, a.model_path, a.max_model_len, a.rank, a.world_size)
+        await spawn_engine_actors(
+            system, a.cfg, a.model_path, a.max_model_len, a.rank, a.world_size, a.dist_init_addr
+        )
     except Exception as exc:
         log.error("engine_start_failed", rank=a.rank, error=str(exc), trace=traceback.format_exc())
         await system.send_to_node(

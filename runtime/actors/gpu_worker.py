@@ -55,11 +55,15 @@ class GpuWorkerActor(Actor):
         rank: int = 0,
         scheduler: str = addresses.scheduler(0),
         runner_factory: Callable[[RunnerConfig | None], Runner] = load_model_runner,
+        reports: bool = True,
     ) -> None:
         super().__init__(addresses.worker(rank))
         self.runner_config = runner_config
         self.scheduler = scheduler
         self.runner_factory = runner_factory
+        # The first rank of a tensor-parallel group speaks for it: every rank runs each plan (their
+        # collectives meet), and the others' outputs, equal to its own, stay here. Failures all report.
+        self.reports = reports
         self.runner: Runner | None = None
         self._launch = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpu-launch")
         self._collect = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpu-collect")
@@ -71,7 +75,8 @@ class GpuWorkerActor(Actor):
         loop = asyncio.get_running_loop()
         self.runner = await loop.run_in_executor(self._launch, self.runner_factory, self.runner_config)
         self._sender = asyncio.create_task(self._send_outputs(), name="worker-outputs")
-        await self.send(self.scheduler, self.runner.capabilities())
+        if self.reports:
+            await self.send(self.scheduler, self.runner.capabilities())
 
     async def on_stop(self) -> None:
         if self._sender is not None:
@@ -98,7 +103,7 @@ class GpuWorkerActor(Actor):
             except Exception as exc:
                 await self._fail(step, exc)
                 continue
-            if not self.failed:
+            if not self.failed and self.reports:
                 await self.send(self.scheduler, out)
 
     async def _fail(self, step: int, exc: Exception) -> None:

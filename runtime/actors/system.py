@@ -212,6 +212,15 @@ class ActorSystem:
         if not self._stopping:
             await self.start_child(node, module, payload, max_restarts)
 
+    def stop_children(self, why: str) -> None:
+        """Terminate every child process still running (they are reported failed as each exits and
+        not restarted): one rank's death ends a world of many, whose collectives would wait for it."""
+        for node, proc in self._children.items():
+            if proc.returncode is None and node not in self._down:
+                log.error("stopping_node", node=node, why=why)
+                self._child_specs[node] = (*self._child_specs[node][:2], 0)
+                proc.terminate()
+
     async def wait_ready(self, node: str, timeout: float) -> NodeReady:
         return await asyncio.wait_for(asyncio.shield(self.ready[node]), timeout)
 

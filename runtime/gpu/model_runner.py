@@ -23,7 +23,7 @@ import structlog
 import torch
 
 from runtime.config import RunnerConfig
-from runtime.gpu import compile_watch, loader, presets
+from runtime.gpu import compile_watch, distributed, loader, presets
 from runtime.gpu.attention import default_backend
 from runtime.gpu.cuda_graph import GraphRunner
 from runtime.gpu.forward_batch import ForwardBatch, StepTables, columns_to_device, make_batch, token_positions
@@ -65,6 +65,8 @@ class ModelRunner:
             torch.set_num_threads(cfg.cpu_threads)
         if self.device.type == "cuda":
             compile_watch.install()
+        if cfg.world_size > 1:  # before the model is built: its parallel layers read their rank's place
+            distributed.init(cfg.rank, cfg.world_size, cfg.tp_size, cfg.dist_init_addr, self.device)
         path = Path(presets.resolve(cfg.model_path))
         self.config = loader.load_config(path, cfg.hf_overrides)
         self.vocab_size: int = self.config.vocab_size
@@ -78,7 +80,8 @@ class ModelRunner:
                 f" models, not {type(self.model).__name__}"
             )
         rows = cfg.max_reqs + 1  # row 0 is padding
-        spec = KVPoolSpec(self._pool_slots(rows), rows, self.kv_dtype, self.device, cfg.max_model_len)
+        slots = distributed.world_min(self._pool_slots(rows), self.device)  # one size on every rank
+        spec = KVPoolSpec(slots, rows, self.kv_dtype, self.device, cfg.max_model_len)
         self.kv_pool = self.model.make_kv_pool(spec)
         self.page_size = _page_size(cfg.page_size, self.kv_pool.page_multiple)
         self.attn = self.model.make_attention_backend(
