@@ -74,6 +74,8 @@ class ServerConfig(msgspec.Struct, kw_only=True, frozen=True):
     dp_size: int = 1  # with enable_dp_attention: data-parallel attention groups, each its own scheduler
     enable_dp_attention: bool = False
     ep_size: int = 1  # MoE experts split over this many ranks (1 or the world size)
+    ep_num_redundant_experts: int = 0  # extra expert slots holding copies of hot experts
+    expert_placement: str | None = None  # a JSON ExpertPlacement file (e.g. from `rebalance`)
     nnodes: int = 1  # machines; each runs `conduit serve` with its --node-rank, node 0 the HTTP frontend
     node_rank: int = 0
     dist_init_addr: str | None = None  # host:port where rank 0 gathers the world (default: loopback)
@@ -112,8 +114,11 @@ class ServerConfig(msgspec.Struct, kw_only=True, frozen=True):
             raise ValueError("--dp-size needs --enable-dp-attention (replicas: run several servers)")
         if self.ep_size not in (1, world):
             raise ValueError(f"--ep-size {self.ep_size} must be 1 or the world size {world}")
-        if dp > 1 and self.ep_size == 1 and world > 1:
-            raise ValueError("--enable-dp-attention splits the experts: give --ep-size too")
+        if (dp > 1 or self.ep_size > 1) and not (dp == self.ep_size == world):
+            raise ValueError(
+                "data-parallel attention with expert parallelism runs over every rank: give --dp-size, "
+                f"--ep-size (and --tp-size) equal, with --enable-dp-attention (world size {world})"
+            )
         if world % self.nnodes or not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"{world} ranks do not split over --nnodes {self.nnodes} (node {self.node_rank})")
         if self.nnodes > 1 and not self.dist_init_addr:
@@ -207,6 +212,8 @@ class RunnerConfig(msgspec.Struct, frozen=True):
     world_size: int = 1
     tp_size: int = 1  # ranks this rank's dense layers split over (its attention group)
     ep_size: int = 1
+    ep_num_redundant_experts: int = 0
+    expert_placement: str | None = None  # path of a JSON ExpertPlacement
     dist_init_addr: str | None = None  # host:port of rank 0's rendezvous (world_size > 1)
     speculative_algorithm: str | None = None  # ServerConfig's speculative settings
     speculative_num_draft_tokens: int = 3
@@ -252,6 +259,8 @@ class RunnerConfig(msgspec.Struct, frozen=True):
             world_size=world_size,
             tp_size=cfg.attention_tp_size() if world_size > 1 else 1,
             ep_size=cfg.ep_size if world_size > 1 else 1,
+            ep_num_redundant_experts=cfg.ep_num_redundant_experts,
+            expert_placement=cfg.expert_placement,
             dist_init_addr=dist_init_addr,
             speculative_algorithm=cfg.speculative_algorithm,
             speculative_num_draft_tokens=cfg.speculative_num_draft_tokens,

@@ -23,6 +23,7 @@ import structlog
 from runtime.actors import addresses
 from runtime.actors.client import EngineClient
 from runtime.actors.detokenizer import DetokenizerActor
+from runtime.actors.dp_controller import DpController
 from runtime.actors.engine_process import EngineArgs, dp_groups, spawn_engine_actors
 from runtime.actors.system import ActorSystem
 from runtime.actors.tokenizer import TokenizerActor
@@ -32,7 +33,7 @@ from runtime.model_info import ModelInfo, load_model_info, resolve_model_path
 
 log = structlog.get_logger(__name__)
 
-FRONTEND_ACTORS = (addresses.CLIENT, addresses.TOKENIZER, addresses.DETOKENIZER)
+FRONTEND_ACTORS = (addresses.CLIENT, addresses.TOKENIZER, addresses.DETOKENIZER, addresses.DP_CONTROLLER)
 ENGINE_START_TIMEOUT_S = 600.0
 
 
@@ -74,11 +75,15 @@ async def launch(cfg: ServerConfig) -> Running:
             placement |= {a: node for a in addresses.engine_actors(rank, world_size, dp_size)}
         system = ActorSystem(addresses.FRONTEND_NODE, placement, Path(tempfile.mkdtemp(prefix="conduit-")))
         await system.listen()
-    client = EngineClient(info.name, info.max_model_len)
+    # with DP attention the DP controller stands where the one scheduler would
+    schedulers = addresses.DP_CONTROLLER if dp_size > 1 else addresses.scheduler(0)
+    client = EngineClient(info.name, info.max_model_len, schedulers)
     try:
         await system.spawn(client)
-        await system.spawn(TokenizerActor(info))
-        await system.spawn(DetokenizerActor(info))
+        await system.spawn(TokenizerActor(info, schedulers))
+        await system.spawn(DetokenizerActor(info, schedulers))
+        if dp_size > 1:
+            await system.spawn(DpController(dp_size))
 
         def engine_died(msg: NodeFailed) -> None:
             client.fail_all(f"{msg.node}: {msg.error}")

@@ -44,9 +44,13 @@ async def spawn_engine_actors(
     if leads:
         group = world_size // dp_size
         workers = [addresses.worker(r) for r in range(rank, rank + group)]
-        scheduler = await system.spawn(SchedulerActor(cfg, dp_rank=dp_rank, workers=workers))
+        stats_to = addresses.DP_CONTROLLER if dp_size > 1 else addresses.CLIENT
+        scheduler = await system.spawn(SchedulerActor(cfg, dp_rank, workers, stats_to))
     runner_cfg = RunnerConfig.resolve(cfg, model_path, max_model_len, rank, world_size, dist_init_addr)
-    worker = GpuWorkerActor(runner_cfg, rank=rank, scheduler=addresses.scheduler(dp_rank), reports=leads)
+    lockstep = dp_size > 1  # DP attention: each rank plans alone, the MoE exchanges need them all
+    worker = GpuWorkerActor(
+        runner_cfg, rank=rank, scheduler=addresses.scheduler(dp_rank), reports=leads, lockstep=lockstep
+    )
     await system.spawn(worker)
     if scheduler is not None:
         await scheduler.configured.wait()

@@ -6,7 +6,8 @@ constructed, as SGLang's parallel state does. Without `init` (world size 1) ever
 single rank and every collective is the identity, so one engine runs the same code as many.
 
 Groups: tensor parallelism (TP) splits the dense layers over the `tp_size` ranks of a group; the world
-holds `world_size // tp_size` such groups."""
+holds `world_size // tp_size` such groups (with DP attention, one per DP rank). Expert parallelism (EP)
+splits the routed experts over the whole world."""
 
 from __future__ import annotations
 
@@ -30,18 +31,25 @@ class Group:
 
 _TP = Group()
 _WORLD = Group()
+_EP = Group()  # the ranks the routed experts split over (DeepSeek MoE under --ep-size)
+_CPU = Group()  # the world over gloo, for host-side agreement (the DP ranks' step flags) beside NCCL
 
 
 def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def init(rank: int, world_size: int, tp_size: int, init_addr: str, device: torch.device) -> None:
+def init(
+    rank: int, world_size: int, tp_size: int, init_addr: str, device: torch.device, ep_size: int = 1
+) -> None:
     """Join the world of `world_size` ranks at `init_addr` ("host:port", rank 0 listens there) and make
-    the TP groups. Blocks until every rank joined. Nothing for a world of one."""
-    global _TP, _WORLD
+    the TP groups, the EP group (the world, when `ep_size` > 1) and a gloo group for host-side flags.
+    Blocks until every rank joined. Nothing for a world of one."""
+    global _TP, _WORLD, _EP, _CPU
     if world_size == 1:
         return
+    if ep_size not in (1, world_size):
+        raise ValueError(f"--ep-size {ep_size} must be 1 or the world size {world_size}")
     if world_size % tp_size:
         raise ValueError(f"world size {world_size} is not a multiple of --tp-size {tp_size}")
     if device.type == "cuda":
@@ -57,6 +65,10 @@ def init(rank: int, world_size: int, tp_size: int, init_addr: str, device: torch
         if rank in ranks:
             tp_handle = handle
     _TP = Group(rank % tp_size, tp_size, tp_handle if tp_size > 1 else None)
+    if ep_size > 1:
+        _EP = Group(rank, world_size, dist.group.WORLD)
+    cpu = dist.group.WORLD if device.type != "cuda" else dist.new_group(backend="gloo")
+    _CPU = Group(rank, world_size, cpu)
     log.info("distributed_ready", rank=rank, world_size=world_size, tp_size=tp_size, backend=backend_for(device))
 
 
@@ -66,6 +78,25 @@ def tp() -> Group:
 
 def world() -> Group:
     return _WORLD
+
+
+def ep() -> Group:
+    return _EP
+
+
+def cpu_group() -> Group:
+    return _CPU
+
+
+def all_to_all(
+    x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Group | None = None
+) -> torch.Tensor:
+    """Rows of `x` sent to the ranks in order (`in_splits[r]` rows to rank r); returns the rows every
+    rank sent here, in rank order (`out_splits[r]` from rank r). `all_to_all_single` on NCCL or gloo."""
+    group = group or _EP
+    out = x.new_empty((sum(out_splits), *x.shape[1:]))
+    dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group.handle)
+    return out
 
 
 def all_reduce(x: torch.Tensor, group: Group | None = None, op: str = "sum") -> torch.Tensor:
@@ -95,8 +126,17 @@ def world_min(n: int, device: torch.device) -> int:
     return int(t.item())
 
 
+def agree_max(flag: int) -> int:
+    """The largest of every rank's `flag`, over the gloo group (a host value: no device sync)."""
+    if _CPU.size == 1:
+        return flag
+    t = torch.tensor([flag], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=_CPU.handle)
+    return int(t.item())
+
+
 def shutdown() -> None:
     global _TP, _WORLD
     if dist.is_initialized():
         dist.destroy_process_group()
-    _TP, _WORLD = Group(), Group()
+    _TP, _WORLD, _EP, _CPU = Group(), Group(), Group(), Group()

@@ -61,15 +61,20 @@ Slice = tuple[int, int, int]  # (dim, start, size) of a checkpoint tensor
 
 
 def iter_tensors(
-    files: list[Path], select: Callable[[str], Slice | None] | None = None
+    files: list[Path],
+    select: Callable[[str], Slice | None] | None = None,
+    skip: Callable[[str], bool] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Checkpoint tensors one at a time. With `select`, a tensor it names a slice of is read as that
-    slice only (a tensor-parallel rank reads its part of each weight, never the whole checkpoint)."""
+    slice only (a tensor-parallel rank reads its part of each weight, never the whole checkpoint); a
+    tensor `skip` names is not read at all (an expert-parallel rank skips other ranks' experts)."""
     from safetensors import safe_open
 
     for f in files:
         with safe_open(str(f), framework="pt") as sf:
             for name in sf.keys():
+                if skip is not None and skip(name):
+                    continue
                 part = select(name) if select is not None else None
                 if part is None:
                     yield name, sf.get_tensor(name)

@@ -60,7 +60,8 @@ def build_model(
     elif cfg.load_format == "auto":
         # a tensor-parallel rank reads only its slice of each weight it splits
         select = partial(loader.checkpoint_slice, model) if distributed.tp().size > 1 else None
-        model.load_weights(loader.iter_tensors(loader.safetensors_files(path), select))
+        skip = model.skips_checkpoint_tensor if distributed.ep().size > 1 else None
+        model.load_weights(loader.iter_tensors(loader.safetensors_files(path), select, skip))
     else:
         raise ValueError(f"unknown load_format {cfg.load_format!r} (auto | dummy)")
     model.prepare_for_serving()

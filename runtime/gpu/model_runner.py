@@ -29,6 +29,8 @@ from runtime.gpu.cuda_graph import GraphRunner
 from runtime.gpu.forward_batch import ForwardBatch, StepTables, columns_to_device, make_batch, token_positions
 from runtime.gpu.grammar import GrammarTable
 from runtime.gpu.kv_pool import KVPoolSpec
+from runtime.gpu.layers import expert_parallel
+from runtime.gpu.layers.expert_parallel import ExpertPlacement
 from runtime.gpu.model_builder import build_model, resolve_dtype, resolve_kv_dtype
 from runtime.gpu.pending import Copies, PendingStep
 from runtime.gpu.sampler import Sampler
@@ -66,7 +68,11 @@ class ModelRunner:
         if self.device.type == "cuda":
             compile_watch.install()
         if cfg.world_size > 1:  # before the model is built: its parallel layers read their rank's place
-            distributed.init(cfg.rank, cfg.world_size, cfg.tp_size, cfg.dist_init_addr, self.device)
+            distributed.init(
+                cfg.rank, cfg.world_size, cfg.tp_size, cfg.dist_init_addr, self.device, cfg.ep_size
+            )
+            placement = ExpertPlacement.load(cfg.expert_placement) if cfg.expert_placement else None
+            expert_parallel.use(placement, cfg.ep_num_redundant_experts)
         path = Path(presets.resolve(cfg.model_path))
         self.config = loader.load_config(path, cfg.hf_overrides)
         self.vocab_size: int = self.config.vocab_size
@@ -224,6 +230,11 @@ class ModelRunner:
             self._t_ref,
             on_counts=Speculation.advance(self.sampler, verify) if verify is not None else None, draft=draft,
         )  # fmt: skip
+
+    def idle_step(self) -> None:
+        """Join one step's collectives without tokens (a DP rank idle while others run a step)."""
+        with torch.inference_mode():
+            self.model.idle_forward()
 
     def _timing_event(self) -> torch.cuda.Event | None:
         """A recorded CUDA event (None on CPU). The first one is the reference the step times count from,

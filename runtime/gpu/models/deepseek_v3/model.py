@@ -29,11 +29,13 @@ import structlog
 import torch
 from torch import nn
 
+from runtime.gpu import distributed
 from runtime.gpu.forward_batch import ForwardBatch
 from runtime.gpu.kernels.fused_moe import FUSED_MOE
 from runtime.gpu.kernels.silu_and_mul import SILU_AND_MUL
 from runtime.gpu.kv_pool import KVPoolSpec
 from runtime.gpu.layers import MergedLinear, RMSNorm, RotaryEmbedding
+from runtime.gpu.layers import expert_parallel
 from runtime.gpu.layers.fp8_linear import Fp8Linear, MergedFp8Linear
 from runtime.gpu.layers.moe import RoutedExperts, TopkRouter
 from runtime.gpu.layers.rotary import rope_parameters
@@ -41,7 +43,7 @@ from runtime.gpu.models.base import CausalLM, ModelAbilities
 from runtime.gpu.models.deepseek_v3.attention_kernel import MLAKernelBackend
 from runtime.gpu.models.deepseek_v3.attention_ref import TorchMLABackend
 from runtime.gpu.models.deepseek_v3.kv_pool import LatentKVPool
-from runtime.gpu.models.deepseek_v3.weights import load_deepseek_checkpoint
+from runtime.gpu.models.deepseek_v3.weights import load_deepseek_checkpoint, skips_tensor
 from runtime.gpu.quant import fp8
 
 log = structlog.get_logger(__name__)
@@ -149,13 +151,19 @@ class DeepseekV3MoE(nn.Module):
         self.gate = TopkRouter(config)
         # gate|up stack their scale blocks: I in whole 128-row blocks (V3's 2048, V2-Lite's 1408)
         fp8_experts = fp8_weights and inter % fp8.BLOCK[0] == 0
-        self.experts = RoutedExperts(config.n_routed_experts, d, inter, fp8_weights=fp8_experts)
+        # expert parallelism: this rank holds its placement's experts; tokens travel to theirs
+        self.ep = expert_parallel.for_rank(config.n_routed_experts)
+        n_experts, logical = config.n_routed_experts, None
+        if self.ep is not None:
+            logical = self.ep.placement.local(distributed.ep().rank)
+            n_experts = len(logical)
+        self.experts = RoutedExperts(n_experts, d, inter, fp8_weights=fp8_experts, logical=logical)
         n_shared = getattr(config, "n_shared_experts", 0) or 0
         self.shared_experts = DeepseekV3MLP(d, inter * n_shared, fp8_weights) if n_shared else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate(x)
-        out = self.experts(x, weights, ids)
+        out = self.experts(x, weights, ids) if self.ep is None else self.ep(x, weights, ids, self.experts)
         return out if self.shared_experts is None else out + self.shared_experts(x)
 
 
@@ -315,3 +323,14 @@ class DeepseekV3ForCausalLM(CausalLM):
 
     def load_weights(self, tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
         load_deepseek_checkpoint(self, tensors)
+
+    def skips_checkpoint_tensor(self, name: str) -> bool:
+        return skips_tensor(self, name)
+
+    def idle_forward(self) -> None:
+        """A DP rank with no tokens this step still joins every MoE layer's exchange, in layer order."""
+        c = self.config
+        empty = torch.empty(0, c.hidden_size, dtype=self.lm_head.weight.dtype, device=self.lm_head.weight.device)
+        for layer in self.model.layers[: self.model.num_layers]:
+            if isinstance(layer.mlp, DeepseekV3MoE):
+                layer.mlp(empty)
