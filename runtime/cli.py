@@ -221,6 +221,19 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--ep-size", "--ep", type=int, default=d.ep_size, help="MoE experts split over this many ranks"
     )
+    g.add_argument(
+        "--ep-num-redundant-experts",
+        type=int,
+        default=d.ep_num_redundant_experts,
+        help="extra expert slots holding copies of experts (placed by EPLB from an even load)",
+    )
+    g.add_argument(
+        "--expert-placement",
+        default=None,
+        metavar="JSON",
+        help="file of an expert placement (which rank holds which expert), e.g. from "
+        "`runtime.gpu.layers.expert_parallel.rebalance` on measured load",
+    )
     g.add_argument("--nnodes", type=int, default=d.nnodes, help="machines the ranks span")
     g.add_argument("--node-rank", type=int, default=d.node_rank, help="this machine's index (0: HTTP)")
     g.add_argument(
