@@ -107,7 +107,11 @@ class ServerConfig(msgspec.Struct, kw_only=True, frozen=True):
     def check_parallelism(self) -> None:
         """Raise ValueError for a combination of parallelism flags that does not make a world."""
         world, dp = self.world_size(), self.dp_size if self.enable_dp_attention else 1
-        for name, n in (("--tp-size", self.tp_size), ("--dp-size", self.dp_size), ("--ep-size", self.ep_size)):
+        for name, n in (
+            ("--tp-size", self.tp_size),
+            ("--dp-size", self.dp_size),
+            ("--ep-size", self.ep_size),
+        ):
             if n < 1 or world % n:
                 raise ValueError(f"{name} {n} must be at least 1 and divide the world size {world}")
         if self.dp_size > 1 and not self.enable_dp_attention:
@@ -120,7 +124,9 @@ class ServerConfig(msgspec.Struct, kw_only=True, frozen=True):
                 f"--ep-size (and --tp-size) equal, with --enable-dp-attention (world size {world})"
             )
         if world % self.nnodes or not 0 <= self.node_rank < self.nnodes:
-            raise ValueError(f"{world} ranks do not split over --nnodes {self.nnodes} (node {self.node_rank})")
+            raise ValueError(
+                f"{world} ranks do not split over --nnodes {self.nnodes} (node {self.node_rank})"
+            )
         if self.nnodes > 1 and not self.dist_init_addr:
             raise ValueError("--nnodes > 1 needs --dist-init-addr HOST:PORT (node 0's address)")
 

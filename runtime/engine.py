@@ -109,7 +109,9 @@ async def launch(cfg: ServerConfig) -> Running:
                 )  # fmt: skip
                 node = addresses.engine_node(rank)
                 payload = msgspec.msgpack.encode(args)
-                await system.start_child(node, "runtime.actors.engine_process", payload, max_restarts=restarts)
+                await system.start_child(
+                    node, "runtime.actors.engine_process", payload, max_restarts=restarts
+                )
             for rank in range(world_size):
                 await system.wait_ready(addresses.engine_node(rank), ENGINE_START_TIMEOUT_S)
     except BaseException:

@@ -69,7 +69,9 @@ def init(
         _EP = Group(rank, world_size, dist.group.WORLD)
     cpu = dist.group.WORLD if device.type != "cuda" else dist.new_group(backend="gloo")
     _CPU = Group(rank, world_size, cpu)
-    log.info("distributed_ready", rank=rank, world_size=world_size, tp_size=tp_size, backend=backend_for(device))
+    log.info(
+        "distributed_ready", rank=rank, world_size=world_size, tp_size=tp_size, backend=backend_for(device)
+    )
 
 
 def tp() -> Group:

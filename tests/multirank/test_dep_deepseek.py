@@ -1,5 +1,5 @@
-"""Data-parallel attention with expert parallelism (DEP) on CPU ranks (gloo): tiny random DeepSeek-V3
-served at DP=EP=2 and 4 gives transformers' greedy text for a batch of mixed requests sent together
+"""Data-parallel attention with expert parallelism (DEP) on CPU ranks (gloo): tiny random DeepSeek-V3 and
+V4 served at DP=EP=2 and 4 give transformers' greedy text for a batch of mixed requests sent together
 (repeated prompts for prefix hits, prompts longer than the chunked-prefill budget, and with more ranks
 than concurrent requests some rank idles while others step). Redundant expert copies and a placement
 rebalanced from a skewed load give the same text."""
@@ -14,7 +14,12 @@ import pytest
 from transformers import AutoTokenizer
 
 from runtime.gpu.layers.expert_parallel import rebalance
-from runtime.gpu.testing import copy_tokenizer, greedy_chat_texts, save_tiny_deepseek_v3
+from runtime.gpu.testing import (
+    copy_tokenizer,
+    greedy_chat_texts,
+    save_tiny_deepseek_v3,
+    save_tiny_deepseek_v4,
+)
 
 PROMPTS = [
     "What is the capital of France?",
@@ -28,17 +33,26 @@ FLAGS = ("--cpu-threads", "1", "--max-total-tokens", "2048", "--max-running-requ
 FLAGS += ("--chunked-prefill-size", "32")  # the longer prompts prefill in two chunks
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(smollm2_path, tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-deepseek-v3-dep")
-    ref = save_tiny_deepseek_v3(path, seed=11, vocab_size=49152, max_position_embeddings=512)
+# V4: prefix hits replay the sliding window's receptive field through its 4 layers (exact; see
+# tests/integration/test_deepseek_v4_serving.py)
+FAMILIES = {
+    "v3": (save_tiny_deepseek_v3, ()),
+    "v4": (save_tiny_deepseek_v4, ("--swa-replay-tokens", str(4 * (8 - 1)))),
+}
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def tiny_dir(request, smollm2_path, tmp_path_factory):
+    save, flags = FAMILIES[request.param]
+    path = tmp_path_factory.mktemp(f"tiny-deepseek-{request.param}-dep")
+    ref = save(path, seed=11, vocab_size=49152, max_position_embeddings=512)
     copy_tokenizer(smollm2_path, path)
-    return path, ref
+    return path, ref, flags
 
 
 @pytest.fixture(scope="module")
 def reference(tiny_dir):
-    path, model = tiny_dir
+    path, model, _ = tiny_dir
     out = greedy_chat_texts(model, AutoTokenizer.from_pretrained(path), PROMPTS, MAX_TOKENS)
     assert all(len(t) > 10 for t in out), out
     return out
@@ -64,7 +78,7 @@ def _dep(n: int) -> tuple[str, ...]:
 
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_dep_batch_equals_transformers_greedy(launch_server, tiny_dir, reference, ranks):
-    args = ("--model", str(tiny_dir[0]), "--served-model-name", "tiny", *_dep(ranks), *FLAGS)
+    args = ("--model", str(tiny_dir[0]), "--served-model-name", "tiny", *_dep(ranks), *FLAGS, *tiny_dir[2])
     with launch_server(*args) as server:
         assert _batch(server) == reference
         # one request at a time: the other ranks run idle steps beside its rank's, and each repeat is
@@ -75,13 +89,17 @@ def test_dep_batch_equals_transformers_greedy(launch_server, tiny_dir, reference
         assert after - before >= 30 * len(PROMPTS)
 
 
-def test_redundant_experts_and_a_rebalanced_placement_keep_the_text(launch_server, tiny_dir, reference, tmp_path):
-    base = ("--model", str(tiny_dir[0]), "--served-model-name", "tiny", *_dep(2), *FLAGS)
+def test_redundant_experts_and_a_rebalanced_placement_keep_the_text(
+    launch_server, tiny_dir, reference, tmp_path
+):
+    base = ("--model", str(tiny_dir[0]), "--served-model-name", "tiny", *_dep(2), *FLAGS, *tiny_dir[2])
     with launch_server(*base, "--ep-num-redundant-experts", "2") as server:
         assert _batch(server) == reference
-    # a skewed load: experts 0 and 5 hot; they get copies, and ranks end up with even load
-    placement = rebalance([90, 1, 1, 1, 1, 60, 1, 1], ep_size=2, num_slots=12)
-    assert len(placement.copies()[0]) == len(placement.copies()[5]) == 2
+    # a skewed load: the first and the last expert hot; they get copies
+    n = json.loads((tiny_dir[0] / "config.json").read_text())["n_routed_experts"]
+    load = [90] + [1] * (n - 2) + [60]
+    placement = rebalance(load, ep_size=2, num_slots=n + 2)
+    assert len(placement.copies()[0]) == len(placement.copies()[n - 1]) == 2
     path = tmp_path / "placement.json"
     path.write_text(placement.to_json())
     with launch_server(*base, "--expert-placement", str(path)) as server:

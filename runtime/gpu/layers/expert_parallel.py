@@ -70,7 +70,9 @@ class ExpertPlacement:
         return rebalance(load, ep_size, num_experts + redundant)
 
     def to_json(self) -> str:
-        return json.dumps({"num_experts": self.num_experts, "ep_size": self.ep_size, "slots": list(self.slots)})
+        return json.dumps(
+            {"num_experts": self.num_experts, "ep_size": self.ep_size, "slots": list(self.slots)}
+        )
 
     @classmethod
     def from_json(cls, text: str) -> ExpertPlacement:
@@ -97,7 +99,9 @@ def rebalance(load: Sequence[float], ep_size: int, num_slots: int) -> ExpertPlac
     for _ in range(num_slots - n):
         hot = max((e for e in range(n) if copies[e] < ep_size), key=lambda e: load[e] / copies[e])
         copies[hot] += 1
-    items = sorted(((load[e] / copies[e], e) for e in range(n) for _ in range(copies[e])), key=lambda t: -t[0])
+    items = sorted(
+        ((load[e] / copies[e], e) for e in range(n) for _ in range(copies[e])), key=lambda t: -t[0]
+    )
     rank_load, ranks = [0.0] * ep_size, [[] for _ in range(ep_size)]
     for share, e in items:
         free = [r for r in range(ep_size) if len(ranks[r]) < per_rank and e not in ranks[r]]

@@ -34,8 +34,7 @@ from runtime.gpu.forward_batch import ForwardBatch
 from runtime.gpu.kernels.fused_moe import FUSED_MOE
 from runtime.gpu.kernels.silu_and_mul import SILU_AND_MUL
 from runtime.gpu.kv_pool import KVPoolSpec
-from runtime.gpu.layers import MergedLinear, RMSNorm, RotaryEmbedding
-from runtime.gpu.layers import expert_parallel
+from runtime.gpu.layers import MergedLinear, RMSNorm, RotaryEmbedding, expert_parallel
 from runtime.gpu.layers.fp8_linear import Fp8Linear, MergedFp8Linear
 from runtime.gpu.layers.moe import RoutedExperts, TopkRouter
 from runtime.gpu.layers.rotary import rope_parameters
@@ -330,7 +329,9 @@ class DeepseekV3ForCausalLM(CausalLM):
     def idle_forward(self) -> None:
         """A DP rank with no tokens this step still joins every MoE layer's exchange, in layer order."""
         c = self.config
-        empty = torch.empty(0, c.hidden_size, dtype=self.lm_head.weight.dtype, device=self.lm_head.weight.device)
+        empty = torch.empty(
+            0, c.hidden_size, dtype=self.lm_head.weight.dtype, device=self.lm_head.weight.device
+        )
         for layer in self.model.layers[: self.model.num_layers]:
             if isinstance(layer.mlp, DeepseekV3MoE):
                 layer.mlp(empty)
