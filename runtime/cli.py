@@ -407,8 +407,18 @@ def main(argv: list[str] | None = None) -> int:
 
         from runtime.server import PortInUse, serve
 
+        cfg = config_from_args(args)
+        if cfg.node_rank > 0:  # another machine's ranks: no HTTP here (runtime/actors/nodes.py)
+            from runtime.actors.nodes import run_node_agent
+
+            try:
+                uvloop.run(run_node_agent(cfg))
+            except (FileNotFoundError, ValueError) as e:
+                print(f"conduit: {e}", file=sys.stderr)
+                return 2
+            return 0
         try:
-            uvloop.run(serve(config_from_args(args)))
+            uvloop.run(serve(cfg))
         except (FileNotFoundError, PortInUse) as e:
             print(f"conduit: {e}", file=sys.stderr)
             return 2

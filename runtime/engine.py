@@ -20,7 +20,7 @@ from pathlib import Path
 import msgspec
 import structlog
 
-from runtime.actors import addresses
+from runtime.actors import addresses, nodes
 from runtime.actors.client import EngineClient
 from runtime.actors.detokenizer import DetokenizerActor
 from runtime.actors.dp_controller import DpController
@@ -28,7 +28,14 @@ from runtime.actors.engine_process import EngineArgs, dp_groups, spawn_engine_ac
 from runtime.actors.system import ActorSystem
 from runtime.actors.tokenizer import TokenizerActor
 from runtime.config import ServerConfig
-from runtime.mailbox.messages import ChatMessage, GenerateRequest, NodeFailed, SamplingParams, TextDelta
+from runtime.mailbox.messages import (
+    ChatMessage,
+    GenerateRequest,
+    NodeFailed,
+    NodeReady,
+    SamplingParams,
+    TextDelta,
+)
 from runtime.model_info import ModelInfo, load_model_info, resolve_model_path
 
 log = structlog.get_logger(__name__)
@@ -73,7 +80,9 @@ async def launch(cfg: ServerConfig) -> Running:
         for rank in range(world_size):
             node = addresses.engine_node(rank)
             placement |= {a: node for a in addresses.engine_actors(rank, world_size, dp_size)}
-        system = ActorSystem(addresses.FRONTEND_NODE, placement, Path(tempfile.mkdtemp(prefix="conduit-")))
+        known = nodes.node_addrs(cfg, world_size) if cfg.nnodes > 1 else {}
+        sock_dir = Path(tempfile.mkdtemp(prefix="conduit-"))
+        system = ActorSystem(addresses.FRONTEND_NODE, placement, sock_dir, known)
         await system.listen()
     # with DP attention the DP controller stands where the one scheduler would
     schedulers = addresses.DP_CONTROLLER if dp_size > 1 else addresses.scheduler(0)
@@ -102,23 +111,40 @@ async def launch(cfg: ServerConfig) -> Running:
             dist_addr = cfg.dist_init_addr or f"127.0.0.1:{_free_port()}"
             # a rank cannot rejoin its world alone: with many, a death stops them all, none restarts
             restarts = cfg.max_engine_restarts if world_size == 1 else 0
+            here = nodes.local_ranks(cfg, world_size) if cfg.nnodes > 1 else range(world_size)
             for rank in range(world_size):
+                node = addresses.engine_node(rank)
+                if rank not in here:  # another machine's agent starts it; it reports here
+                    system.expect(node)
+                    continue
+                addrs = {n: a for n, a in known.items() if n in (addresses.FRONTEND_NODE, node)}
                 args = EngineArgs(
                     cfg, system.placement, str(system.sock_dir), model_path, info.max_model_len, system.node,
-                    rank, world_size, dist_addr,
+                    rank, world_size, dist_addr, addrs,
                 )  # fmt: skip
-                node = addresses.engine_node(rank)
                 payload = msgspec.msgpack.encode(args)
                 await system.start_child(
                     node, "runtime.actors.engine_process", payload, max_restarts=restarts
                 )
             for rank in range(world_size):
                 await system.wait_ready(addresses.engine_node(rank), ENGINE_START_TIMEOUT_S)
+            if cfg.nnodes > 1:
+                await _share_addresses(system, world_size)
     except BaseException:
         await _stop(system)
         raise
     log.info("engine_ready", model=info.name, placement=cfg.placement, device=cfg.device, ranks=world_size)
     return Running(system, client, info)
+
+
+async def _share_addresses(system: ActorSystem, world_size: int) -> None:
+    """Every rank learns every other rank's TCP address (schedulers reach workers of other machines)."""
+    engines = [addresses.engine_node(r) for r in range(world_size)]
+    for to in engines:
+        for other in engines:
+            if other != to:
+                ready = NodeReady(other, {"addr": system.node_addrs[other]})
+                await system.send_to_node(to, addresses.SYSTEM, ready)
 
 
 def _free_port() -> int:

@@ -73,6 +73,8 @@ class EngineArgs(msgspec.Struct):
     rank: int = 0
     world_size: int = 1
     dist_init_addr: str | None = None
+    # with several machines: TCP addresses of the frontend and of this rank (runtime/actors/nodes.py)
+    node_addrs: dict[str, str] = {}
 
 
 def main() -> None:
@@ -89,7 +91,7 @@ def main() -> None:
 
 async def _engine(a: EngineArgs) -> None:
     node = addresses.engine_node(a.rank)
-    system = ActorSystem(node, a.placement, Path(a.sock_dir))
+    system = ActorSystem(node, a.placement, Path(a.sock_dir), a.node_addrs)
     await system.listen()
     try:
         await spawn_engine_actors(
@@ -102,7 +104,8 @@ async def _engine(a: EngineArgs) -> None:
         )
         await asyncio.sleep(0.2)  # let the frame leave before the process exits
         return
-    await system.send_to_node(a.parent_node, addresses.SYSTEM, NodeReady(node))
+    info = {"addr": a.node_addrs[node]} if node in a.node_addrs else {}
+    await system.send_to_node(a.parent_node, addresses.SYSTEM, NodeReady(node, info))
     parent = os.getppid()
     while not system.shutdown_requested.is_set():
         try:
