@@ -234,6 +234,13 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         help="file of an expert placement (which rank holds which expert), e.g. from "
         "`runtime.gpu.layers.expert_parallel.rebalance` on measured load",
     )
+    g.add_argument(
+        "--moe-a2a-backend",
+        choices=["auto", "all_to_all"],
+        default=d.moe_a2a_backend,
+        help="`auto`: MoE tokens travel by all_to_all_single when experts split over ranks; `all_to_all`: "
+        "the exchange even on one rank (measures the EP path against the plain fused MoE)",
+    )
     g.add_argument("--nnodes", type=int, default=d.nnodes, help="machines the ranks span")
     g.add_argument("--node-rank", type=int, default=d.node_rank, help="this machine's index (0: HTTP)")
     g.add_argument(

@@ -76,6 +76,9 @@ class ServerConfig(msgspec.Struct, kw_only=True, frozen=True):
     ep_size: int = 1  # MoE experts split over this many ranks (1 or the world size)
     ep_num_redundant_experts: int = 0  # extra expert slots holding copies of hot experts
     expert_placement: str | None = None  # a JSON ExpertPlacement file (e.g. from `rebalance`)
+    # "auto": MoE tokens travel by all-to-all when experts split over ranks; "all_to_all": always, even on
+    # one rank (to measure the EP path's cost against the plain fused MoE)
+    moe_a2a_backend: str = "auto"
     nnodes: int = 1  # machines; each runs `conduit serve` with its --node-rank, node 0 the HTTP frontend
     node_rank: int = 0
     dist_init_addr: str | None = None  # host:port where rank 0 gathers the world (default: loopback)
@@ -220,6 +223,7 @@ class RunnerConfig(msgspec.Struct, frozen=True):
     ep_size: int = 1
     ep_num_redundant_experts: int = 0
     expert_placement: str | None = None  # path of a JSON ExpertPlacement
+    moe_a2a_backend: str = "auto"  # "auto" | "all_to_all" (ServerConfig)
     dist_init_addr: str | None = None  # host:port of rank 0's rendezvous (world_size > 1)
     speculative_algorithm: str | None = None  # ServerConfig's speculative settings
     speculative_num_draft_tokens: int = 3
@@ -267,6 +271,7 @@ class RunnerConfig(msgspec.Struct, frozen=True):
             ep_size=cfg.ep_size if world_size > 1 else 1,
             ep_num_redundant_experts=cfg.ep_num_redundant_experts,
             expert_placement=cfg.expert_placement,
+            moe_a2a_backend=cfg.moe_a2a_backend,
             dist_init_addr=dist_init_addr,
             speculative_algorithm=cfg.speculative_algorithm,
             speculative_num_draft_tokens=cfg.speculative_num_draft_tokens,

@@ -71,8 +71,10 @@ class ModelRunner:
             distributed.init(
                 cfg.rank, cfg.world_size, cfg.tp_size, cfg.dist_init_addr, self.device, cfg.ep_size
             )
-            placement = ExpertPlacement.load(cfg.expert_placement) if cfg.expert_placement else None
-            expert_parallel.use(placement, cfg.ep_num_redundant_experts)
+        if cfg.moe_a2a_backend not in ("auto", "all_to_all"):
+            raise ValueError(f"--moe-a2a-backend {cfg.moe_a2a_backend!r}: auto | all_to_all")
+        placement = ExpertPlacement.load(cfg.expert_placement) if cfg.expert_placement else None
+        expert_parallel.use(placement, cfg.ep_num_redundant_experts, cfg.moe_a2a_backend == "all_to_all")
         path = Path(presets.resolve(cfg.model_path))
         self.config = loader.load_config(path, cfg.hf_overrides)
         self.vocab_size: int = self.config.vocab_size

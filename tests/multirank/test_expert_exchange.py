@@ -1,7 +1,8 @@
 """The expert-parallel exchange against the single-rank fused MoE (the reference op), on 2 and 4 CPU ranks
 over gloo: each rank's tokens (one rank has none, as an idle DP rank) go to the ranks holding their
 experts and come back weighted; the sum equals all experts run locally, with and without redundant
-copies, and the measured load counts each routed (token, expert) pair once. Plus EPLB's placement rules."""
+copies, in both modes (variable splits; fixed blocks, as CUDA graphs need), and the measured load counts
+each routed (token, expert) pair once. Plus EPLB's placement rules."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from runtime.gpu.testing.ranks import run_ranks
 E, D, INTER, K = 8, 16, 32, 2
 
 
-def _check_exchange(rank: int, world: int, redundant: int) -> None:
+def _check_exchange(rank: int, world: int, redundant: int, mode: str) -> None:
     from runtime.gpu import distributed
     from runtime.gpu.kernels.fused_moe.reference import fused_moe
     from runtime.gpu.layers.expert_parallel import ExpertParallelMoE
@@ -35,6 +36,7 @@ def _check_exchange(rank: int, world: int, redundant: int) -> None:
     )
     weights = torch.rand(t, K, generator=g)
     ep = ExpertParallelMoE(placement)
+    ep.mode = mode
     out = ep(x, weights, ids, experts)
     torch.testing.assert_close(out, fused_moe(x, w13, w2, weights, ids), rtol=1e-5, atol=1e-5)
     assert ep.load.tolist() == torch.bincount(ids.reshape(-1), minlength=E).tolist()
@@ -42,9 +44,12 @@ def _check_exchange(rank: int, world: int, redundant: int) -> None:
     assert int(total.sum()) == K * sum(0 if r == 1 else 5 + 3 * r for r in range(world))
 
 
-@pytest.mark.parametrize(("world", "redundant"), [(2, 0), (2, 2), (4, 4)])
-def test_exchange_equals_local_experts(world, redundant):
-    run_ranks(_check_exchange, world, redundant)
+@pytest.mark.parametrize(
+    ("world", "redundant", "mode"),
+    [(2, 0, "normal"), (2, 2, "normal"), (4, 4, "normal"), (2, 2, "low_latency"), (4, 0, "low_latency")],
+)
+def test_exchange_equals_local_experts(world, redundant, mode):
+    run_ranks(_check_exchange, world, redundant, mode)
 
 
 def test_rebalance_copies_hot_experts_and_evens_rank_load():

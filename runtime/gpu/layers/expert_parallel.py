@@ -8,8 +8,9 @@ expert's tokens over its copies. `rebalance` (EPLB) turns measured expert load i
 copies for the hottest experts, then slots packed onto ranks so each rank's load is even. Outputs do not
 depend on the placement: every copy holds the same weights.
 
-A layer's exchange (`ExpertParallelMoE.forward`): each (token, chosen expert) pair goes to the rank of a
-slot holding that expert (`all_to_all_single`, splits learned from a first exchange of counts), runs
+A layer's exchange (`ExpertParallelMoE.forward`) has DeepEP's two modes. Normal (prefill, and every
+step on the CPU): each (token, chosen expert) pair goes to the rank of a slot holding that expert
+(`all_to_all_single`, splits learned from a first exchange of counts, read on the host), runs
 there through the local experts with its routing weight, comes back the same way and is summed into its
 token. A rank with no tokens (an idle DP rank) still takes part with empty tensors, so the collectives
 of every rank line up."""
@@ -111,6 +112,9 @@ def rebalance(load: Sequence[float], ep_size: int, num_slots: int) -> ExpertPlac
     return ExpertPlacement(n, ep_size, tuple(e for r in ranks for e in sorted(r)))
 
 
+LOW_LATENCY_MAX_TOKENS = 256
+
+
 class ExpertParallelMoE(torch.nn.Module):
     """Dispatch, local experts, combine, over the EP group. `experts` is the rank's `RoutedExperts`,
     holding `placement.local(rank)` in order. Counts tokens per logical expert (`load`) for EPLB."""
@@ -122,6 +126,7 @@ class ExpertParallelMoE(torch.nn.Module):
         # moved empty: buffers made here would hold nothing)
         self._tables: tuple[torch.Tensor, torch.Tensor] | None = None
         self.load: torch.Tensor | None = None  # tokens routed to each logical expert, for `rebalance`
+        self.mode = "auto"  # "auto" | "normal" | "low_latency" (module docstring; tests pin one)
 
     def _tables_on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if self._tables is None or self._tables[0].device != device:
@@ -143,6 +148,11 @@ class ExpertParallelMoE(torch.nn.Module):
         token = torch.arange(t * k, device=x.device) // k
         slot = copy_table[flat, token % num_copies[flat]]
         dest = slot // per_rank
+        low_latency = self.mode == "low_latency" or (
+            self.mode == "auto" and x.is_cuda and t <= LOW_LATENCY_MAX_TOKENS
+        )
+        if low_latency:
+            return self._fixed_blocks(x, weights.reshape(-1), token, slot % per_rank, dest, experts)
         order = torch.argsort(dest, stable=True)
         send = torch.bincount(dest, minlength=group.size)
         recv = distributed.all_to_all(send, [1] * group.size, [1] * group.size)
@@ -156,22 +166,45 @@ class ExpertParallelMoE(torch.nn.Module):
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         return out.index_add_(0, token[order], back.float()).to(x.dtype)
 
+    def _fixed_blocks(self, x, weights, token, local, dest, experts) -> torch.Tensor:  # noqa: ANN001
+        """Low-latency mode: fixed blocks of `cap` = T * k rows per rank pair, no host reads."""
+        ep, cap, d = distributed.ep().size, token.numel(), x.shape[1]
+        # each pair's row in its destination's block: how many earlier pairs go to the same rank
+        onehot = torch.nn.functional.one_hot(dest, ep)
+        pos = (onehot.cumsum(0) - 1).gather(1, dest[:, None]).squeeze(1)
+        send = x.new_zeros(ep, cap, d)
+        send[dest, pos] = x[token]
+        send_w = torch.zeros(ep, cap, dtype=torch.float32, device=x.device)
+        send_w[dest, pos] = weights.float()
+        send_local = torch.zeros(ep, cap, dtype=torch.int64, device=x.device)
+        send_local[dest, pos] = local
+        splits = [cap] * ep
+        rows = distributed.all_to_all(send.view(ep * cap, d), splits, splits)
+        w = distributed.all_to_all(send_w.view(-1), splits, splits)
+        ids = distributed.all_to_all(send_local.view(-1), splits, splits)
+        y = experts(rows, w[:, None], ids[:, None])
+        back = distributed.all_to_all(y, splits, splits).view(ep, cap, d)
+        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        return out.index_add_(0, token, back[dest, pos].float()).to(x.dtype)
+
 
 _placement: ExpertPlacement | None = None  # set by the runner before the model is built (`use`)
 _redundant = 0
+_always = False
 
 
-def use(placement: ExpertPlacement | None, redundant: int = 0) -> None:
+def use(placement: ExpertPlacement | None, redundant: int = 0, always: bool = False) -> None:
     """The placement the next model built on this rank takes (None: `ExpertPlacement.contiguous` with
-    `redundant` extra slots)."""
-    global _placement, _redundant
-    _placement, _redundant = placement, redundant
+    `redundant` extra slots); `always`: the exchange even on one rank (`--moe-a2a-backend all_to_all`,
+    to measure what the EP path costs against the plain fused MoE)."""
+    global _placement, _redundant, _always
+    _placement, _redundant, _always = placement, redundant, always
 
 
 def for_rank(num_experts: int) -> ExpertParallelMoE | None:
     """The exchange of a MoE layer of `num_experts` experts on this rank; None without EP."""
     group = distributed.ep()
-    if group.size == 1:
+    if group.size == 1 and not _always:
         return None
     p = _placement or ExpertPlacement.contiguous(num_experts, group.size, _redundant)
     if (p.num_experts, p.ep_size) != (num_experts, group.size):
