@@ -46,6 +46,11 @@ class Runner(Protocol):
 
     def launch(self, plan: StepPlan) -> PendingResult: ...
 
+    # ranks that step together (DP attention with expert parallelism) also need:
+    def set_step_tokens(self, n: int) -> None: ...
+
+    def idle_step(self) -> None: ...
+
 
 def load_model_runner(cfg: RunnerConfig) -> Runner:
     from runtime.gpu.model_runner import ModelRunner  # torch is imported by engine processes only
@@ -115,7 +120,7 @@ class GpuWorkerActor(Actor):
 
     def _lockstep(self, loop: asyncio.AbstractEventLoop) -> None:
         """The launch thread's loop for ranks that step together. Each round the ranks agree (a max over
-        a gloo group, on the host) whether any has a plan; if one has, every rank steps: its own plan, or
+        a gloo group, on the host) whether any has a plan, and on the most tokens any has; if one has, every rank steps: its own plan, or
         an idle step that joins the collectives with no tokens. While all are idle each waits for a plan
         a little longer each round (up to IDLE_POLL_MAX_S), so an idle world costs next to nothing. A rank
         that stops says so in the same flag, and every rank leaves the loop at the same round."""
@@ -130,7 +135,8 @@ class GpuWorkerActor(Actor):
                 except queue.Empty:
                     pending = None
             flag = 2 if self._stop_flag else int(pending is not None)
-            agreed = distributed.agree_max(flag)
+            tokens = sum(pending.extend_lens) if pending is not None else 0
+            agreed, most = distributed.agree_max(flag, tokens)
             if agreed >= 2:
                 return
             if agreed == 0:
@@ -143,6 +149,7 @@ class GpuWorkerActor(Actor):
             wait = IDLE_POLL_MIN_S
             plan, pending = pending, None
             try:
+                self.runner.set_step_tokens(most)  # every rank sizes its MoE exchanges alike
                 if plan is None or not plan.rows:
                     self.runner.idle_step()
                 if plan is None:

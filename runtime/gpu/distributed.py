@@ -130,13 +130,14 @@ def world_min(n: int, device: torch.device) -> int:
     return int(t.item())
 
 
-def agree_max(flag: int) -> int:
-    """The largest of every rank's `flag`, over the gloo group (a host value: no device sync)."""
+def agree_max(*values: int) -> list[int]:
+    """The largest of every rank's value, for each of `values`, over the gloo group (host values: no
+    device sync)."""
     if _CPU.size == 1:
-        return flag
-    t = torch.tensor([flag], dtype=torch.int64)
+        return list(values)
+    t = torch.tensor(values, dtype=torch.int64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=_CPU.handle)
-    return int(t.item())
+    return t.tolist()
 
 
 def shutdown() -> None:

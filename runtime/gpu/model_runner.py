@@ -30,7 +30,7 @@ from runtime.gpu.forward_batch import ForwardBatch, StepTables, columns_to_devic
 from runtime.gpu.grammar import GrammarTable
 from runtime.gpu.kv_pool import KVPoolSpec
 from runtime.gpu.layers import expert_parallel
-from runtime.gpu.layers.expert_parallel import ExpertPlacement
+from runtime.gpu.layers.expert_parallel import ExpertParallelMoE, ExpertPlacement
 from runtime.gpu.model_builder import build_model, resolve_dtype, resolve_kv_dtype
 from runtime.gpu.pending import Copies, PendingStep
 from runtime.gpu.sampler import Sampler
@@ -80,6 +80,7 @@ class ModelRunner:
         self.vocab_size: int = self.config.vocab_size
         self.eos_token_ids: list[int] = _eos_ids(path, self.config)
         self.model = build_model(cfg, self.config, path, self.device, self.dtype)
+        self._exchanges: list[ExpertParallelMoE] | None = None  # the MoE layers' EP exchanges
 
         self.kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, self.dtype)
         if self.kv_dtype != self.dtype and not self.model.abilities.fp8_kv_cache:
@@ -232,6 +233,13 @@ class ModelRunner:
             self._t_ref,
             on_counts=Speculation.advance(self.sampler, verify) if verify is not None else None, draft=draft,
         )  # fmt: skip
+
+    def set_step_tokens(self, n: int) -> None:
+        """The next step's most tokens on any DP rank (they agreed on it): MoE exchanges size by it."""
+        if self._exchanges is None:
+            self._exchanges = [m for m in self.model.modules() if isinstance(m, ExpertParallelMoE)]
+        for m in self._exchanges:
+            m.step_tokens = n
 
     def idle_step(self) -> None:
         """Join one step's collectives without tokens (a DP rank idle while others run a step)."""

@@ -127,6 +127,9 @@ class ExpertParallelMoE(torch.nn.Module):
         self._tables: tuple[torch.Tensor, torch.Tensor] | None = None
         self.load: torch.Tensor | None = None  # tokens routed to each logical expert, for `rebalance`
         self.mode = "auto"  # "auto" | "normal" | "low_latency" (module docstring; tests pin one)
+        # the step's largest token count over the EP ranks (DP ranks agree on it before each step), so
+        # every rank picks the same mode and block size; None: this rank's own count (one rank)
+        self.step_tokens: int | None = None
 
     def _tables_on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if self._tables is None or self._tables[0].device != device:
@@ -148,11 +151,12 @@ class ExpertParallelMoE(torch.nn.Module):
         token = torch.arange(t * k, device=x.device) // k
         slot = copy_table[flat, token % num_copies[flat]]
         dest = slot // per_rank
+        most = self.step_tokens if self.step_tokens is not None else t
         low_latency = self.mode == "low_latency" or (
-            self.mode == "auto" and x.is_cuda and t <= LOW_LATENCY_MAX_TOKENS
+            self.mode == "auto" and x.is_cuda and most <= LOW_LATENCY_MAX_TOKENS
         )
         if low_latency:
-            return self._fixed_blocks(x, weights.reshape(-1), token, slot % per_rank, dest, experts)
+            return self._fixed_blocks(x, weights.reshape(-1), token, slot % per_rank, dest, experts, most * k)
         order = torch.argsort(dest, stable=True)
         send = torch.bincount(dest, minlength=group.size)
         recv = distributed.all_to_all(send, [1] * group.size, [1] * group.size)
@@ -166,9 +170,10 @@ class ExpertParallelMoE(torch.nn.Module):
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         return out.index_add_(0, token[order], back.float()).to(x.dtype)
 
-    def _fixed_blocks(self, x, weights, token, local, dest, experts) -> torch.Tensor:  # noqa: ANN001
-        """Low-latency mode: fixed blocks of `cap` = T * k rows per rank pair, no host reads."""
-        ep, cap, d = distributed.ep().size, token.numel(), x.shape[1]
+    def _fixed_blocks(self, x, weights, token, local, dest, experts, cap: int) -> torch.Tensor:  # noqa: ANN001
+        """Low-latency mode: blocks of `cap` rows (the step's most tokens on any rank, times k) per rank
+        pair, the same on every rank, so no host reads."""
+        ep, d = distributed.ep().size, x.shape[1]
         # each pair's row in its destination's block: how many earlier pairs go to the same rank
         onehot = torch.nn.functional.one_hot(dest, ep)
         pos = (onehot.cumsum(0) - 1).gather(1, dest[:, None]).squeeze(1)
