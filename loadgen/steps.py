@@ -72,6 +72,9 @@ def add_args(p) -> None:
                    "64-token tiles through a page table when it is a multiple of 64)")  # fmt: skip
     p.add_argument("--cuda-graph", choices=("on", "off", "both"), default="on",
                    help="decode with CUDA graphs, eagerly, or both side by side (rows `decode-e`: eager)")  # fmt: skip
+    p.add_argument("--moe-a2a-backend", choices=("auto", "all_to_all"), default="auto",
+                   help="all_to_all: MoE layers through the expert-parallel exchange even on one GPU "
+                   "(what the EP path costs; as conduit serve)")  # fmt: skip
     p.add_argument("--overlap", choices=("on", "off", "both"), default="on",
                    help="decode steps pipelined two deep as the worker runs them, or each waited for "
                    "(rows `decode-s`), or both")  # fmt: skip
@@ -228,7 +231,8 @@ class _Bench:
                            quantization=args.quantization,
                            num_kv_slots=slots, max_reqs=max_b, max_model_len=self.max_len, seed=args.seed,
                            cuda_graph=args.cuda_graph != "off", page_size=page,
-                           attention_backend=args.attention_backend)  # fmt: skip
+                           attention_backend=args.attention_backend,
+                           moe_a2a_backend=args.moe_a2a_backend)  # fmt: skip
         self.runner = ModelRunner(cfg)
         if self.runner.page_size != page:  # DeepSeek-V4: a page holds whole compression windows
             multiple = self.runner.kv_pool.page_multiple
