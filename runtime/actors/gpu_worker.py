@@ -185,4 +185,16 @@ class GpuWorkerActor(Actor):
             return
         self.failed = f"{type(exc).__name__}: {exc}"
         log.error("step_failed", step=step, error=self.failed, trace=traceback.format_exc())
-        await self.send(self.scheduler, WorkerFailed(step, self.failed))
+        await self.send(self.scheduler, WorkerFailed(step, self._client_message(exc)))
+
+    def _client_message(self, exc: Exception) -> str:
+        """What a failed request's client reads. With many ranks, a step usually fails because another
+        rank died in the middle of a collective, whose own message is long and low-level: say that."""
+        cfg = self.runner_config
+        if cfg is None or cfg.world_size == 1:
+            return self.failed
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return (
+            f"rank {cfg.rank} of {cfg.world_size} failed a step (another rank may have died): "
+            f"{type(exc).__name__}: {first[:160]}"
+        )
