@@ -103,3 +103,15 @@ class ParallelLMHead(nn.Linear):
         if distributed.tp().size == 1:
             return logits
         return distributed.all_gather(logits, dim=-1)[:, : self.vocab_size]
+
+
+class ColumnParallelLinear(nn.Linear):
+    """y = x W^T (+ b) for rows [start, start + size) of W (a slice of the output features); no
+    collective: a row-parallel layer, or a per-head computation, consumes the slice."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, out_range: tuple[int, int]) -> None:
+        start, size = out_range
+        super().__init__(in_features, size, bias=bias)
+        self.tp_slices = {}
+        if size != out_features:
+            self.tp_slices = {"weight": (0, start, size)} | ({"bias": (0, start, size)} if bias else {})

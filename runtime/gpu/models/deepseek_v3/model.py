@@ -37,6 +37,13 @@ from runtime.gpu.kv_pool import KVPoolSpec
 from runtime.gpu.layers import MergedLinear, RMSNorm, RotaryEmbedding, expert_parallel
 from runtime.gpu.layers.fp8_linear import Fp8Linear, MergedFp8Linear
 from runtime.gpu.layers.moe import RoutedExperts, TopkRouter
+from runtime.gpu.layers.parallel import (
+    ColumnParallelLinear,
+    ParallelLMHead,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    split,
+)
 from runtime.gpu.layers.rotary import rope_parameters
 from runtime.gpu.models.base import CausalLM, ModelAbilities
 from runtime.gpu.models.deepseek_v3.attention_kernel import MLAKernelBackend
@@ -63,19 +70,47 @@ def _linear(in_features: int, out_features: int, bias: bool = False, fp8_weights
     return (Fp8Linear if fp8_weights else nn.Linear)(in_features, out_features, bias=bias)
 
 
+def _column(
+    in_features: int, out_features: int, rows: tuple[int, int], fp8_weights: bool = False
+) -> nn.Module:
+    """A projection whose output features split over the TP ranks (whole on one rank)."""
+    if distributed.tp().size == 1:
+        return _linear(in_features, out_features, fp8_weights=fp8_weights)
+    return ColumnParallelLinear(in_features, out_features, False, rows)
+
+
+def _row(
+    in_features: int, out_features: int, bias: bool, cols: tuple[int, int], fp8_weights: bool
+) -> nn.Module:
+    """A projection whose input features split over the TP ranks, summed by all-reduce."""
+    if distributed.tp().size == 1:
+        return _linear(in_features, out_features, bias, fp8_weights)
+    return RowParallelLinear(in_features, out_features, bias, cols)
+
+
 def _deinterleave(x: torch.Tensor) -> torch.Tensor:
     """Pairs (x0, x1), (x2, x3)... -> [x0, x2, ... | x1, x3, ...]: interleaved RoPE becomes rotate-half.
     q and k get the same permutation, so their dot products (all attention sees) are unchanged."""
     return torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)
 
 
+def _check_tp(fp8_weights: bool) -> None:
+    if fp8_weights and distributed.tp().size > 1:
+        raise ValueError("FP8 weights under tensor parallelism are not supported yet (--quantization none)")
+
+
 class DeepseekV3Attention(nn.Module):
-    """MLA: q from a low-rank (or direct) projection; one latent c and one roped key k_pe per token."""
+    """MLA: q from a low-rank (or direct) projection; one latent c and one roped key k_pe per token.
+    Under tensor parallelism a rank holds a share of the heads (`split`): their rows of q_b_proj (or
+    q_proj) and kv_b_proj, their columns of o_proj (row-parallel); the latent projection is whole."""
 
     def __init__(self, config, layer_id: int, rotary: RotaryEmbedding, fp8_weights: bool = False) -> None:
         super().__init__()
+        _check_tp(fp8_weights)
+        tp = distributed.tp()
         self.layer_id = layer_id
-        self.num_heads = config.num_attention_heads
+        h_start, self.num_heads = split(config.num_attention_heads, tp.size, tp.rank)
+        heads = config.num_attention_heads
         self.nope_dim, self.rope_dim = config.qk_nope_head_dim, config.qk_rope_head_dim
         self.v_dim, self.kv_lora_rank = config.v_head_dim, config.kv_lora_rank
         self.interleave = getattr(config, "rope_interleave", True)
@@ -83,19 +118,22 @@ class DeepseekV3Attention(nn.Module):
         bias = getattr(config, "attention_bias", False)
         self.q_lora_rank = config.q_lora_rank
         f8 = fp8_weights
+        q_rows = (h_start * qk_dim, self.num_heads * qk_dim)
         if self.q_lora_rank is None:
-            self.q_proj = _linear(hidden, self.num_heads * qk_dim, fp8_weights=f8)
+            self.q_proj = _column(hidden, heads * qk_dim, q_rows, fp8_weights=f8)
         else:
             self.q_a_proj = _linear(hidden, self.q_lora_rank, bias, f8)
             self.q_a_layernorm = RMSNorm(self.q_lora_rank)  # eps 1e-6 in the reference, not rms_norm_eps
-            self.q_b_proj = _linear(self.q_lora_rank, self.num_heads * qk_dim, fp8_weights=f8)
+            self.q_b_proj = _column(self.q_lora_rank, heads * qk_dim, q_rows, fp8_weights=f8)
         self.kv_a_proj_with_mqa = _linear(hidden, self.kv_lora_rank + self.rope_dim, bias, f8)
         self.kv_a_layernorm = RMSNorm(self.kv_lora_rank)
         # always in the model dtype: MLA reads it as W_UK / W_UV (absorbed into q and the output)
-        self.kv_b_proj = nn.Linear(
-            self.kv_lora_rank, self.num_heads * (self.nope_dim + self.v_dim), bias=False
+        kv_dim = self.nope_dim + self.v_dim
+        self.kv_b_proj = ColumnParallelLinear(
+            self.kv_lora_rank, heads * kv_dim, False, (h_start * kv_dim, self.num_heads * kv_dim)
         )
-        self.o_proj = _linear(self.num_heads * self.v_dim, hidden, bias, f8)
+        o_cols = (h_start * self.v_dim, self.num_heads * self.v_dim)
+        self.o_proj = _row(heads * self.v_dim, hidden, bias, o_cols, f8)
         self.rotary = rotary
 
     def forward(
@@ -131,10 +169,17 @@ class DeepseekV3MLP(nn.Module):
 
     def __init__(self, hidden: int, intermediate: int, fp8_weights: bool = False) -> None:
         super().__init__()
-        sizes, names = [intermediate, intermediate], ["gate_proj", "up_proj"]
-        merged = MergedFp8Linear if fp8_weights and MergedFp8Linear.fits(sizes) else MergedLinear
-        self.gate_up_proj = merged(hidden, sizes, names)
-        self.down_proj = _linear(intermediate, hidden, fp8_weights=fp8_weights)
+        _check_tp(fp8_weights)
+        tp = distributed.tp()
+        start, inter = split(intermediate, tp.size, tp.rank)  # TP: a slice of the hidden features
+        sizes, names = [inter, inter], ["gate_proj", "up_proj"]
+        if fp8_weights and MergedFp8Linear.fits(sizes):
+            self.gate_up_proj = MergedFp8Linear(hidden, sizes, names)
+        else:
+            self.gate_up_proj = MergedLinear(
+                hidden, sizes, names, starts=[start, start] if tp.size > 1 else None
+            )
+        self.down_proj = _row(intermediate, hidden, False, (start, inter), fp8_weights)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x)
@@ -232,7 +277,7 @@ class DeepseekV3Model(nn.Module):
     def __init__(self, config, max_positions: int, fp8_weights: bool = False) -> None:
         super().__init__()
         self.num_layers = config.num_hidden_layers
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         rotary = RotaryEmbedding(config, config.qk_rope_head_dim, max_positions)
         n_mtp = getattr(config, "num_nextn_predict_layers", 0) or 0
         layers = [DeepseekV3DecoderLayer(config, i, rotary, fp8_weights) for i in range(self.num_layers)]
@@ -259,7 +304,7 @@ class DeepseekV3ForCausalLM(CausalLM):
         self.config = config
         self.fp8_weights = fp8_weights
         self.model = DeepseekV3Model(config, max_positions or config.max_position_embeddings, fp8_weights)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = ParallelLMHead(config.hidden_size, config.vocab_size)
         self.tie_weights()
 
     @property
@@ -307,7 +352,7 @@ class DeepseekV3ForCausalLM(CausalLM):
         c = self.config
         cls = TorchMLABackend if name == "torch" else MLAKernelBackend
         backend = cls(
-            c.num_attention_heads, c.kv_lora_rank, c.qk_rope_head_dim, softmax_scale(c),
+            self.model.layers[0].self_attn.num_heads, c.kv_lora_rank, c.qk_rope_head_dim, softmax_scale(c),
             qk_nope_dim=c.qk_nope_head_dim, v_dim=c.v_head_dim,
         )  # fmt: skip
         backend.page_size = page_size

@@ -62,6 +62,9 @@ def load_named(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor]]) ->
             load_float(dst, scale_dst, tensor)
             pending -= {key, scale_key}
             continue
+        if getattr(_module_of(model, key[0]), "tp_padded", False):  # the last vocabulary part
+            dst.zero_()
+            dst = dst.narrow(0, 0, tensor.shape[0])
         if dst.shape != tensor.shape:
             raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(dst.shape)}")
         dst.copy_(tensor)
@@ -131,6 +134,13 @@ def _keys_of(model: nn.Module, param_name: str) -> list[tuple[str, object]]:
     if isinstance(module, (MergedLinear, MergedFp8Linear)):
         return [(param_name, s) for s in module.shard_names]
     return [(param_name, None)]
+
+
+def _module_of(model: nn.Module, param_name: str) -> nn.Module | None:
+    try:
+        return model.get_submodule(param_name.rpartition(".")[0])
+    except AttributeError:
+        return None
 
 
 def _other_ranks_expert(model: nn.Module, name: str) -> bool:

@@ -254,6 +254,11 @@ class DeepseekV4ForCausalLM(CausalLM):
 
     def __init__(self, config, max_positions: int | None = None) -> None:
         super().__init__()
+        if distributed.tp().size > 1:
+            raise ValueError(
+                "DeepSeek-V4 is not split by tensor parallelism yet: serve it with --enable-dp-attention "
+                "--dp-size N --ep-size N (each rank its own attention, experts split)"
+            )
         self.config = config
         self.max_positions = max_positions or config.max_position_embeddings
         self.model = DeepseekV4Model(config)
