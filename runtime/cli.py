@@ -241,6 +241,14 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         help="`auto`: MoE tokens travel by all_to_all_single when experts split over ranks; `all_to_all`: "
         "the exchange even on one rank (measures the EP path against the plain fused MoE)",
     )
+    g.add_argument(
+        "--expert-load-out",
+        default=None,
+        metavar="DIR",
+        help="at shutdown each rank writes the tokens its MoE exchanges routed to each expert there; "
+        "`python -m runtime.gpu.layers.expert_parallel DIR --ep-size N --slots M` turns them into a "
+        "--expert-placement file (EPLB)",
+    )
     g.add_argument("--nnodes", type=int, default=d.nnodes, help="machines the ranks span")
     g.add_argument("--node-rank", type=int, default=d.node_rank, help="this machine's index (0: HTTP)")
     g.add_argument(

@@ -79,6 +79,8 @@ class ServerConfig(msgspec.Struct, kw_only=True, frozen=True):
     # "auto": MoE tokens travel by all-to-all when experts split over ranks; "all_to_all": always, even on
     # one rank (to measure the EP path's cost against the plain fused MoE)
     moe_a2a_backend: str = "auto"
+    # at shutdown each rank writes its measured expert load there (`expert_parallel.rebalance` input)
+    expert_load_out: str | None = None
     nnodes: int = 1  # machines; each runs `conduit serve` with its --node-rank, node 0 the HTTP frontend
     node_rank: int = 0
     dist_init_addr: str | None = None  # host:port where rank 0 gathers the world (default: loopback)
@@ -224,6 +226,7 @@ class RunnerConfig(msgspec.Struct, frozen=True):
     ep_num_redundant_experts: int = 0
     expert_placement: str | None = None  # path of a JSON ExpertPlacement
     moe_a2a_backend: str = "auto"  # "auto" | "all_to_all" (ServerConfig)
+    expert_load_out: str | None = None
     dist_init_addr: str | None = None  # host:port of rank 0's rendezvous (world_size > 1)
     speculative_algorithm: str | None = None  # ServerConfig's speculative settings
     speculative_num_draft_tokens: int = 3
@@ -272,6 +275,7 @@ class RunnerConfig(msgspec.Struct, frozen=True):
             ep_num_redundant_experts=cfg.ep_num_redundant_experts,
             expert_placement=cfg.expert_placement,
             moe_a2a_backend=cfg.moe_a2a_backend,
+            expert_load_out=cfg.expert_load_out,
             dist_init_addr=dist_init_addr,
             speculative_algorithm=cfg.speculative_algorithm,
             speculative_num_draft_tokens=cfg.speculative_num_draft_tokens,

@@ -103,6 +103,9 @@ class GpuWorkerActor(Actor):
             self._sender.cancel()
         self._launch.shutdown(wait=True)
         self._collect.shutdown(wait=True)
+        save_load = getattr(self.runner, "save_expert_load", None)
+        if save_load is not None:
+            save_load()
 
     async def handle(self, msg: Message) -> None:
         if not isinstance(msg, StepPlan) or self.failed:

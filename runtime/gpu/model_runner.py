@@ -241,6 +241,20 @@ class ModelRunner:
         for m in self._exchanges:
             m.step_tokens = n
 
+    def save_expert_load(self) -> None:
+        """With `expert_load_out`: this rank's measured expert load (tokens routed to each logical
+        expert, summed over MoE layers) as `expert_load.rank{r}.json` there, for `rebalance`."""
+        if not self.cfg.expert_load_out:
+            return
+        self.set_step_tokens(0)  # finds the exchanges
+        loads = [m.load for m in self._exchanges or [] if m.load is not None]
+        if not loads:
+            return
+        total = torch.stack(loads).sum(0).tolist()
+        out = Path(self.cfg.expert_load_out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"expert_load.rank{self.cfg.rank}.json").write_text(json.dumps(total))
+
     def idle_step(self) -> None:
         """Join one step's collectives without tokens (a DP rank idle while others run a step)."""
         with torch.inference_mode():

@@ -2,18 +2,19 @@
 V4 served at DP=EP=2 and 4 give transformers' greedy text for a batch of mixed requests sent together
 (repeated prompts for prefix hits, prompts longer than the chunked-prefill budget, and with more ranks
 than concurrent requests some rank idles while others step). Redundant expert copies and a placement
-rebalanced from a skewed load give the same text."""
+rebalanced from the load the ranks measured give the same text."""
 
 from __future__ import annotations
 
 import json
+import signal
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
 from transformers import AutoTokenizer
 
-from runtime.gpu.layers.expert_parallel import rebalance
+from runtime.gpu.layers.expert_parallel import measured_load, rebalance
 from runtime.gpu.testing import (
     copy_tokenizer,
     greedy_chat_texts,
@@ -89,19 +90,22 @@ def test_dep_batch_equals_transformers_greedy(launch_server, tiny_dir, reference
         assert after - before >= 30 * len(PROMPTS)
 
 
-def test_redundant_experts_and_a_rebalanced_placement_keep_the_text(
+def test_redundant_experts_and_a_placement_rebalanced_from_measured_load_keep_the_text(
     launch_server, tiny_dir, reference, tmp_path
 ):
     base = ("--model", str(tiny_dir[0]), "--served-model-name", "tiny", *_dep(2), *FLAGS, *tiny_dir[2])
-    with launch_server(*base, "--ep-num-redundant-experts", "2") as server:
+    loads = tmp_path / "load"
+    with launch_server(*base, "--ep-num-redundant-experts", "2", "--expert-load-out", str(loads)) as server:
         assert _batch(server) == reference
-    # a skewed load: the first and the last expert hot; they get copies
+        server.proc.send_signal(signal.SIGINT)  # a clean stop: each rank writes its measured load
+        server.proc.wait(timeout=60)
     n = json.loads((tiny_dir[0] / "config.json").read_text())["n_routed_experts"]
-    load = [90] + [1] * (n - 2) + [60]
+    load = measured_load(loads)
+    assert len(load) == n and sum(load) > 0
     placement = rebalance(load, ep_size=2, num_slots=n + 2)
-    assert len(placement.copies()[0]) == len(placement.copies()[n - 1]) == 2
+    hottest = max(range(n), key=load.__getitem__)
+    assert len(placement.copies()[hottest]) == 2  # the hottest expert got a copy
     path = tmp_path / "placement.json"
     path.write_text(placement.to_json())
     with launch_server(*base, "--expert-placement", str(path)) as server:
         assert _batch(server) == reference
-    assert json.loads(path.read_text())["slots"] == list(placement.slots)

@@ -60,15 +60,13 @@ class ExpertPlacement:
 
     @classmethod
     def contiguous(cls, num_experts: int, ep_size: int, redundant: int = 0) -> ExpertPlacement:
-        """Experts in rank order, then `redundant` extra copies of experts 0, 1, ... each placed on a rank
-        that lacks it (the copies land on the ranks after the one holding the expert)."""
+        """Experts in rank order; with `redundant` extra slots, EPLB's placement for an even load (copies
+        of experts 0, 1, ..., each on a rank that lacks it)."""
         if (num_experts + redundant) % ep_size:
             raise ValueError(f"{num_experts} experts + {redundant} copies do not split over {ep_size} ranks")
-        uniform = [e for e in range(num_experts)]
-        load = [1.0] * num_experts
         if redundant == 0:
-            return cls(num_experts, ep_size, tuple(uniform))
-        return rebalance(load, ep_size, num_experts + redundant)
+            return cls(num_experts, ep_size, tuple(range(num_experts)))
+        return rebalance([1.0] * num_experts, ep_size, num_experts + redundant)
 
     def to_json(self) -> str:
         return json.dumps(
@@ -218,3 +216,31 @@ def for_rank(num_experts: int) -> ExpertParallelMoE | None:
             f"{num_experts} experts on {group.size}"
         )
     return ExpertParallelMoE(p)
+
+
+def measured_load(directory: str | Path) -> list[int]:
+    """The expert load the ranks of a server wrote with `--expert-load-out`, summed over ranks."""
+    files = sorted(Path(directory).glob("expert_load.rank*.json"))
+    if not files:
+        raise FileNotFoundError(f"no expert_load.rank*.json in {directory}")
+    loads = [json.loads(f.read_text()) for f in files]
+    return [sum(col) for col in zip(*loads, strict=True)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m runtime.gpu.layers.expert_parallel LOAD_DIR --ep-size N --slots M`: the EPLB placement
+    for the measured load, as JSON on stdout (for --expert-placement)."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("load_dir")
+    p.add_argument("--ep-size", type=int, required=True)
+    p.add_argument("--slots", type=int, help="physical expert slots (default: one per expert)")
+    a = p.parse_args(argv)
+    load = measured_load(a.load_dir)
+    print(rebalance(load, a.ep_size, a.slots or len(load)).to_json())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
