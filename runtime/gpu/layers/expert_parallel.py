@@ -17,8 +17,10 @@ of every rank line up."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,6 +115,42 @@ def rebalance(load: Sequence[float], ep_size: int, num_slots: int) -> ExpertPlac
 LOW_LATENCY_MAX_TOKENS = 256
 
 
+class ExchangeClock:
+    """Seconds spent in the exchanges' all-to-alls while `timed_exchanges` is on (device synced around
+    each call: for a measuring step of its own, never a timed one)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.calls = 0
+
+
+_clock: ExchangeClock | None = None
+
+
+@contextlib.contextmanager
+def timed_exchanges() -> Iterator[ExchangeClock]:
+    global _clock
+    _clock = clock = ExchangeClock()
+    try:
+        yield clock
+    finally:
+        _clock = None
+
+
+def _exchange(x: torch.Tensor, out_splits: list[int], in_splits: list[int]) -> torch.Tensor:
+    if _clock is None:
+        return distributed.all_to_all(x, out_splits, in_splits)
+    if x.is_cuda:
+        torch.cuda.synchronize(x.device)
+    t = time.perf_counter()
+    out = distributed.all_to_all(x, out_splits, in_splits)
+    if x.is_cuda:
+        torch.cuda.synchronize(x.device)
+    _clock.seconds += time.perf_counter() - t
+    _clock.calls += 1
+    return out
+
+
 class ExpertParallelMoE(torch.nn.Module):
     """Dispatch, local experts, combine, over the EP group. `experts` is the rank's `RoutedExperts`,
     holding `placement.local(rank)` in order. Counts tokens per logical expert (`load`) for EPLB."""
@@ -157,14 +195,14 @@ class ExpertParallelMoE(torch.nn.Module):
             return self._fixed_blocks(x, weights.reshape(-1), token, slot % per_rank, dest, experts, most * k)
         order = torch.argsort(dest, stable=True)
         send = torch.bincount(dest, minlength=group.size)
-        recv = distributed.all_to_all(send, [1] * group.size, [1] * group.size)
+        recv = _exchange(send, [1] * group.size, [1] * group.size)
         send_splits, recv_splits = send.tolist(), recv.tolist()
-        rows = distributed.all_to_all(x[token[order]], recv_splits, send_splits)
-        local = distributed.all_to_all((slot % per_rank)[order], recv_splits, send_splits)
-        w = distributed.all_to_all(weights.reshape(-1)[order].float(), recv_splits, send_splits)
+        rows = _exchange(x[token[order]], recv_splits, send_splits)
+        local = _exchange((slot % per_rank)[order], recv_splits, send_splits)
+        w = _exchange(weights.reshape(-1)[order].float(), recv_splits, send_splits)
         # each row through its expert, weighted there (as the fused op weights before it sums)
         y = experts(rows, w[:, None], local[:, None]) if rows.shape[0] else rows
-        back = distributed.all_to_all(y, send_splits, recv_splits)
+        back = _exchange(y, send_splits, recv_splits)
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         return out.index_add_(0, token[order], back.float()).to(x.dtype)
 
@@ -182,11 +220,11 @@ class ExpertParallelMoE(torch.nn.Module):
         send_local = torch.zeros(ep, cap, dtype=torch.int64, device=x.device)
         send_local[dest, pos] = local
         splits = [cap] * ep
-        rows = distributed.all_to_all(send.view(ep * cap, d), splits, splits)
-        w = distributed.all_to_all(send_w.view(-1), splits, splits)
-        ids = distributed.all_to_all(send_local.view(-1), splits, splits)
+        rows = _exchange(send.view(ep * cap, d), splits, splits)
+        w = _exchange(send_w.view(-1), splits, splits)
+        ids = _exchange(send_local.view(-1), splits, splits)
         y = experts(rows, w[:, None], ids[:, None])
-        back = distributed.all_to_all(y, splits, splits).view(ep, cap, d)
+        back = _exchange(y, splits, splits).view(ep, cap, d)
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         return out.index_add_(0, token, back[dest, pos].float()).to(x.dtype)
 
