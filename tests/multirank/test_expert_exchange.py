@@ -15,7 +15,7 @@ from runtime.gpu.testing.ranks import run_ranks
 E, D, INTER, K = 8, 16, 32, 2
 
 
-def _check_exchange(rank: int, world: int, redundant: int, mode: str) -> None:
+def _check_exchange(rank: int, world: int, redundant: int, mode: str, impl: str = "all_to_all") -> None:
     from runtime.gpu import distributed
     from runtime.gpu.kernels.fused_moe.reference import fused_moe
     from runtime.gpu.layers.expert_parallel import ExpertParallelMoE
@@ -35,6 +35,15 @@ def _check_exchange(rank: int, world: int, redundant: int, mode: str) -> None:
         torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(t)]) if t else torch.zeros(0, K).long()
     )
     weights = torch.rand(t, K, generator=g)
+    from runtime.gpu.kernels.moe_exchange import MOE_EXCHANGE
+
+    if impl == "deep_ep":  # the DeepEP adapter over the CPU stand-in of deep_ep.Buffer
+        from runtime.gpu.kernels.moe_exchange.deep_ep import use_buffer_class
+        from runtime.gpu.testing.fake_deep_ep import FakeBuffer
+
+        use_buffer_class(FakeBuffer)
+        MOE_EXCHANGE.clear_cache()
+    assert MOE_EXCHANGE.select(torch.device("cpu")).name == impl
     ep = ExpertParallelMoE(placement)
     ep.mode = mode
     ep.step_tokens = max(0 if r == 1 else 5 + 3 * r for r in range(world))  # what DP ranks agree on
@@ -51,6 +60,13 @@ def _check_exchange(rank: int, world: int, redundant: int, mode: str) -> None:
 )
 def test_exchange_equals_local_experts(world, redundant, mode):
     run_ranks(_check_exchange, world, redundant, mode)
+
+
+@pytest.mark.parametrize("mode", ["normal", "low_latency"])
+def test_deep_ep_adapter_over_a_cpu_stand_in_equals_local_experts(mode):
+    """DeepEP's normal and low-latency kernels through the op registry, `deep_ep.Buffer` replaced by a
+    gloo stand-in with its documented results (runtime/gpu/testing/fake_deep_ep.py)."""
+    run_ranks(_check_exchange, 2, 2, mode, "deep_ep")
 
 
 def test_rebalance_copies_hot_experts_and_evens_rank_load():

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from runtime.gpu import distributed
+from runtime.gpu.kernels.moe_exchange import MOE_EXCHANGE
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,8 @@ def timed_exchanges() -> Iterator[ExchangeClock]:
         _clock = None
 
 
-def _exchange(x: torch.Tensor, out_splits: list[int], in_splits: list[int]) -> torch.Tensor:
+def exchange_rows(x: torch.Tensor, out_splits: list[int], in_splits: list[int]) -> torch.Tensor:
+    """`distributed.all_to_all` over the EP group, timed while `timed_exchanges` is on."""
     if _clock is None:
         return distributed.all_to_all(x, out_splits, in_splits)
     if x.is_cuda:
@@ -180,53 +182,17 @@ class ExpertParallelMoE(torch.nn.Module):
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts) -> torch.Tensor:  # noqa: ANN001
         """x: [T, D], weights/ids: [T, k] (logical experts) -> [T, D]: sum_k weights * expert(x)."""
         t, k = ids.shape
-        group, per_rank = distributed.ep(), self.placement.per_rank
         copy_table, num_copies = self._tables_on(x.device)
         flat = ids.reshape(-1)
         self.load.index_add_(0, flat, torch.ones_like(flat))
         token = torch.arange(t * k, device=x.device) // k
-        slot = copy_table[flat, token % num_copies[flat]]
-        dest = slot // per_rank
+        slots = copy_table[flat, token % num_copies[flat]].view(t, k)  # a copy per pair, by its token
         most = self.step_tokens if self.step_tokens is not None else t
         low_latency = self.mode == "low_latency" or (
             self.mode == "auto" and x.is_cuda and most <= LOW_LATENCY_MAX_TOKENS
         )
-        if low_latency:
-            return self._fixed_blocks(x, weights.reshape(-1), token, slot % per_rank, dest, experts, most * k)
-        order = torch.argsort(dest, stable=True)
-        send = torch.bincount(dest, minlength=group.size)
-        recv = _exchange(send, [1] * group.size, [1] * group.size)
-        send_splits, recv_splits = send.tolist(), recv.tolist()
-        rows = _exchange(x[token[order]], recv_splits, send_splits)
-        local = _exchange((slot % per_rank)[order], recv_splits, send_splits)
-        w = _exchange(weights.reshape(-1)[order].float(), recv_splits, send_splits)
-        # each row through its expert, weighted there (as the fused op weights before it sums)
-        y = experts(rows, w[:, None], local[:, None]) if rows.shape[0] else rows
-        back = _exchange(y, send_splits, recv_splits)
-        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-        return out.index_add_(0, token[order], back.float()).to(x.dtype)
-
-    def _fixed_blocks(self, x, weights, token, local, dest, experts, cap: int) -> torch.Tensor:  # noqa: ANN001
-        """Low-latency mode: blocks of `cap` rows (the step's most tokens on any rank, times k) per rank
-        pair, the same on every rank, so no host reads."""
-        ep, d = distributed.ep().size, x.shape[1]
-        # each pair's row in its destination's block: how many earlier pairs go to the same rank
-        onehot = torch.nn.functional.one_hot(dest, ep)
-        pos = (onehot.cumsum(0) - 1).gather(1, dest[:, None]).squeeze(1)
-        send = x.new_zeros(ep, cap, d)
-        send[dest, pos] = x[token]
-        send_w = torch.zeros(ep, cap, dtype=torch.float32, device=x.device)
-        send_w[dest, pos] = weights.float()
-        send_local = torch.zeros(ep, cap, dtype=torch.int64, device=x.device)
-        send_local[dest, pos] = local
-        splits = [cap] * ep
-        rows = _exchange(send.view(ep * cap, d), splits, splits)
-        w = _exchange(send_w.view(-1), splits, splits)
-        ids = _exchange(send_local.view(-1), splits, splits)
-        y = experts(rows, w[:, None], ids[:, None])
-        back = _exchange(y, splits, splits).view(ep, cap, d)
-        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-        return out.index_add_(0, token, back[dest, pos].float()).to(x.dtype)
+        exchange = MOE_EXCHANGE.get(x.device)
+        return exchange(x, weights, slots, self.placement.per_rank, experts, most, low_latency)
 
 
 _placement: ExpertPlacement | None = None  # set by the runner before the model is built (`use`)
