@@ -15,7 +15,7 @@ from runtime.gpu.testing.ranks import run_ranks
 E, D, INTER, K = 8, 16, 32, 2
 
 
-def _check_exchange(rank: int, world: int, redundant: int, mode: str, impl: str = "all_to_all") -> None:
+def _check_exchange(rank: int, world: int, redundant: int, mode: str, impl: str = "reference") -> None:
     from runtime.gpu import distributed
     from runtime.gpu.kernels.fused_moe.reference import fused_moe
     from runtime.gpu.layers.expert_parallel import ExpertParallelMoE

@@ -1,7 +1,7 @@
 """Expert parallelism's token exchange: each token's routed pairs to the ranks holding their expert
 slots, through those ranks' local experts, and back summed (runtime/gpu/layers/expert_parallel.py
 says when and why). Implementations: DeepEP's `Buffer` (normal and low-latency kernels) on CUDA when
-`deep_ep` imports; `all_to_all_single` over the EP group (NCCL or gloo), always."""
+`deep_ep` imports; the reference: `all_to_all_single` over the EP group (NCCL or gloo), always."""
 
 from __future__ import annotations
 
@@ -43,4 +43,4 @@ def deep_ep_on_cuda(device: torch.device) -> bool:
 
 MOE_EXCHANGE = Op("moe_exchange", MoeExchange)
 MOE_EXCHANGE.register("deep_ep", "runtime.gpu.kernels.moe_exchange.deep_ep:exchange", deep_ep_on_cuda)
-MOE_EXCHANGE.register("all_to_all", "runtime.gpu.kernels.moe_exchange.all_to_all:exchange", always)
+MOE_EXCHANGE.register("reference", "runtime.gpu.kernels.moe_exchange.reference:exchange", always)

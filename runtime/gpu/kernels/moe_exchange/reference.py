@@ -1,5 +1,5 @@
-"""The exchange over `all_to_all_single` (NCCL or gloo): normal mode with splits read on the host, low
-latency with fixed blocks (runtime/gpu/layers/expert_parallel.py)."""
+"""The reference exchange over `all_to_all_single` (NCCL or gloo): normal mode with splits read on the
+host, low latency with fixed blocks (runtime/gpu/layers/expert_parallel.py)."""
 
 from __future__ import annotations
 
