@@ -105,8 +105,9 @@ async def run_node_agent(cfg: ServerConfig) -> None:
             cfg, placement, str(sock_dir), model_path, info.max_model_len, addresses.FRONTEND_NODE,
             rank, world, dist_addr, {addresses.FRONTEND_NODE: known[addresses.FRONTEND_NODE], node: known[node]},
         )  # fmt: skip
-        await system.start_child(node, "runtime.actors.engine_process", msgspec.msgpack.encode(args))
-        procs.append(system._children[node])
+        procs.append(
+            await system.start_child(node, "runtime.actors.engine_process", msgspec.msgpack.encode(args))
+        )
     log.info("node_started", node_rank=cfg.node_rank, ranks=list(local_ranks(cfg, world)))
     exited = asyncio.gather(*(p.wait() for p in procs))
     await asyncio.wait([exited, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED)

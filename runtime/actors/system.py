@@ -187,7 +187,9 @@ class ActorSystem:
     async def listen(self) -> None:
         self._server = await transport.serve(self._address(self.node), self._deliver)
 
-    async def start_child(self, node: str, module: str, payload: bytes, max_restarts: int = 0) -> None:
+    async def start_child(
+        self, node: str, module: str, payload: bytes, max_restarts: int = 0
+    ) -> asyncio.subprocess.Process:
         """Start `python -m module` as a child process, handing it `payload` (msgpack) on stdin. A fresh
         interpreter, not a fork or multiprocessing spawn: the caller's __main__ is never re-imported. It
         runs in its own session, so a Ctrl-C at the terminal reaches only this process, which stops
@@ -204,6 +206,7 @@ class ActorSystem:
         proc.stdin.close()
         self._children[node] = proc
         asyncio.create_task(self._watch(node, proc), name=f"watch:{node}")
+        return proc
 
     async def _watch(self, node: str, proc: asyncio.subprocess.Process) -> None:
         code = await proc.wait()

@@ -10,6 +10,7 @@ from typing import Protocol
 
 import torch
 
+from runtime.gpu.kernels.moe_exchange import stand_in
 from runtime.gpu.kernels.registry import Op, always, has_module
 
 Experts = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -36,9 +37,7 @@ class MoeExchange(Protocol):
 
 def deep_ep_on_cuda(device: torch.device) -> bool:
     """deep_ep importable on CUDA, or a stand-in Buffer installed (`deep_ep.use_buffer_class`: tests)."""
-    from runtime.gpu.kernels.moe_exchange import deep_ep as adapter
-
-    return adapter.stand_in() or (device.type == "cuda" and has_module("deep_ep"))
+    return stand_in.buffer_class is not None or (device.type == "cuda" and has_module("deep_ep"))
 
 
 MOE_EXCHANGE = Op("moe_exchange", MoeExchange)

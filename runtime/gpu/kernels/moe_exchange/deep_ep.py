@@ -14,30 +14,24 @@ import importlib
 import torch
 
 from runtime.gpu import distributed
-from runtime.gpu.kernels.moe_exchange import Experts
+from runtime.gpu.kernels.moe_exchange import Experts, stand_in
 
 LOW_LATENCY_TOKENS = 256  # DeepEP's num_max_dispatch_tokens_per_rank: fixed per low-latency buffer
 
-_buffer_class = None
 _buffers: dict[tuple, object] = {}
 
 
 def use_buffer_class(cls) -> None:  # noqa: ANN001
     """The Buffer class to use (None: `deep_ep.Buffer`); drops the buffers made so far. Call
     `MOE_EXCHANGE.clear_cache()` after, so the op chooses again."""
-    global _buffer_class
-    _buffer_class = cls
+    stand_in.install(cls)
     _buffers.clear()
-
-
-def stand_in() -> bool:
-    return _buffer_class is not None
 
 
 def _buffer(low_latency: bool, hidden: int, itemsize: int, num_experts: int):  # noqa: ANN202
     key = (low_latency, hidden, itemsize, num_experts)
     if key not in _buffers:
-        cls = _buffer_class or importlib.import_module("deep_ep").Buffer
+        cls = stand_in.buffer_class or importlib.import_module("deep_ep").Buffer
         group = distributed.ep()
         if low_latency:
             rdma = cls.get_low_latency_rdma_size_hint(LOW_LATENCY_TOKENS, hidden, group.size, num_experts)
