@@ -96,7 +96,9 @@ class ModelRunner:
                     f"--speculative-algorithm needs a KV pool that drops rejected drafts; "
                     f"{type(self.model).__name__}'s per-request state cannot yet"
                 )
-            drafter = make_drafter(cfg, self.tables, self.kv_pool.num_slots, self.vocab_size, self.dtype)
+            drafter = make_drafter(
+                cfg, self.tables, self.kv_pool.num_slots, self.vocab_size, self.dtype, self.model
+            )
             self.spec = Speculation(drafter, self.tables)
         self.sampler = Sampler(cfg.max_reqs, self.vocab_size, self.device, cfg.seed)
         self.grammar = GrammarTable(self._grammar_compiler, self.vocab_size, self.device)
@@ -266,11 +268,14 @@ class ModelRunner:
         if not plan.rows:
             empty = self.tables.last_token[:0]
             return Sampled(torch.empty(0, self.vocab_size, device=self.device), [], empty)
-        if self.graphs is not None and self.graphs.fits(plan) and not any(plan.draft_lens):
+        eager = any(plan.draft_lens) or (self.spec is not None and self.spec.wants_hidden)
+        if self.graphs is not None and self.graphs.fits(plan) and not eager:
             logits, rows_t = self.graphs.run(plan)
             return Sampled(logits, rows, rows_t)
         batch, sampled = self._build_batch(plan)
         hidden = self.model(batch.input_ids, batch.positions, batch, self.attn)
+        if self.spec is not None:
+            self.spec.capture(batch.out_loc, hidden)
         sampled.logits = self.model.compute_logits(hidden[sampled.logits])
         return sampled
 

@@ -61,8 +61,17 @@ class TokenHistory:
 
 
 class Drafter(ABC):
+    # hidden-state drafters (MTP): the runner hands them the target's final hidden state of every token
+    # it computes (`capture`), and runs those steps eagerly (a CUDA graph keeps only the logits)
+    wants_hidden: bool = False
+
     def __init__(self, max_draft: int) -> None:
         self.max_draft = max_draft
+
+    def capture(self, out_loc: torch.Tensor, hidden: torch.Tensor) -> None:
+        """After a forward of the target: the final hidden states [T, D] of the tokens whose KV went to
+        slots `out_loc` [T] (only called when `wants_hidden`)."""
+        return
 
     def register(self, start: SeqStart) -> None:
         """A request enters `start.row` (prompt, and outputs so far after a retraction)."""

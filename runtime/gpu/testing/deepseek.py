@@ -109,10 +109,48 @@ def random_deepseek_v3(seed: int = 0, **overrides):
 
 def save_tiny_deepseek_v3(path: Path, seed: int = 0, **overrides):
     """A real checkpoint directory (config.json + model.safetensors, per-expert tensor names as the
-    released checkpoints) of a random tiny DeepSeek-V3; returns the transformers model."""
+    released checkpoints) of a random tiny DeepSeek-V3; returns the transformers model (which has no MTP
+    layers: with `num_nextn_predict_layers=n` the checkpoint gains n random ones, as `_append_mtp_layers`)."""
     model = random_deepseek_v3(seed, **overrides)
     model.save_pretrained(path)
+    n_mtp = getattr(model.config, "num_nextn_predict_layers", 0) or 0
+    if n_mtp:
+        _append_mtp_layers(Path(path), model.config, n_mtp, seed)
     return model
+
+
+def _append_mtp_layers(path: Path, config, n_mtp: int, seed: int) -> None:  # noqa: ANN001
+    """Random MTP layers in a saved tiny V3 checkpoint, named as DeepSeek's releases name them:
+    `model.layers.{N + i}.*` holds a decoder layer (MoE), `enorm`, `hnorm`, `eh_proj`, `shared_head.norm`
+    and copies of the embedding and head (`embed_tokens`, `shared_head.head`)."""
+    import tempfile
+
+    from safetensors.torch import load_file, save_file
+
+    n = config.num_hidden_layers
+    extended = random_deepseek_v3(seed + 1, num_hidden_layers=n + n_mtp, num_nextn_predict_layers=0)
+    file = path / "model.safetensors"
+    tensors = load_file(file)
+    with tempfile.TemporaryDirectory() as tmp:
+        extended.save_pretrained(tmp)
+        layers = {k: v for k, v in load_file(Path(tmp) / "model.safetensors").items() if _layer_index(k) >= n}
+    tensors.update(layers)
+    gen = torch.Generator().manual_seed(seed + 2)
+    d = config.hidden_size
+    for i in range(n, n + n_mtp):
+        p = f"model.layers.{i}."
+        tensors[p + "enorm.weight"] = torch.rand(d, generator=gen) + 0.5
+        tensors[p + "hnorm.weight"] = torch.rand(d, generator=gen) + 0.5
+        tensors[p + "shared_head.norm.weight"] = torch.rand(d, generator=gen) + 0.5
+        tensors[p + "eh_proj.weight"] = torch.randn(d, 2 * d, generator=gen) * (2 * d) ** -0.5
+        tensors[p + "embed_tokens.weight"] = tensors["model.embed_tokens.weight"].clone()
+        tensors[p + "shared_head.head.weight"] = tensors["lm_head.weight"].clone()
+    save_file(tensors, file, metadata={"format": "pt"})
+
+
+def _layer_index(name: str) -> int:
+    parts = name.split(".")
+    return int(parts[2]) if name.startswith("model.layers.") else -1
 
 
 def save_tiny_deepseek_v2(path: Path, seed: int = 0, **overrides):
