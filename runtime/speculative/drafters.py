@@ -57,5 +57,7 @@ def make_drafter(
         backend = cfg.attention_backend or default_backend(device)
         return MTPDrafter(target, backend, tables, num_slots, k, cfg.max_model_len, dtype)
     if name in ALGORITHMS:
-        raise ValueError(f"--speculative-algorithm {name} is not available yet; choose ngram, draft-model or mtp")
+        raise ValueError(
+            f"--speculative-algorithm {name} is not available yet; choose ngram, draft-model or mtp"
+        )
     raise ValueError(f"unknown --speculative-algorithm {name!r}; choose from {', '.join(ALGORITHMS)}")

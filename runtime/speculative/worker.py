@@ -111,7 +111,9 @@ class Speculation:
             # the slot of each row's last token, as the step will enter it (hidden-state drafters keep
             # the entry that predicts the first draft there)
             device = self.tables.req_to_token.device
-            index = columns_to_device([rows, [n - 1 for _, n, _ in verify], [s for _, _, s in verify]], device)
+            index = columns_to_device(
+                [rows, [n - 1 for _, n, _ in verify], [s for _, _, s in verify]], device
+            )
             self.tables.req_to_token[index[0], index[1]] = index[2]
         drafts = self.drafter.prepare(rows, [n for _, n, _ in verify])
         if drafts is not None:
