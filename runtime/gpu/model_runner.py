@@ -273,9 +273,11 @@ class ModelRunner:
             logits, rows_t = self.graphs.run(plan)
             return Sampled(logits, rows, rows_t)
         batch, sampled = self._build_batch(plan)
+        if self.spec is not None and self.spec.drafter.taps:
+            batch.taps = dict.fromkeys(self.spec.drafter.taps)
         hidden = self.model(batch.input_ids, batch.positions, batch, self.attn)
         if self.spec is not None:
-            self.spec.capture(batch.out_loc, hidden)
+            self.spec.capture(batch, hidden)
         sampled.logits = self.model.compute_logits(hidden[sampled.logits])
         return sampled
 

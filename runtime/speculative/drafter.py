@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from runtime.gpu.forward_batch import ForwardBatch
 from runtime.mailbox.messages import SeqStart
 
 
@@ -61,16 +62,18 @@ class TokenHistory:
 
 
 class Drafter(ABC):
-    # hidden-state drafters (MTP): the runner hands them the target's final hidden state of every token
-    # it computes (`capture`), and runs those steps eagerly (a CUDA graph keeps only the logits)
+    # hidden-state drafters (MTP, DSpark): the runner hands them the target's final hidden state of every
+    # token it computes (`capture`), and runs those steps eagerly (a CUDA graph keeps only the logits)
     wants_hidden: bool = False
+    # target layers whose outputs `capture` reads from `batch.taps` (DSpark's context features)
+    taps: tuple[int, ...] = ()
 
     def __init__(self, max_draft: int) -> None:
         self.max_draft = max_draft
 
-    def capture(self, out_loc: torch.Tensor, hidden: torch.Tensor) -> None:
-        """After a forward of the target: the final hidden states [T, D] of the tokens whose KV went to
-        slots `out_loc` [T] (only called when `wants_hidden`)."""
+    def capture(self, batch: ForwardBatch, hidden: torch.Tensor) -> None:
+        """After an eager forward of the target over `batch`: the final hidden states [T, D] of its tokens
+        (their KV slots `batch.out_loc`, positions `batch.positions`); only called when `wants_hidden`."""
         return
 
     def register(self, start: SeqStart) -> None:

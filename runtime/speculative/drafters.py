@@ -16,6 +16,7 @@ from runtime.gpu.models.base import CausalLM
 from runtime.speculative import ALGORITHMS
 from runtime.speculative.draft_model import DraftModelDrafter
 from runtime.speculative.drafter import Drafter
+from runtime.speculative.dspark import DSparkDrafter
 from runtime.speculative.mtp import MTPDrafter
 from runtime.speculative.ngram import NgramDrafter
 
@@ -56,8 +57,13 @@ def make_drafter(
             raise ValueError("the mtp drafter needs the target model")
         backend = cfg.attention_backend or default_backend(device)
         return MTPDrafter(target, backend, tables, num_slots, k, cfg.max_model_len, dtype)
+    if name == "dspark":
+        if target is None:
+            raise ValueError("the dspark drafter needs the target model")
+        path = Path(presets.resolve(cfg.model_path))
+        return DSparkDrafter(target, tables, num_slots, k, cfg.max_model_len, dtype, path, seed=cfg.seed)
     if name in ALGORITHMS:
         raise ValueError(
-            f"--speculative-algorithm {name} is not available yet; choose ngram, draft-model or mtp"
+            f"--speculative-algorithm {name} is not available yet; choose ngram, draft-model, mtp or dspark"
         )
     raise ValueError(f"unknown --speculative-algorithm {name!r}; choose from {', '.join(ALGORITHMS)}")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from runtime.gpu.attention.base import AttentionBackend
-from runtime.gpu.forward_batch import StepTables, columns_to_device, make_batch
+from runtime.gpu.forward_batch import ForwardBatch, StepTables, columns_to_device, make_batch
 from runtime.gpu.kv_pool import KVPoolSpec
 from runtime.gpu.models.base import CausalLM
 from runtime.mailbox.messages import SeqStart
@@ -64,8 +64,8 @@ class MTPDrafter(Drafter):
     def release(self, row: int) -> None:
         self.done.pop(row, None)
 
-    def capture(self, out_loc: torch.Tensor, hidden: torch.Tensor) -> None:
-        self.hidden[out_loc] = hidden.to(self.hidden.dtype)
+    def capture(self, batch: ForwardBatch, hidden: torch.Tensor) -> None:
+        self.hidden[batch.out_loc] = hidden.to(self.hidden.dtype)
 
     def observe(self, step: StepTokens) -> Drafts:
         self.history.append(step)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.gpu.forward_batch import StepTables, columns_to_device
+from runtime.gpu.forward_batch import ForwardBatch, StepTables, columns_to_device
 from runtime.gpu.sampler import Block, Sampler, SampleResult
 from runtime.mailbox.messages import SeqStart, StepPlan
 from runtime.speculative.drafter import Drafter, Drafts, StepTokens
@@ -90,10 +90,10 @@ class Speculation:
             self.tables.fed[rows_t, 1:] = drafts.tokens
         return drafts
 
-    def capture(self, out_loc: torch.Tensor, hidden: torch.Tensor) -> None:
-        """After an eager target forward: hidden-state drafters keep the tokens' final hidden states."""
+    def capture(self, batch: ForwardBatch, hidden: torch.Tensor) -> None:
+        """After an eager target forward: hidden-state drafters keep what they need of it."""
         if self.drafter.wants_hidden:
-            self.drafter.capture(out_loc, hidden)
+            self.drafter.capture(batch, hidden)
 
     @property
     def wants_hidden(self) -> bool:

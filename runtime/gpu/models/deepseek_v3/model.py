@@ -238,8 +238,10 @@ class DeepseekV3Model(nn.Module):
         self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch, attn: TorchMLABackend
     ) -> torch.Tensor:
         x, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers[: self.num_layers]:
+        for i, layer in enumerate(self.layers[: self.num_layers]):
             x, residual = layer(x, residual, positions, batch, attn)
+            if batch.tapped(i):
+                batch.taps[i] = x + residual
         return self.norm(x, residual)[0]
 
 
