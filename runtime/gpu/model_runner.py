@@ -96,6 +96,12 @@ class ModelRunner:
                     f"--speculative-algorithm needs a KV pool that drops rejected drafts; "
                     f"{type(self.model).__name__}'s per-request state cannot yet"
                 )
+            block = self.kv_pool.max_verify_block
+            if block is not None and max_draft + 1 > block:
+                raise ValueError(
+                    f"--speculative-num-draft-tokens {max_draft}: {type(self.model).__name__}'s per-request state "
+                    f"rolls back blocks of at most {block} tokens (at most {block - 1} drafts)"
+                )
             drafter = make_drafter(
                 cfg, self.tables, self.kv_pool.num_slots, self.vocab_size, self.dtype, self.model
             )
@@ -199,6 +205,8 @@ class ModelRunner:
                 block = spec.block(s.rows, s.rows_t, verify)
                 result = self.sampler.sample(s.logits, s.pos_rows, s.pos_rows_t, block=block)
                 emitted = spec.accept(self.sampler, result, s.rows_t, verify)
+                if s.saved is not None:  # per-row state (V4's ring and tails) drops the rejected drafts
+                    self.kv_pool.restore_rejected(s.saved, emitted.counts[s.saved_rows])
             last = emitted.tokens[:, 0] if emitted.counts is None else _last(emitted)
             self.tables.last_token[s.rows_t] = last
             drafts, draft = None, 0.0
@@ -273,6 +281,8 @@ class ModelRunner:
             logits, rows_t = self.graphs.run(plan)
             return Sampled(logits, rows, rows_t)
         batch, sampled = self._build_batch(plan)
+        if sampled.verify is not None and self.kv_pool.max_verify_block is not None:
+            self._save_blocks(plan, sampled)
         if self.spec is not None and self.spec.drafter.taps:
             batch.taps = dict.fromkeys(self.spec.drafter.taps)
         hidden = self.model(batch.input_ids, batch.positions, batch, self.attn)
@@ -280,6 +290,17 @@ class ModelRunner:
             self.spec.capture(batch, hidden)
         sampled.logits = self.model.compute_logits(hidden[sampled.logits])
         return sampled
+
+    def _save_blocks(self, plan: StepPlan, sampled: Sampled) -> None:
+        """Before a verify step: the pool keeps what the verify rows' blocks overwrite of its per-row
+        state, to restore the rejected positions once the counts are known (nothing for paged pools)."""
+        verify = [(r, p) for r, p, k in zip(plan.rows, plan.prefix_lens, plan.draft_lens, strict=True) if k]
+        among = [i for i, k in enumerate(sampled.verify.draft_lens) if k]  # their index among sampled rows
+        rows, first, index = columns_to_device(
+            [[r for r, _ in verify], [p for _, p in verify], among], self.device
+        )
+        sampled.saved = self.kv_pool.save_blocks(rows, first, self.spec.max_draft + 1)
+        sampled.saved_rows = index
 
     def _update_rows(self, plan: StepPlan) -> None:
         for row in plan.released:
@@ -355,6 +376,8 @@ class Sampled:
     pos_rows: list[int] | None = None
     pos_rows_t: torch.Tensor | None = None
     verify: VerifyRows | None = None
+    saved: object | None = None  # the pool's saved per-row state of the verify rows' blocks
+    saved_rows: torch.Tensor | None = None  # those rows' index among the sampled rows
 
 
 def _ranges(lens: torch.Tensor) -> torch.Tensor:

@@ -144,7 +144,7 @@ class DSparkDrafter(Drafter):
         else:
             _random_init(head, seed)
             log.info("dspark weights random (no mtp.* tensors in the checkpoint)", layers=n_layers)
-        self.head = head.to(device=device, dtype=dtype).eval()
+        self.head = head.to(device=device, dtype=dtype).eval().requires_grad_(False)
         layer0 = self.head.layers[0]
         shape = (num_slots, layer0.kv_heads, layer0.head_dim)
         self.ctx_k = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.head.layers]

@@ -1,13 +1,14 @@
-"""Every drafter through `conduit serve` on a tiny random DeepSeek-V3 with an MTP layer (SmolLM2's
-tokenizer): greedy answers equal the plain server's token for token, with overlap on and off, the radix
-cache on and off, and in a pool small enough to retract requests; /metrics counts the drafts."""
+"""The hidden-state drafters through `conduit serve` (MTP and DSpark, randomly initialised, on a tiny
+random DeepSeek-V3 with an MTP layer and SmolLM2's tokenizer; DSpark on SmolLM2 itself): greedy answers
+equal the plain server's token for token, with overlap on and off, the radix cache on and off, and in a
+pool small enough to retract requests; /metrics counts the drafts."""
 
 from __future__ import annotations
 
 import pytest
 
 from runtime.gpu.testing import copy_tokenizer, save_tiny_deepseek_v3
-from tests.integration.test_speculative_serving import MAX_TOKENS, answers
+from tests.integration.test_speculative_serving import MAX_TOKENS, answers, plain  # noqa: F401 - a fixture
 
 FLAGS = {
     "overlap-radix": (),
@@ -37,7 +38,7 @@ def v3_plain(v3_dir, server_runner, tmp_path_factory):
 
 
 @pytest.mark.parametrize("flags", list(FLAGS.values()), ids=list(FLAGS))
-@pytest.mark.parametrize("drafter", ["mtp", "ngram"])
+@pytest.mark.parametrize("drafter", ["mtp", "dspark", "ngram"])
 def test_deepseek_v3_greedy_answers_equal_the_plain_servers(
     v3_dir, v3_plain, server_runner, tmp_path, drafter, flags
 ):
@@ -49,5 +50,19 @@ def test_deepseek_v3_greedy_answers_equal_the_plain_servers(
     for i, (want, have) in enumerate(zip(v3_plain, got, strict=True)):
         assert have[:MAX_TOKENS] == want, f"prompt {i}: {have!r} != {want!r}"
     assert m["conduit_spec_draft_tokens_total"] > 0 and m["conduit_spec_verify_steps_total"] > 0
+    if small:
+        assert m["conduit_engine_retractions_total"] > 0
+
+
+@pytest.mark.parametrize("flags", list(FLAGS.values()), ids=list(FLAGS))
+def test_smollm2_dspark_greedy_answers_equal_the_plain_servers(plain, server_runner, tmp_path, flags):  # noqa: F811
+    small = "--max-total-tokens" in flags
+    spec = ("--speculative-algorithm", "dspark", "--speculative-num-draft-tokens", "3")
+    with server_runner(tmp_path, *spec, *flags) as s:
+        got = answers(s.base_url, 4 * MAX_TOKENS if small else MAX_TOKENS)
+        m = s.wait_idle()
+    for i, (want, have) in enumerate(zip(plain, got, strict=True)):
+        assert have[:MAX_TOKENS] == want, f"prompt {i}: {have!r} != {want!r}"
+    assert m["conduit_spec_draft_tokens_total"] > 0
     if small:
         assert m["conduit_engine_retractions_total"] > 0

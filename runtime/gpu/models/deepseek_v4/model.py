@@ -244,7 +244,7 @@ class DeepseekV4ForCausalLM(CausalLM):
     # compressor tails are rebuilt by replaying the tokens before the hit (kv_pool.py, StepPlan.replay).
     # The sliding-window ring and compressor tails hold positions in place: rejected drafts cannot be
     # dropped yet (V4KVPool.truncate), so no speculative decoding.
-    abilities = ModelAbilities(prefix_cache=True, truncate_kv=False)
+    abilities = ModelAbilities(prefix_cache=True)
 
     def __init__(self, config, max_positions: int | None = None) -> None:
         super().__init__()
