@@ -53,8 +53,8 @@ class ForwardBatch:
     # per row, leading tokens that only rebuild the row's state before a cached prefix (StepPlan.replay);
     # empty: none
     replay_lens: list[int] = field(default_factory=list)
-    # layer index -> that layer's output [T, D], filled by the model for the layers named here (the
-    # DSpark drafter's context features); None: no layer is tapped
+    # layer index -> that layer's output ([T, D]; DeepSeek-V4: its streams [T, n, D]), filled by the model
+    # for the layers named here (the DSpark drafter's context features); None: no layer is tapped
     taps: dict[int, torch.Tensor | None] | None = None
 
     @property

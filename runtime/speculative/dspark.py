@@ -96,7 +96,9 @@ class DSparkHead(nn.Module):
         self.eps = getattr(config, "rms_norm_eps", 1e-6)
         self.fc = nn.Linear(n_features * d, d, bias=False)
         self.hidden_norm = nn.Parameter(torch.ones(d))
-        self.layers = nn.ModuleList(_Layer(d, heads, kv_heads, head_dim, inter, self.eps) for _ in range(n_layers))
+        self.layers = nn.ModuleList(
+            _Layer(d, heads, kv_heads, head_dim, inter, self.eps) for _ in range(n_layers)
+        )
         self.norm = nn.Parameter(torch.ones(d))
         self.markov_w1 = nn.Embedding(vocab, rank)
         self.markov_w2 = nn.Linear(rank, vocab, bias=False)
@@ -160,7 +162,8 @@ class DSparkDrafter(Drafter):
 
     @torch.inference_mode()
     def capture(self, batch: ForwardBatch, hidden: torch.Tensor) -> None:
-        features = [batch.taps[i] for i in self.layer_ids]
+        # a layer's output [T, D]; DeepSeek-V4's hyper-connection streams [T, n, D] are averaged
+        features = [f.mean(1) if f.dim() == 3 else f for f in (batch.taps[i] for i in self.layer_ids)]
         ctx = self.head.context(torch.cat(features, -1).to(self.head.fc.weight.dtype))
         cos, sin = self._cos_sin(batch.positions)
         for layer, ck, cv in zip(self.head.layers, self.ctx_k, self.ctx_v, strict=True):

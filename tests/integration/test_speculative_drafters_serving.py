@@ -54,7 +54,10 @@ def test_deepseek_v3_greedy_answers_equal_the_plain_servers(
         assert m["conduit_engine_retractions_total"] > 0
 
 
-@pytest.mark.parametrize("flags", list(FLAGS.values()), ids=list(FLAGS))
+SMOLLM2_FLAGS = {**FLAGS, "small-pool": ("--max-total-tokens", "640")}  # as test_speculative_serving.py
+
+
+@pytest.mark.parametrize("flags", list(SMOLLM2_FLAGS.values()), ids=list(SMOLLM2_FLAGS))
 def test_smollm2_dspark_greedy_answers_equal_the_plain_servers(plain, server_runner, tmp_path, flags):  # noqa: F811
     small = "--max-total-tokens" in flags
     spec = ("--speculative-algorithm", "dspark", "--speculative-num-draft-tokens", "3")

@@ -217,6 +217,10 @@ class DeepseekV4Model(nn.Module):
                 batch, idx = attn.narrow(batch, [min(n, self.window) for n in batch.extend_lens])
                 skipped, h, input_ids, positions = h, h[idx], input_ids[idx], positions[idx]
             h = layer(h, input_ids, positions, batch, attn)
+            if batch.tapped(i):  # (a cut batch shares the step's taps)
+                # the streams [T, n, D]; after a bounded-replay cut, the cut tokens keep their streams
+                # from before it (drafter features of tokens no sampled logit depends on)
+                batch.taps[i] = h if skipped is None else skipped.index_copy(0, idx, h)
         if skipped is not None:
             h = skipped.index_copy(0, idx, h)
         return self.norm(self.hc_head(h))
