@@ -21,9 +21,7 @@ FLAGS = {
 @pytest.fixture(scope="module")
 def v3_dir(smollm2_path, tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-v3-mtp")
-    save_tiny_deepseek_v3(
-        path, seed=11, vocab_size=49152, max_position_embeddings=1024, num_nextn_predict_layers=1
-    )
+    save_tiny_deepseek_v3(path, seed=11, vocab_size=49152, max_position_embeddings=1024, mtp_layers=1)
     copy_tokenizer(smollm2_path, path)
     return path
 

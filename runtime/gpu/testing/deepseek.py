@@ -107,15 +107,17 @@ def random_deepseek_v3(seed: int = 0, **overrides):
     return _randomized(DeepseekV3ForCausalLM(config))
 
 
-def save_tiny_deepseek_v3(path: Path, seed: int = 0, **overrides):
+def save_tiny_deepseek_v3(path: Path, seed: int = 0, mtp_layers: int = 0, **overrides):
     """A real checkpoint directory (config.json + model.safetensors, per-expert tensor names as the
     released checkpoints) of a random tiny DeepSeek-V3; returns the transformers model (which has no MTP
-    layers: with `num_nextn_predict_layers=n` the checkpoint gains n random ones, as `_append_mtp_layers`)."""
+    layers). `mtp_layers=n`: the config says n nextn layers and the checkpoint holds n random ones
+    (`_append_mtp_layers`; transformers alone saves none)."""
+    if mtp_layers:
+        overrides["num_nextn_predict_layers"] = mtp_layers
     model = random_deepseek_v3(seed, **overrides)
     model.save_pretrained(path)
-    n_mtp = getattr(model.config, "num_nextn_predict_layers", 0) or 0
-    if n_mtp:
-        _append_mtp_layers(Path(path), model.config, n_mtp, seed)
+    if mtp_layers:
+        _append_mtp_layers(Path(path), model.config, mtp_layers, seed)
     return model
 
 

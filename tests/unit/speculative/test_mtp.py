@@ -28,7 +28,7 @@ def make_runner(path, **spec) -> ModelRunner:  # noqa: ANN001
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     path = tmp_path_factory.mktemp("v3-mtp")
-    save_tiny_deepseek_v3(path, num_nextn_predict_layers=1)
+    save_tiny_deepseek_v3(path, mtp_layers=1)
     return path
 
 
