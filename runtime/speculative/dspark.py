@@ -135,6 +135,9 @@ class DSparkDrafter(Drafter):
         self.mask_id = getattr(config, "dspark_noise_token_id", None)
         self.mask_id = config.vocab_size - 1 if self.mask_id is None else self.mask_id
         tensors = _mtp_tensors(model_path)
+        if tensors and "fc.weight" not in tensors:
+            log.info("the checkpoint's mtp.* tensors are not DSpark's (an MTP block?): random DSpark weights")
+            tensors = {}
         n_layers = 1 + max((int(k.split(".")[1]) for k in tensors if k.startswith("layers.")), default=0)
         rank = getattr(config, "dspark_markov_rank", None) or min(256, config.hidden_size)
         if "markov_w1.weight" in tensors:

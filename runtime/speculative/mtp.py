@@ -1,5 +1,9 @@
-"""MTP drafting: DeepSeek's multi-token-prediction layer (`nextn`, `model.layers.{num_hidden_layers}` in
-V3 checkpoints) proposes the drafts from the target's own hidden states, chained for K > 1.
+"""MTP drafting: DeepSeek's multi-token-prediction layer (`nextn`: `model.layers.{num_hidden_layers}` in
+V3 checkpoints, `mtp.0.*` in V4's) proposes the drafts from the target's own hidden states, chained for
+K > 1. V3's layer reads the target's final hidden state; V4's block reads the last layer's hyper-connection
+streams (tapped during the forward), keeps a sliding-window ring per row in its own pool, and the chain's
+ring entries are restored after drafting (`KVPool.save_blocks` / `restore_rejected`), as a verify step
+restores the target's.
 
 The MTP layer is a full decoder layer over its own sequence: entry i combines the target's final hidden
 state at position i with the embedding of token i + 1, and its output predicts token i + 2. It attends
@@ -53,8 +57,16 @@ class MTPDrafter(Drafter):
         self.attn: AttentionBackend = model.make_attention_backend(backend, 1)
         self.tables = StepTables.allocate(rows, max_len, device)
         self.history = TokenHistory(rows, max_len, device)
-        hidden_size = model.config.hidden_size
-        self.hidden = torch.zeros(num_slots, hidden_size, dtype=dtype, device=device)
+        # what the MTP layer reads of the target: its final hidden state (V3), or a tapped layer's output
+        # (V4: the last layer's streams [n, D], before the hyper-head)
+        self.tap: int | None = getattr(model, "mtp_hidden_tap", None)
+        self.taps = () if self.tap is None else (self.tap,)
+        d = model.config.hidden_size
+        shape = (num_slots, d) if self.tap is None else (num_slots, model.config.hc_mult, d)
+        self.hidden = torch.zeros(shape, dtype=dtype, device=device)
+        block = self.pool.max_verify_block
+        if block is not None and max_draft - 1 > block:
+            raise ValueError(f"the MTP chain rolls back at most {block} entries: use at most {block + 1} drafts")
         self.done: dict[int, int] = {}  # row -> entries whose KV the drafter holds (0 .. done - 1)
 
     def register(self, start: SeqStart) -> None:
@@ -63,9 +75,11 @@ class MTPDrafter(Drafter):
 
     def release(self, row: int) -> None:
         self.done.pop(row, None)
+        self.pool.release_row(row)
 
     def capture(self, batch: ForwardBatch, hidden: torch.Tensor) -> None:
-        self.hidden[batch.out_loc] = hidden.to(self.hidden.dtype)
+        h = hidden if self.tap is None else batch.taps[self.tap]
+        self.hidden[batch.out_loc] = h.to(self.hidden.dtype)
 
     def observe(self, step: StepTokens) -> Drafts:
         self.history.append(step)
@@ -89,6 +103,9 @@ class MTPDrafter(Drafter):
         out = self._forward(next_ids, hidden, pos_d, slots, token_rows_d, rows_d, (rows, starts, extend))
         out = out[last_d]
         tokens, probs = [], []
+        # the chain's entries are scratch: per-row state they write in place (V4's ring) is restored
+        first = torch.tensor([n - 1 for n in lengths]).to(device, non_blocking=True)
+        saved = self.pool.save_blocks(rows_d, first, k - 1) if k > 1 else None
         for j in range(k):
             p = torch.softmax(self.model.compute_logits(out).float(), dim=-1)
             conf, tok = p.max(dim=-1)
@@ -100,7 +117,10 @@ class MTPDrafter(Drafter):
             prefix = [n - 1 + j for n in lengths]
             scratch = [self.scratch + r * k + j for r in rows]
             pos_j, slots_j = columns_to_device([prefix, scratch], device)
-            out = self._forward(tok, out, pos_j, slots_j, rows_d, rows_d, (rows, prefix, [1] * len(rows)))
+            streams = out if self.tap is None else out[:, None].expand(-1, self.hidden.shape[1], -1)
+            out = self._forward(tok, streams, pos_j, slots_j, rows_d, rows_d, (rows, prefix, [1] * len(rows)))
+        if saved is not None:
+            self.pool.restore_rejected(saved, torch.zeros_like(first))
         for r, n in zip(rows, lengths, strict=True):
             self.done[r] = n - 1
         return Drafts(

@@ -389,9 +389,33 @@ V4_TINY_CONFIGS: dict[str, dict] = {
 }
 
 
-def save_tiny_deepseek_v4(path: Path, seed: int = 0, **overrides):
+def save_tiny_deepseek_v4(path: Path, seed: int = 0, mtp_layers: int = 0, **overrides):
     """A real checkpoint directory of a random tiny DeepSeek-V4 (transformers saves the upstream tensor
-    names: `attn.wq_a`, `ffn.experts.N.w1`, `hc_attn_fn`...); returns the transformers model."""
+    names: `attn.wq_a`, `ffn.experts.N.w1`, `hc_attn_fn`...); returns the transformers model (which drops
+    MTP). `mtp_layers=1`: the config says one MTP block and `mtp.safetensors` holds it, upstream names
+    `mtp.0.*`: layer 0's sliding attention and mHC, layer 1's learned-routing MoE, and random
+    enorm / hnorm / e_proj / h_proj / hyper-head / norm."""
+    if mtp_layers:
+        if mtp_layers != 1:
+            raise ValueError("the tiny V4 checkpoint has one MTP block at most")
+        overrides["num_nextn_predict_layers"] = 1
     model = random_deepseek_v4(seed, **overrides)
     model.save_pretrained(path)
+    if mtp_layers:
+        from safetensors.torch import load_file, save_file
+
+        main, mtp = load_file(Path(path) / "model.safetensors"), {}
+        for name, t in main.items():
+            if name.startswith("model.layers.0.") and ".ffn." not in name:
+                mtp["mtp.0." + name.removeprefix("model.layers.0.")] = t.clone()
+            elif name.startswith("model.layers.1.ffn."):
+                mtp["mtp.0." + name.removeprefix("model.layers.1.")] = t.clone()
+        d, n = model.config.hidden_size, model.config.hc_mult
+        g = torch.Generator().manual_seed(seed + 1)
+        shapes = {"enorm.weight": [d], "hnorm.weight": [d], "e_proj.weight": [d, d], "h_proj.weight": [d, d],
+                  "hc_head_fn": [n, n * d], "hc_head_base": [n], "hc_head_scale": [1], "norm.weight": [d]}  # fmt: skip
+        for name, shape in shapes.items():
+            t = torch.randn(shape, generator=g) * 0.1
+            mtp[f"mtp.0.{name}"] = t + 1.0 if "norm" in name or "scale" in name else t
+        save_file(mtp, str(Path(path) / "mtp.safetensors"))
     return model

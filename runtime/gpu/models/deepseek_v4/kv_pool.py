@@ -62,7 +62,7 @@ class LayerRow:
 @dataclass
 class RowState:
     start: int  # first position this row's ring and tails hold (0, or where a prefix-hit replay began)
-    layers: list[LayerRow]
+    layers: dict[int, LayerRow]  # by layer id (a pool may hold some layers only: the MTP drafter's)
 
 
 class V4KVPool(KVPool):
@@ -114,7 +114,7 @@ class V4KVPool(KVPool):
         if state is not None:
             state.start = start
             return
-        layers = []
+        layers = {}
         for attn in self.layers:
             lid = attn.layer_id
             layer = LayerRow(self.rings[lid][row])
@@ -122,7 +122,7 @@ class V4KVPool(KVPool):
                 layer.compressor = Tail(self.tails[lid].kv[row], self.tails[lid].gate[row])
             if lid in self.index_tails:
                 layer.indexer = Tail(self.index_tails[lid].kv[row], self.index_tails[lid].gate[row])
-            layers.append(layer)
+            layers[lid] = layer
         self.rows[row] = RowState(start, layers)
 
     def release_row(self, row: int) -> None:

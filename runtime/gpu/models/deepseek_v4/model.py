@@ -11,7 +11,7 @@ entries, across steps, is the backend's (attention.py and attention_decode.py, s
 Loads Hugging Face names and the upstream ones (`attn.wq_a`, `ffn.experts.N.w1`, `hc_attn_fn`...), float,
 FP8 or with FP4 experts (weights.py).
 The MTP block (`mtp.{i}.*`, official code only) loads as `layers.{n + i}` and runs through
-`mtp_forward`; decoding does not use it yet. Checkpoints without it drop it."""
+`mtp_forward` (the MTP drafter, runtime/speculative/mtp.py). Checkpoints without it drop it."""
 
 from __future__ import annotations
 
@@ -310,6 +310,15 @@ class DeepseekV4ForCausalLM(CausalLM):
     def mtp_layers(self) -> list[DeepseekV4MTPBlock]:
         return list(self.model.layers[self.model.num_layers :])
 
+    @property
+    def mtp_hidden_tap(self) -> int:
+        """The layer whose output the MTP block reads: the last one's streams, before the hyper-head."""
+        return self.model.num_layers - 1
+
+    def make_mtp_kv_pool(self, spec: KVPoolSpec) -> V4KVPool:
+        """The MTP drafter's pool: the MTP blocks' sliding-window rings (per row; nothing paged)."""
+        return V4KVPool(self.config, [layer.self_attn for layer in self.mtp_layers], spec)
+
     def mtp_forward(
         self,
         k: int,
@@ -320,6 +329,6 @@ class DeepseekV4ForCausalLM(CausalLM):
         attn: TorchV4Backend,
     ) -> torch.Tensor:
         """MTP block k on the main model's last streams [T, n, D] (before the hyper-head) and the next
-        tokens [T]; its normed hidden states (logits: `compute_logits`). Decoding does not use it yet."""
+        tokens [T]; its normed hidden states (logits: `compute_logits`); the MTP drafter's step."""
         embeds = self.model.embed_tokens(next_ids)
         return self.mtp_layers[k].predict(embeds, streams, next_ids, positions, batch, attn)
