@@ -1,7 +1,7 @@
 """The MTP drafter on a tiny random DeepSeek-V3 with one nextn layer: lossless greedy and seeded through
-the real scheduler (overlap on and off, radix cache on and off, paged, under retraction); its drafts, made
-incrementally across steps from the hidden states kept per slot, equal a one-shot pass of the MTP layer
-over the whole sequence; and an MTP layer that predicts exactly what the target will say (a target whose
+the real scheduler (overlap on and off, radix cache on and off, paged, under retraction; V4's MTP block:
+tests/unit/speculative/test_v4.py); its drafts, made incrementally across steps from the hidden states
+kept per slot, equal a one-shot pass of the MTP layer over the whole sequence (V3 and V4); and an MTP layer that predicts exactly what the target will say (a target whose
 layers add nothing, so its next token depends on the last token only, and an MTP layer that reads only
 the next token's embedding) has every draft accepted, chained drafts included."""
 
@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from runtime.config import RunnerConfig
 from runtime.gpu.model_runner import ModelRunner
-from runtime.gpu.testing import PlanBuilder, save_tiny_deepseek_v3, seq_start
+from runtime.gpu.testing import PagedPlanBuilder, save_tiny_deepseek_v3, save_tiny_deepseek_v4, seq_start
 from tests.unit.speculative.test_lossless import CONFIGS, MAX_MODEL_LEN, SLOTS, batch, first_difference, run
 
 MTP = {"speculative_algorithm": "mtp", "speculative_num_draft_tokens": 3}
@@ -73,21 +73,31 @@ def test_mtp_speculation_survives_retraction(runners):
     assert {r.rid: got.tokens[r.rid] for r in reqs} == {r.rid: want[r.rid] for r in reqs}
 
 
-def test_incremental_mtp_drafts_equal_a_one_shot_pass_over_the_sequence(checkpoint):
+@pytest.fixture(scope="module")
+def v4_checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("v4-mtp")
+    save_tiny_deepseek_v4(path, mtp_layers=1)
+    return path
+
+
+@pytest.mark.parametrize("family", ["deepseek_v3", "deepseek_v4"])
+def test_incremental_mtp_drafts_equal_a_one_shot_pass_over_the_sequence(checkpoint, v4_checkpoint, family):
     """Drafts made during serving (entries caught up over many steps, accepted blocks, radix hits,
-    paged slots) against a fresh drafter that sees each sequence once: prefill all but its last token,
-    then draft."""
-    spec = make_runner(checkpoint, **MTP)
+    paged slots; on V4 the block's ring, with the chain's entries restored after each draft) against a
+    fresh drafter that sees each sequence once: prefill all but its last token, then draft."""
+    path = checkpoint if family == "deepseek_v3" else v4_checkpoint
+    exact = {"swa_replay_exact": True} if family == "deepseek_v4" else {}
+    spec = make_runner(path, **MTP, **exact)
     calls = record_drafts(spec)
     run(spec, batch(False), page_size=16, chunked_prefill_size=64)
     assert len(calls) >= 10
-    fresh = make_runner(checkpoint, **MTP)
+    fresh = make_runner(path, **MTP, **exact)
     for i, (tokens, drafts) in enumerate(calls[:: max(1, len(calls) // 12)]):
-        pb, n = PlanBuilder(), len(tokens)
+        pb, n = PagedPlanBuilder(16, SLOTS, seed=i), len(tokens)
         released = [1] if i else []
         fresh.execute(pb.plan([1], [0], [n - 1], tokens[:-1], sample=[False], added=[seq_start(1, tokens)],
                               released=released))  # fmt: skip
-        fresh.tables.req_to_token[1, n - 1] = pb.alloc(1)[0]
+        fresh.tables.req_to_token[1, n - 1] = pb.slot(1, n - 1)
         want = fresh.spec.drafter.prepare([1], [n]).tokens[0].tolist()
         assert drafts == want, f"sequence of {n} tokens"
 

@@ -1,7 +1,7 @@
 """Speculation on a tiny random DeepSeek-V4 (sliding, CSA and HCA layers; window 8, compressor rates 4
 and 8): the verify step rolls back what its rejected positions wrote into each row's sliding-window ring
 and compressor / indexer tails, so greedy and seeded outputs equal plain decoding's with the n-gram and
-the DSpark drafters, with overlap on and off, the radix cache on and off (prefix hits replay), paged,
+the MTP (V4's MTP block, its chain's ring entries restored too) and the DSpark drafters, with overlap on and off, the radix cache on and off (prefix hits replay), paged,
 and under retraction. Without the rollback the same runs differ (checked here too)."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def make_runner(path, **spec) -> ModelRunner:  # noqa: ANN001
 @pytest.fixture(scope="module")
 def v4(tmp_path_factory):
     path = tmp_path_factory.mktemp("v4")
-    save_tiny_deepseek_v4(path)
+    save_tiny_deepseek_v4(path, mtp_layers=1)  # (the main model is the same without its MTP block)
     return path
 
 
@@ -46,7 +46,7 @@ def spec_runner(v4, drafter: str) -> ModelRunner:  # noqa: ANN001
     return make_runner(v4, speculative_algorithm=drafter, speculative_num_draft_tokens=3)
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "dspark"])
+@pytest.mark.parametrize("drafter", ["ngram", "mtp", "dspark"])
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])
 def test_v4_speculation_equals_plain_decoding_in_every_configuration(v4, plain, drafter, sampled):
     spec = spec_runner(v4, drafter)
@@ -62,7 +62,7 @@ def test_v4_speculation_equals_plain_decoding_in_every_configuration(v4, plain, 
             assert s.accepted > 0, name  # blocks partly accepted: the rollback keeps a prefix
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "dspark"])
+@pytest.mark.parametrize("drafter", ["ngram", "mtp", "dspark"])
 def test_v4_speculation_survives_retraction(v4, plain, drafter):
     spec = spec_runner(v4, drafter)
     reqs = batch(False, n=8, max_new=120, stem_len=0, eos=False)
