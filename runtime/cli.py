@@ -143,7 +143,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         help="draft tokens with this drafter and verify them together (lossless: the output follows the "
         "model's own distribution); ngram: the continuation of the latest earlier occurrence of the last "
         "tokens (prompt lookup); draft-model: a smaller model of the same tokenizer (--speculative-draft-model-path); "
-        "mtp: the checkpoint's multi-token-prediction (nextn) layer, chained (DeepSeek-V3); dspark: DSpark's "
+        "mtp: the checkpoint's multi-token-prediction (nextn) layer, chained (DeepSeek-V3 and V4); dspark: DSpark's "
         "block drafter on the target's layer features (the checkpoint's mtp.* weights, random without them)",
     )
     g.add_argument(

@@ -66,7 +66,9 @@ class MTPDrafter(Drafter):
         self.hidden = torch.zeros(shape, dtype=dtype, device=device)
         block = self.pool.max_verify_block
         if block is not None and max_draft - 1 > block:
-            raise ValueError(f"the MTP chain rolls back at most {block} entries: use at most {block + 1} drafts")
+            raise ValueError(
+                f"the MTP chain rolls back at most {block} entries: use at most {block + 1} drafts"
+            )
         self.done: dict[int, int] = {}  # row -> entries whose KV the drafter holds (0 .. done - 1)
 
     def register(self, start: SeqStart) -> None:

@@ -1,6 +1,6 @@
 """The drafters through `conduit serve` (MTP and DSpark, randomly initialised, and n-gram on a tiny random
-DeepSeek-V3 with an MTP layer; DSpark and n-gram on a tiny random DeepSeek-V4, whose verify steps roll
-back their rings and tails; both with SmolLM2's tokenizer; DSpark on SmolLM2 itself): greedy answers
+DeepSeek-V3 with an MTP layer; the same three on a tiny random DeepSeek-V4 with an MTP block, whose
+verify steps roll back their rings and tails; both with SmolLM2's tokenizer; DSpark on SmolLM2 itself): greedy answers
 equal the plain server's token for token, with overlap on and off, the radix cache on and off, and in a
 pool small enough to retract requests; /metrics counts the drafts."""
 
@@ -73,7 +73,7 @@ def test_smollm2_dspark_greedy_answers_equal_the_plain_servers(plain, server_run
 @pytest.fixture(scope="module")
 def v4_dir(smollm2_path, tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-v4")
-    save_tiny_deepseek_v4(path, seed=11, vocab_size=49152, max_position_embeddings=1024)
+    save_tiny_deepseek_v4(path, seed=11, vocab_size=49152, max_position_embeddings=1024, mtp_layers=1)
     copy_tokenizer(smollm2_path, path)
     return path
 
@@ -90,7 +90,7 @@ def v4_plain(v4_dir, server_runner, tmp_path_factory):
 
 
 @pytest.mark.parametrize("flags", list(FLAGS.values()), ids=list(FLAGS))
-@pytest.mark.parametrize("drafter", ["dspark", "ngram"])
+@pytest.mark.parametrize("drafter", ["mtp", "dspark", "ngram"])
 def test_deepseek_v4_greedy_answers_equal_the_plain_servers(
     v4_dir, v4_plain, server_runner, tmp_path, drafter, flags
 ):
