@@ -2,7 +2,10 @@
 
 Decode: B requests registered with C distinct cached KV slots each (context C without prefilling),
 then timed steps that each add k+1 tokens per request (k=0: plain decode, use_last; k>0: k draft
-tokens verified). Prefill: one request with N new tokens on top of C cached ones. The same run measures
+tokens verified: with `--draft-mode verify`, the default, real verify steps of a runner that speculates
+with the n-gram drafter, so they replay verify CUDA graphs where the backend has them and sample every
+position; `extend`: the k+1 tokens fed as a plain extend, for models that cannot speculate yet).
+Prefill: one request with N new tokens on top of C cached ones. The same run measures
 the device's copy bandwidth and matmul peak and reports
 
   MBU = (weight bytes + KV bytes read) / step time / copy bandwidth
@@ -62,6 +65,12 @@ def add_args(p) -> None:
         "--draft-tokens", type=_ints, default=[0], help="k draft tokens verified per step, e.g. 0,3"
     )
     p.add_argument("--accept-len", type=float, default=3.25, help="mean tokens accepted per step when k > 0")
+    p.add_argument(
+        "--draft-mode",
+        choices=("verify", "extend"),
+        default="verify",
+        help="k > 0: real verify steps (a speculating runner) or the k+1 tokens as an extend",
+    )
     p.add_argument("--prefill-tokens", type=_ints, default=[4096, 8192, 16384], help="N new tokens per step")
     p.add_argument("--prefill-context", type=int, default=0, help="C cached tokens under the prefill")
     p.add_argument("--steps", type=int, default=10, help="timed steps per point (median reported)")
@@ -228,7 +237,8 @@ class _Bench:
                            quantization=args.quantization,
                            num_kv_slots=slots, max_reqs=max_b, max_model_len=self.max_len, seed=args.seed,
                            cuda_graph=args.cuda_graph != "off", page_size=page,
-                           attention_backend=args.attention_backend)  # fmt: skip
+                           attention_backend=args.attention_backend,
+                           **self._speculation(args, k_max))  # fmt: skip
         self.runner = ModelRunner(cfg)
         if self.runner.page_size != page:  # DeepSeek-V4: a page holds whole compression windows
             multiple = self.runner.kv_pool.page_multiple
@@ -241,6 +251,13 @@ class _Bench:
         self.step_no = 0
         self.live: list[int] = []
         self.rng = torch.Generator().manual_seed(args.seed)
+
+    @staticmethod
+    def _speculation(args, k_max: int) -> dict:
+        """Runner settings for real verify steps: the n-gram drafter, k_max drafts at most."""
+        if k_max == 0 or args.draft_mode != "verify":
+            return {}
+        return {"speculative_algorithm": "ngram", "speculative_num_draft_tokens": k_max}
 
     def _plan(self, **kw):
         from runtime.mailbox.messages import StepPlan
@@ -304,12 +321,15 @@ class _Bench:
         base = {r: self.first_slot + (r - 1) * self.per_row for r in range(1, b + 1)}
         self._register(list(base), {r: list(range(s, s + c)) for r, s in base.items()})
         plans = []
+        verify = k > 0 and self.args.draft_mode == "verify"
         for i in range(self.args.warmup_steps + self.args.steps):
             ctx = c + i * n
+            fed = k == 0 or verify  # the last token (and the drafts) come from the device tables
             plans.append(self._plan(
-                rows=list(base), prefix_lens=[ctx] * b, extend_lens=[n] * b, use_last=[k == 0] * b,
-                input_ids=[] if k == 0 else self._ids(b * n),
+                rows=list(base), prefix_lens=[ctx] * b, extend_lens=[n] * b, use_last=[fed] * b,
+                input_ids=[] if fed else self._ids(b * n),
                 out_loc=[s + ctx + j for s in base.values() for j in range(n)], sample=[True] * b,
+                draft_lens=[k] * b if verify else [],
             ))  # fmt: skip
         t = self._time_pipelined(plans) if overlap else self._time(plans)
         reached = expert_reach(self.runner, plans[-1])  # (the last step once more, untimed)

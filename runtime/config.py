@@ -228,6 +228,7 @@ class SchedulerConfig(msgspec.Struct, kw_only=True, frozen=True):
     max_queued_requests: int = 4096
     prefix_replay: int = 0  # tokens before a prefix hit the worker recomputes (DeepSeek-V4's state)
     max_draft: int = 0  # speculative decoding: the most draft tokens a row may verify (0: off)
+    compute_bound_tokens: int = 1024  # the step tokens at which verifying drafts stops being cheap
 
     @classmethod
     def resolve(cls, cfg: ServerConfig, caps: WorkerCapabilities) -> SchedulerConfig:
@@ -243,6 +244,7 @@ class SchedulerConfig(msgspec.Struct, kw_only=True, frozen=True):
             max_queued_requests=cfg.max_queued_requests,
             prefix_replay=caps.prefix_replay,
             max_draft=caps.max_draft,
+            compute_bound_tokens=caps.compute_bound_tokens,
         )
 
 

@@ -47,9 +47,11 @@ class Server(Launched):
     def base_url(self) -> str:
         return f"{self.url}/v1"
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self, api_key: str | None = None) -> dict[str, float]:
         """Unlabelled samples (and `name{labels}` keys for labelled ones) of /metrics."""
-        text = urllib.request.urlopen(f"{self.url}/metrics", timeout=10).read().decode()
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        req = urllib.request.Request(f"{self.url}/metrics", headers=headers)
+        text = urllib.request.urlopen(req, timeout=10).read().decode()
         out = {}
         for line in text.splitlines():
             if line and not line.startswith("#"):
@@ -57,13 +59,13 @@ class Server(Launched):
                 out[key] = float(value)
         return out
 
-    def wait_idle(self, timeout: float = 60.0) -> dict[str, float]:
+    def wait_idle(self, timeout: float = 60.0, api_key: str | None = None) -> dict[str, float]:
         """Poll /metrics until no request runs and every KV page is back (there is no event to wait on:
         the scheduler's stats travel on their own message, a step after the last output), or fail at
         the deadline with the last sample. Returns that sample."""
         deadline = time.monotonic() + timeout
         while True:
-            m = self.metrics()
+            m = self.metrics(api_key)
             if m.get("conduit_kv_pages_used", -1) == 0 and m.get("conduit_num_requests_running", -1) == 0:
                 return m
             assert time.monotonic() < deadline, m

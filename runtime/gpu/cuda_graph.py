@@ -11,12 +11,21 @@ the logits into a static buffer (in the model's `logits_dtype`: bf16 for Llama).
 position 0, KV slot 0 and length 1: they write and read only the reserved padding slot, and their
 logits are sliced away. Mixed and prefill steps run eagerly.
 
+Verify steps (speculative decoding: every row feeds its last token and its drafts, and samples each) run
+graphs of their own when the backend can (`supports_verify_graph`), per (batch, context) bucket too:
+every row takes q_len = max_draft + 1 token places, consecutive, and a row with fewer drafts leaves its
+last places to padding tokens (row 0, position 0, slot 0) whose logits are never read. The backend
+attends a row's q_len queries causally over its length `prefix + q_len`; a padding place's query may
+read the row's table past its real tokens, which holds valid slots. After the replay one gather picks
+the real positions' logits, in the eager path's order.
+
 Off CUDA (or with `capture=False`) the same padded static-buffer path runs eagerly: that is how the CPU
 tests check the padding and buffer logic against the plain path."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import structlog
 import torch
@@ -32,6 +41,13 @@ log = structlog.get_logger(__name__)
 # Rows of the static input buffer, and what a padding row holds in each.
 IDS, POS, LOC, ROWS, SEQ_LENS, USE_LAST = range(6)
 _PAD = (0, 0, 0, 0, 1, 0)
+# The verify graphs' buffer: per token place (row b's places b * q_len ..), then per row (the first
+# max_bs entries), then the real positions' logits rows and each one's request row.
+V_POS, V_LOC, V_TOKEN_ROW, V_FED, V_ROWS, V_SEQ_LENS, V_SAMPLE, V_POS_ROWS = range(8)
+# per row: its first sampled position, its drafts; per sampled position: its index in its row's block,
+# its row's index
+V_BLOCK_START, V_DRAFTS, V_OFFSET, V_OWNER = range(8, 12)
+_V_FIELDS = 12
 
 
 def graph_buckets(max_bs: int) -> list[int]:
@@ -53,6 +69,7 @@ class GraphRunner:
         max_model_len: int,
         vocab_size: int,
         capture: bool = True,
+        verify_q_len: int = 1,
     ) -> None:
         self.model, self.attn, self.pool, self.tables = model, attn, pool, tables
         self.device = dev = tables.last_token.device
@@ -70,6 +87,17 @@ class GraphRunner:
         self.inputs = torch.zeros(len(_PAD), max_bs, dtype=torch.int64, device=dev)
         self.logits = torch.zeros(max_bs, vocab_size, dtype=model.logits_dtype, device=dev)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (batch, context) buckets
+        # verify graphs: q_len token places per row (1: none)
+        self.q_len = verify_q_len if attn.supports_verify_graph else 1
+        self.max_model_len = max_model_len
+        self.verify_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        if self.q_len > 1:
+            width = max_bs * self.q_len
+            self.v_hosts = [
+                torch.zeros(_V_FIELDS, width, dtype=torch.int64, pin_memory=pinned) for _ in range(2)
+            ]
+            self.v_inputs = torch.zeros(_V_FIELDS, width, dtype=torch.int64, device=dev)
+            self.v_logits = torch.zeros(width, vocab_size, dtype=model.logits_dtype, device=dev)
         if self.capture_graphs:
             self._capture()
 
@@ -80,6 +108,20 @@ class GraphRunner:
             and 0 < n <= self.max_bs
             and all(e == 1 for e in plan.extend_lens)
             and all(plan.sample)
+        )
+
+    def fits_verify(self, plan: StepPlan) -> bool:
+        """A step whose every row feeds its last token and drafts (some rows none) and samples them all;
+        its rows' q_len places stay inside max_model_len (a padding place's query reads that far)."""
+        n = len(plan.rows)
+        return (
+            self.enabled
+            and self.q_len > 1
+            and 0 < n <= self.max_bs
+            and bool(plan.draft_lens)
+            and all(plan.use_last)
+            and all(plan.sample)
+            and max(plan.prefix_lens) + self.q_len <= self.max_model_len
         )
 
     def bucket(self, n: int) -> int:
@@ -99,6 +141,66 @@ class GraphRunner:
         else:
             self._forward(bs, ctx)
         return self.logits[:n], self.inputs[ROWS, :n]
+
+    def run_verify(self, plan: StepPlan) -> VerifyOut:
+        """A verify step's logits at the real positions [P, V] (a fresh tensor) and its device columns."""
+        n, q = len(plan.rows), self.q_len
+        bs, ctx = self.bucket(n), self.context_of(max(plan.prefix_lens) + q)
+        num_pos = self._fill_verify(plan, bs)
+        if self.capture_graphs:
+            self.verify_graphs[bs, ctx].replay()
+        else:
+            self._forward_verify(bs, ctx)
+        v = self.v_inputs
+        return VerifyOut(
+            self.v_logits[v[V_SAMPLE, :num_pos]], v[V_ROWS, :n], v[V_POS_ROWS, :num_pos],
+            v[V_BLOCK_START, :n], v[V_DRAFTS, :n], v[V_OFFSET, :num_pos], v[V_OWNER, :num_pos],
+        )  # fmt: skip
+
+    def context_of(self, longest: int) -> int:
+        return next((c for c in self.contexts if c >= longest), self.contexts[-1])
+
+    def _fill_verify(self, plan: StepPlan, bs: int) -> int:
+        """The verify buffer from the plan; returns how many positions are sampled (the real ones)."""
+        self.turn ^= 1
+        host, done = self.v_hosts[self.turn], self.copied[self.turn]
+        if done is not None:
+            done.synchronize()
+        h, q, n = host.numpy(), self.q_len, len(plan.rows)
+        h[:, : bs * q] = 0
+        h[V_SEQ_LENS, :bs] = q
+        loc = iter(plan.out_loc)
+        sampled = 0
+        for i, (row, prefix, k) in enumerate(zip(plan.rows, plan.prefix_lens, plan.draft_lens, strict=True)):
+            places = slice(i * q, i * q + k + 1)
+            h[V_POS, places] = range(prefix, prefix + k + 1)
+            h[V_LOC, places] = [next(loc) for _ in range(k + 1)]
+            h[V_TOKEN_ROW, places] = row
+            h[V_FED, places] = range(k + 1)
+            h[V_SAMPLE, sampled : sampled + k + 1] = range(i * q, i * q + k + 1)
+            h[V_POS_ROWS, sampled : sampled + k + 1] = row
+            h[V_OFFSET, sampled : sampled + k + 1] = range(k + 1)
+            h[V_OWNER, sampled : sampled + k + 1] = i
+            h[V_BLOCK_START, i] = sampled
+            sampled += k + 1
+        h[V_ROWS, :n] = plan.rows
+        h[V_SEQ_LENS, :n] = plan.prefix_lens
+        h[V_SEQ_LENS, :n] += q
+        h[V_DRAFTS, :n] = plan.draft_lens
+        self.v_inputs.copy_(host, non_blocking=True)
+        if self.capture_graphs:
+            self.copied[self.turn] = torch.cuda.Event()
+            self.copied[self.turn].record()
+        return sampled
+
+    def _forward_verify(self, bs: int, ctx: int) -> None:
+        t = bs * self.q_len
+        pos, loc, token_rows, fed = (self.v_inputs[f, :t] for f in (V_POS, V_LOC, V_TOKEN_ROW, V_FED))
+        rows, seq_lens = self.v_inputs[V_ROWS, :bs], self.v_inputs[V_SEQ_LENS, :bs]
+        batch = make_batch(self.tables, self.pool, fed, pos, loc, token_rows, fed, rows)
+        self.attn.prepare_decode_graph(batch, seq_lens, ctx, q_len=self.q_len)
+        hidden = self.model(batch.input_ids, pos, batch, self.attn)
+        self.v_logits[:t].copy_(self.model.compute_logits(hidden))
 
     def _fill(self, plan: StepPlan, bs: int) -> None:
         self.turn ^= 1
@@ -135,6 +237,9 @@ class GraphRunner:
         t0 = time.perf_counter()
         self.hosts[0].numpy()[:] = torch.tensor(_PAD)[:, None].numpy()
         self.inputs.copy_(self.hosts[0])
+        if self.q_len > 1:  # padding everywhere: row 0, position 0, slot 0, length q_len
+            self.v_inputs.zero_()
+            self.v_inputs[V_SEQ_LENS] = self.q_len
         pool = None
         with torch.inference_mode():
             # largest first: smaller graphs reuse its pool memory
@@ -147,6 +252,26 @@ class GraphRunner:
                         self._forward(bs, ctx)
                     pool = graph.pool()
                     self.graphs[bs, ctx] = graph
+                    if self.q_len > 1:
+                        self.verify_graphs[bs, ctx] = graph = torch.cuda.CUDAGraph()
+                        self._forward_verify(bs, ctx)
+                        torch.cuda.synchronize(self.device)
+                        with torch.cuda.graph(graph, pool=pool):
+                            self._forward_verify(bs, ctx)
         torch.cuda.synchronize(self.device)
         log.info("cuda_graphs_captured", buckets=len(self.buckets), max_bs=self.max_bs, contexts=self.contexts,
-                 seconds=round(time.perf_counter() - t0, 2))  # fmt: skip
+                 verify_q_len=self.q_len, seconds=round(time.perf_counter() - t0, 2))  # fmt: skip
+
+
+@dataclass
+class VerifyOut:
+    """A verify step's results off its graph: logits of the sampled positions, in the eager path's
+    order (each row's block of draft_len + 1), and the device columns the sampler needs."""
+
+    logits: torch.Tensor  # [P, V]
+    rows: torch.Tensor  # [B]
+    pos_rows: torch.Tensor  # [P] each position's request row
+    block_start: torch.Tensor  # [B] each row's first position among the P
+    draft_lens: torch.Tensor  # [B]
+    offsets: torch.Tensor  # [P] each position's index in its row's block
+    owner: torch.Tensor  # [P] each position's row index among the B

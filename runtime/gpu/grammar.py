@@ -75,6 +75,11 @@ class TokenMask:
         rows = logits[self.positions].masked_fill(~allowed, float("-inf"))
         return logits.index_put((self.positions,), rows)
 
+    def at(self, first_position: torch.Tensor) -> TokenMask:
+        """The same mask over a batch of several positions per row (a verify step): `first_position`
+        [B] is each row's first one. A constrained row never speculates, so that is its only one."""
+        return TokenMask(first_position[self.positions], self.bitmask)
+
 
 class GrammarTable:
     """The matchers of the worker's constrained rows, and the mask of each sampling step."""

@@ -147,11 +147,13 @@ class ModelRunner:
         return slots
 
     def make_graphs(self, max_bs: int, capture: bool = True) -> GraphRunner:
-        """Decode graphs over this runner's model, backend, pool and tables (`capture=False`: the padded
-        static-buffer path run eagerly, as the CPU tests check it)."""
+        """Decode graphs over this runner's model, backend, pool and tables, and verify graphs when it
+        speculates (`capture=False`: the padded static-buffer path run eagerly, as the CPU tests check it)."""
+        q_len = self.spec.max_draft + 1 if self.spec is not None else 1
         return GraphRunner(
             self.model, self.attn, self.kv_pool, self.tables,
             max_bs=max_bs, max_model_len=self.cfg.max_model_len, vocab_size=self.vocab_size, capture=capture,
+            verify_q_len=q_len,
         )  # fmt: skip
 
     def _grammar_compiler(self) -> GrammarCompiler:
@@ -180,6 +182,7 @@ class ModelRunner:
             kv_bytes_per_token=self.kv_pool.bytes_per_token,
             vocab_size=self.vocab_size,
             max_draft=self.spec.max_draft if self.spec is not None else 0,
+            compute_bound_tokens=_compute_bound_tokens(self.device),
         )
 
     # ------------------------------------------------------------------ step
@@ -201,9 +204,11 @@ class ModelRunner:
                 mask = self.grammar.mask(s.rows) if self.grammar.rows else None  # waits for step N's tokens
                 result = self.sampler.sample(s.logits, s.rows, s.rows_t, mask)
                 emitted = Emitted(result.tokens[:, None], None, None)
-            else:  # (the scheduler never drafts for a constrained request)
+            else:  # a constrained row never has drafts: its one position takes its mask
+                mask = self.grammar.mask(s.rows) if self.grammar.rows else None
+                mask = None if mask is None else mask.at(verify.block_start)
                 block = spec.block(s.rows, s.rows_t, verify)
-                result = self.sampler.sample(s.logits, s.pos_rows, s.pos_rows_t, block=block)
+                result = self.sampler.sample(s.logits, s.pos_rows, s.pos_rows_t, mask, block=block)
                 emitted = spec.accept(self.sampler, result, s.rows_t, verify)
                 if s.saved is not None:  # per-row state (V4's ring and tails) drops the rejected drafts
                     self.kv_pool.restore_rejected(s.saved, emitted.counts[s.saved_rows])
@@ -276,8 +281,18 @@ class ModelRunner:
         if not plan.rows:
             empty = self.tables.last_token[:0]
             return Sampled(torch.empty(0, self.vocab_size, device=self.device), [], empty)
-        eager = any(plan.draft_lens) or (self.spec is not None and self.spec.wants_hidden)
-        if self.graphs is not None and self.graphs.fits(plan) and not eager:
+        # hidden-state drafters (mtp, dspark) read every step's hidden states or layer outputs, and a pool
+        # with per-row state written in place (V4) saves what a verify block overwrites: eager steps
+        eager = (self.spec is not None and self.spec.wants_hidden) or (
+            any(plan.draft_lens) and self.kv_pool.max_verify_block is not None
+        )
+        if self.graphs is not None and any(plan.draft_lens) and not eager and self.graphs.fits_verify(plan):
+            v = self.graphs.run_verify(plan)
+            ks = list(plan.draft_lens)
+            pos_rows = [r for r, k in zip(rows, ks, strict=True) for _ in range(k + 1)]
+            verify = VerifyRows(ks, v.block_start, v.draft_lens, v.offsets, v.owner)
+            return Sampled(v.logits, rows, v.rows, pos_rows, v.pos_rows, verify)
+        if self.graphs is not None and self.graphs.fits(plan) and not any(plan.draft_lens) and not eager:
             logits, rows_t = self.graphs.run(plan)
             return Sampled(logits, rows, rows_t)
         batch, sampled = self._build_batch(plan)
@@ -347,10 +362,11 @@ class ModelRunner:
         block_start = torch.cumsum(k + 1, 0) - (k + 1)
         sample_rows = rows[sample]
         pos_rows = torch.repeat_interleave(sample_rows, k + 1)
+        owner = torch.repeat_interleave(torch.arange(len(k)), k + 1)
         # aligned columns: with them packed end to end, an odd token count shifted the positions the
         # RoPE kernel reads and compiled a new variant mid-run
         cols = [ids, positions, plan.out_loc, token_rows, fed_col, sample_idx, sample_rows, rows]
-        cols += [pos_rows, block_start, k] if any(drafts) else []
+        cols += [pos_rows, block_start, k, _ranges(k + 1), owner] if any(drafts) else []
         dev = columns_to_device(cols, self.device)
         host = (list(plan.rows), list(plan.prefix_lens), list(plan.extend_lens), list(plan.replay))
         batch = make_batch(self.tables, self.kv_pool, *dev[:5], dev[7], host)
@@ -361,7 +377,7 @@ class ModelRunner:
             ks = k.tolist()
             sampled.pos_rows = [r for r, kk in zip(rows_list, ks, strict=True) for _ in range(kk + 1)]
             sampled.pos_rows_t = dev[8]
-            sampled.verify = VerifyRows(ks, dev[9], dev[10])
+            sampled.verify = VerifyRows(ks, dev[9], dev[10], dev[11], dev[12])
         return batch, sampled
 
 
@@ -406,6 +422,16 @@ def _per_emitted(t: torch.Tensor | None, emitted: Emitted) -> torch.Tensor | Non
     if emitted.index is None:
         return t[:, None]
     return t[emitted.index]
+
+
+def _compute_bound_tokens(device: torch.device) -> int:
+    """Step tokens at which a forward stops being bound by reading the weights: on an H200 a bf16
+    weight's 2 flops per token reach the copy bandwidth's ridge (765 TFLOP/s over 4.25 TB/s, 180 flops
+    per byte) near 200 tokens, and a Llama-8B verify step of 256 tokens took 1.7x a 64-token decode step
+    (docs/PERF.md); one CPU thread's ridge is near 10 flops per byte, a few tokens of float32."""
+    if device.type == "cuda":
+        return 256
+    return 4 * torch.get_num_threads()
 
 
 def _page_size(asked: int, multiple: int) -> int:

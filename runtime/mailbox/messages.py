@@ -220,6 +220,9 @@ class WorkerCapabilities(Struct, frozen=True, tag=True, array_like=True, kw_only
     kv_bytes_per_token: int
     vocab_size: int
     max_draft: int = 0  # speculative decoding: drafts a row may verify per step (0: no drafter)
+    # step tokens from which more positions cost compute rather than riding on the weight reads: where
+    # speculation's draft-length threshold reaches its maximum (the device's ridge point, roughly)
+    compute_bound_tokens: int = 1024
 
 
 class WorkerFailed(Struct, frozen=True, tag=True, array_like=True):

@@ -23,6 +23,10 @@ class VerifyRows:
     draft_lens: list[int]  # per sampled row
     block_start: torch.Tensor  # [B] each row's first position among the sampled ones
     draft_lens_t: torch.Tensor  # [B]
+    # per sampled position, on the device (made on the host and moved with the step's columns: built
+    # here from draft_lens_t they would wait for the step to finish)
+    offsets_t: torch.Tensor  # [P] its index in its row's block
+    owner_t: torch.Tensor  # [P] its row's index among the sampled rows
 
     @property
     def offsets(self) -> list[int]:
@@ -54,12 +58,8 @@ class Speculation:
         """Each sampled position's earlier drafts in its block (-1 past them), for the sampler."""
         k = self.max_draft
         drafts = self.tables.fed[rows_t, 1:]  # [B, K]
-        offsets = torch.tensor(verify.offsets, device=rows_t.device)
-        owner = torch.repeat_interleave(
-            torch.arange(len(verify.draft_lens), device=rows_t.device), verify.draft_lens_t + 1
-        )
         cols = torch.arange(k, device=rows_t.device)
-        prior = torch.where(cols[None, :] < offsets[:, None], drafts[owner], -1)
+        prior = torch.where(cols[None, :] < verify.offsets_t[:, None], drafts[verify.owner_t], -1)
         plain = [r for r, k in zip(rows, verify.draft_lens, strict=True) if not k]
         return Block(verify.offsets, prior, plain)
 

@@ -56,6 +56,25 @@ def test_decode_attention_matches_reference(name: str, dtype: torch.dtype, shape
     assert close_ratio(got, want, *TOLERANCE[dtype]) <= 1.0
 
 
+@pytest.mark.parametrize("q_len", [2, 4, 8])
+@pytest.mark.parametrize(
+    "shape", [(8, 4096, 32, 8, 128), (64, 1000, 32, 8, 128), (5, 300, 9, 3, 64)], ids=str
+)
+def test_decode_attention_with_several_query_tokens_matches_extend_reference(
+    q_len: int, shape: tuple
+) -> None:
+    """Verify steps: q_len tokens per row, each causal over the row's prefix and the new tokens before it."""
+    batch, ctx, hq, hkv, d = shape
+    lens = _lens(batch, ctx, seed=batch + q_len)
+    c = paged_case([max(n - q_len, 0) for n in lens], [q_len] * batch, hq, hkv, d, torch.bfloat16, "cuda")
+    want = load_reference("extend_attention")(*c.extend_args())
+    for name in impl_names("decode_attention"):
+        got = load_impl("decode_attention", name)(*c.decode_args(), q_len=q_len)
+        assert close_ratio(got, want, *TOLERANCE[torch.bfloat16]) <= 1.0, name
+    got = load_impl("decode_attention", "triton")(*c.decode_args(), num_splits=16, q_len=q_len)
+    assert close_ratio(got, want, *TOLERANCE[torch.bfloat16]) <= 1.0
+
+
 @pytest.mark.parametrize("num_splits", [1, 2, 7, 64])
 def test_decode_attention_any_split_count_gives_the_same_answer(num_splits: int) -> None:
     c = paged_case([0, 63, 64, 65, 3000], [1] * 5, 32, 8, 128, torch.bfloat16, "cuda")

@@ -187,3 +187,24 @@ def test_mla_decode_tilelang_under_cuda_graph() -> None:
         g.replay()
         want = load_reference(OP)(*c.args())
         assert close_ratio(out, want, *TOLERANCE[torch.bfloat16]) <= 1.0, splits
+
+
+@pytest.mark.parametrize("q_len", [2, 4])
+@pytest.mark.parametrize("shape", [(8, 4096, 16), (64, 1000, 128), (3, 300, 16)], ids=str)
+def test_mla_decode_with_several_query_tokens_matches_single_token_decode(q_len: int, shape: tuple) -> None:
+    """Verify steps: each of a row's q_len tokens equals a single-query decode at its own length."""
+    from runtime.gpu.kernels.mla_decode import MLA_DECODE
+
+    batch, ctx, hq = shape
+    lens = [max(q_len, ctx - 37 * i) for i in range(batch)]
+    c = mla_case(lens, hq, torch.bfloat16, "cuda", page_size=64)
+    q = torch.randn(batch * q_len, hq, c.q.shape[-1], device="cuda").to(torch.bfloat16)
+    per_token = torch.tensor([n - q_len + 1 + i for n in lens for i in range(q_len)], device="cuda")
+    rows = c.rows.repeat_interleave(q_len)
+    ref = MLA_DECODE.named("reference").load()
+    want = ref(q, c.pool, c.req_to_token, rows, per_token, c.scale)
+    for impl in MLA_DECODE.implementations():
+        if impl.name == "reference" or not impl.available(torch.device("cuda")):
+            continue
+        got = impl.load()(q, c.pool, c.req_to_token, c.rows, c.seq_lens, c.scale, q_len=q_len)
+        assert close_ratio(got, want, *TOLERANCE[torch.bfloat16]) <= 1.0, impl.name

@@ -1,6 +1,6 @@
-"""Speculative decoding on CUDA: verify rows run the Triton extend / prefill kernels (a decode row with
-several new tokens) and plain decode steps keep their CUDA graphs; greedy outputs equal plain
-decoding's through the real scheduler, float32."""
+"""Speculative decoding on CUDA: verify steps replay their own CUDA graphs (the decode kernel with
+q_len = 4 query tokens per row), plain decode steps theirs, mixed steps run eagerly; greedy outputs
+equal plain decoding's through the real scheduler, float32."""
 
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ import torch
 from runtime.actors.scheduler.testing import run_scheduler
 from runtime.config import RunnerConfig, ServerConfig
 from runtime.gpu.model_runner import ModelRunner
-from runtime.gpu.testing import save_tiny_llama
+from runtime.gpu.testing import save_tiny_deepseek_v3, save_tiny_llama
 
 pytestmark = pytest.mark.gpu
 
 
-def test_greedy_outputs_equal_plain_decoding_on_cuda(tmp_path):
+@pytest.mark.parametrize("family", ["llama", "deepseek_v3"])
+def test_greedy_outputs_equal_plain_decoding_on_cuda(tmp_path, family):
     import sys
     from pathlib import Path
 
@@ -25,14 +26,17 @@ def test_greedy_outputs_equal_plain_decoding_on_cuda(tmp_path):
     from test_lossless import batch  # the CPU test's requests (repetitive motifs)
 
     torch.backends.cuda.matmul.allow_tf32 = False
-    save_tiny_llama(tmp_path)
+    (save_tiny_llama if family == "llama" else save_tiny_deepseek_v3)(tmp_path)
 
     def runner(**spec) -> ModelRunner:
         return ModelRunner(RunnerConfig(str(tmp_path), device="cuda", dtype="float32", num_kv_slots=4096,
                                         max_reqs=8, max_model_len=256, **spec))  # fmt: skip
 
     plain, spec = runner(), runner(speculative_algorithm="ngram", speculative_num_draft_tokens=3)
-    assert spec.graphs is not None
+    assert spec.graphs is not None and spec.graphs.verify_graphs and spec.graphs.q_len == 4
+    replays = []
+    run_verify = spec.graphs.run_verify
+    spec.graphs.run_verify = lambda plan: replays.append(len(plan.rows)) or run_verify(plan)
     reqs = batch(False)
     cfg = ServerConfig(
         device="cuda", max_total_tokens=4096, max_running_requests=8, chunked_prefill_size=2048
@@ -41,3 +45,4 @@ def test_greedy_outputs_equal_plain_decoding_on_cuda(tmp_path):
     got, _ = asyncio.run(run_scheduler(cfg, reqs, runner=spec, max_model_len=256))
     assert {r.rid: got.tokens[r.rid] for r in reqs} == {r.rid: want.tokens[r.rid] for r in reqs}
     assert got.stats.spec.accepted > 0
+    assert replays, "no verify step replayed a graph"

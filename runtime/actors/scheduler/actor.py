@@ -109,7 +109,9 @@ class SchedulerActor(Actor):
             max_model_len=cfg.max_model_len,
             policy=cfg.schedule_policy,
             prefix_replay=cfg.prefix_replay,
-            draft_policy=DraftPolicy(cfg.max_draft) if cfg.max_draft else None,
+            draft_policy=DraftPolicy(cfg.max_draft, full_load_tokens=cfg.compute_bound_tokens)
+            if cfg.max_draft
+            else None,
         )
         self.spec_stats = SpecStats(cfg.max_draft)
         self.configured.set()

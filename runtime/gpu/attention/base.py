@@ -52,6 +52,9 @@ class AttentionBackend(ABC):
 
     # True when `prepare_decode_graph` is implemented: all-decode steps can then run as CUDA graphs.
     supports_cuda_graph: bool = False
+    # True when `prepare_decode_graph` takes q_len > 1: verify steps (speculative decoding) then run as
+    # CUDA graphs too.
+    supports_verify_graph: bool = False
     # The KV pool's page size (`make_attention_backend`): position p of a row lives at offset
     # p % page_size of its (p // page_size)-th page, so kernels may read whole pages through a page table.
     page_size: int = 1
@@ -59,12 +62,16 @@ class AttentionBackend(ABC):
     # throwaway mixed and prefill steps at start-up, so the first requests do not pay for the compiles.
     wants_warm_up: bool = False
 
-    def prepare_decode_graph(self, batch: ForwardBatch, seq_lens: torch.Tensor, max_seq_len: int) -> None:
+    def prepare_decode_graph(
+        self, batch: ForwardBatch, seq_lens: torch.Tensor, max_seq_len: int, q_len: int = 1
+    ) -> None:
         """Metadata for an all-decode step from device tensors alone (no host reads, shapes fixed by the
         batch size and `max_seq_len`), so the step can be captured in a CUDA graph and replayed.
 
-        `batch.rows` [B] and `seq_lens` [B] (prefix + 1) live in static buffers that change between
-        replays; padding rows use row 0 with length 1 (slot 0, never attended by real rows)."""
+        `batch.rows` [B] and `seq_lens` [B] (prefix + q_len) live in static buffers that change between
+        replays; padding rows use row 0 with length q_len (slot 0, never attended by real rows).
+        `q_len` > 1 (`supports_verify_graph`): every row has q_len new tokens, consecutive in the batch,
+        the last q_len positions of its length, each attending causally."""
         raise NotImplementedError(f"{type(self).__name__} cannot run under CUDA graphs")
 
     def graph_contexts(self, max_model_len: int) -> list[int]:

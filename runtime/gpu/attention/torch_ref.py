@@ -30,8 +30,9 @@ class _Meta:
     decode_all: bool  # every token of the batch is a decode token, in order: skip the gather/scatter
     decode_slots: torch.Tensor | None  # [B * S] KV slots, padded, flattened for index_select
     decode_shape: tuple[int, int] | None
-    decode_mask: torch.Tensor | None  # [B, 1, 1, S]
+    decode_mask: torch.Tensor | None  # [B, 1, q_len, S]
     prefills: list[_Prefill]
+    q_len: int = 1  # decode rows' query tokens (verify steps under graphs: draft tokens + 1)
 
 
 class TorchAttentionBackend(MHABackend):
@@ -68,14 +69,19 @@ class TorchAttentionBackend(MHABackend):
         batch.attn_meta = meta
 
     supports_cuda_graph = True
+    supports_verify_graph = True
 
-    def prepare_decode_graph(self, batch: ForwardBatch, seq_lens: torch.Tensor, max_seq_len: int) -> None:
+    def prepare_decode_graph(
+        self, batch: ForwardBatch, seq_lens: torch.Tensor, max_seq_len: int, q_len: int = 1
+    ) -> None:
         """All rows padded to `max_seq_len` keys and masked: slow for long contexts, but graph-safe."""
         b = batch.rows.shape[0]
         cols = torch.arange(max_seq_len, device=seq_lens.device)
-        meta = _Meta(cols[:b], True, None, (b, max_seq_len), None, [])
+        meta = _Meta(cols[: b * q_len], True, None, (b, max_seq_len), None, [], q_len)
         meta.decode_slots = batch.req_to_token[batch.rows, :max_seq_len].reshape(-1)
-        meta.decode_mask = (cols[None, :] < seq_lens[:, None])[:, None, None, :]
+        # query i of a row sees the keys before seq_len - q_len + 1 + i
+        limit = seq_lens[:, None] - q_len + 1 + torch.arange(q_len, device=seq_lens.device)[None, :]
+        meta.decode_mask = (cols[None, None, :] < limit[:, :, None])[:, None, :, :]
         batch.attn_meta = meta
 
     @staticmethod
@@ -106,6 +112,8 @@ class TorchAttentionBackend(MHABackend):
         out = torch.empty_like(q)
         if meta.decode_tokens is not None:
             qd = q if meta.decode_all else q[meta.decode_tokens]
+            rows, ql = meta.decode_shape[0], meta.q_len
+            qd = qd.view(rows, ql, *qd.shape[1:]).transpose(1, 2)  # [B, Hq, q_len, D]
             # index_select: several times faster than advanced indexing for row gathers on CPU
             shape = (*meta.decode_shape, *k_pool.shape[1:])
             kd = (
@@ -113,8 +121,9 @@ class TorchAttentionBackend(MHABackend):
             )  # [B, Hkv, S, D]
             vd = v_pool.index_select(0, meta.decode_slots).view(shape).transpose(1, 2).to(q.dtype)
             o = F.scaled_dot_product_attention(
-                qd.unsqueeze(2), kd, vd, attn_mask=meta.decode_mask, scale=self.scale, enable_gqa=True
-            ).squeeze(2)
+                qd, kd, vd, attn_mask=meta.decode_mask, scale=self.scale, enable_gqa=True
+            )
+            o = o.transpose(1, 2).reshape(rows * ql, q.shape[1], q.shape[2])
             if meta.decode_all:
                 return o
             out[meta.decode_tokens] = o

@@ -35,6 +35,7 @@ class _Meta:
     # the non-decode rows: (rows, prefix_lens, extend_lens, q_starts (first token of each row in the
     # flattened step), longest new part, any prefix)
     prefill: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, bool] | None = None
+    q_len: int = 1  # decode steps: query tokens per row (verify steps under graphs: draft tokens + 1)
 
 
 class TritonAttentionBackend(MHABackend):
@@ -74,6 +75,7 @@ class TritonAttentionBackend(MHABackend):
             self.prefill_fn = PREFILL_ATTENTION.get(device)
 
     supports_cuda_graph = True
+    supports_verify_graph = True
     wants_warm_up = True
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
@@ -81,13 +83,16 @@ class TritonAttentionBackend(MHABackend):
         # non-decode rows: the prefill kernel (whose tiles span whole power-of-two heads)
         self.prefill_kernel = head_dim & (head_dim - 1) == 0
 
-    def prepare_decode_graph(self, batch: ForwardBatch, seq_lens: torch.Tensor, max_seq_len: int) -> None:
-        """Split count fixed by the batch size and `max_seq_len`: the kernel reads lengths on the device."""
+    def prepare_decode_graph(
+        self, batch: ForwardBatch, seq_lens: torch.Tensor, max_seq_len: int, q_len: int = 1
+    ) -> None:
+        """Split count fixed by the batch size and `max_seq_len`: the kernel reads lengths on the device.
+        A verify step's q_len tokens of a row share its K/V reads in the decode kernel's query tile."""
         device = batch.input_ids.device
         self._bind(device)
         b = batch.rows.shape[0]
         splits = choose_num_splits(b, self.num_kv_heads, max_seq_len, device)
-        batch.attn_meta = _Meta(True, batch.rows, seq_lens, splits)
+        batch.attn_meta = _Meta(True, batch.rows, seq_lens, splits, q_len=q_len)
 
     def forward(
         self,
@@ -105,7 +110,7 @@ class TritonAttentionBackend(MHABackend):
         if meta.decode:
             return self.decode_fn(
                 q, k_pool, v_pool, batch.req_to_token, meta.rows, meta.seq_lens, self.scale,
-                num_splits=meta.num_splits, page_size=self.page_size,
+                num_splits=meta.num_splits, page_size=self.page_size, q_len=meta.q_len,
             )  # fmt: skip
         # each kernel writes its own rows' tokens of one output
         out = torch.empty_like(q)

@@ -76,6 +76,35 @@ def decode_gqa8_bf16_more_splits_than_tokens():
     return _attention("decode", [2, 0], [1, 1], 8, 1, 64, torch.bfloat16, num_splits=8)
 
 
+def _verify(prefix: list[int], q_len: int, hq: int, hkv: int, d: int, dtype, **kw) -> float:
+    """Decode attention with q_len query tokens per row (a verify step) against the extend reference on
+    the same case: the row's last q_len positions, each causal over its prefix and the new tokens."""
+    from runtime.gpu.kernels.decode_attention import triton as mod
+    from runtime.gpu.kernels.extend_attention import reference as extend_ref
+    from runtime.gpu.kernels.testing import close_ratio, paged_case
+
+    ext = [q_len] * len(prefix)
+    c = paged_case(prefix, ext, hq, hkv, d, dtype, "cpu", seed=len(CASES), page_size=kw.pop("page_size", 1))
+    got = mod.decode_attention(*c.decode_args(), q_len=q_len, **kw)
+    return close_ratio(got, extend_ref.extend_attention(*c.extend_args()), *_tol(dtype))
+
+
+@case
+def decode_verify_q4_gqa4_fp32_split3():
+    """Four query tokens a row: a split that starts past an early query's keys gives it nothing."""
+    return _verify([61, 0, 130, 7], 4, 8, 2, 64, torch.float32, num_splits=3)
+
+
+@case
+def decode_verify_q2_mha_bf16_page16():
+    return _verify([200, 1, 64], 2, 4, 4, 64, torch.bfloat16, page_size=16, num_splits=2)
+
+
+@case
+def decode_verify_q8_gqa2_fp16_auto_splits():
+    return _verify([33, 300], 8, 4, 2, 128, torch.float16)
+
+
 @case
 def extend_mixed_fp32():
     return _attention("extend", [0, 5, 70, 3], [9, 1, 40, 1], 4, 2, 64, torch.float32)
@@ -301,6 +330,34 @@ def _mla(lens: list[int], hq: int, page: int, dtype, splits=None, block_table: b
         return float("inf")
     fin = want_lse.isfinite()
     return max(close_ratio(got, want, *_tol(dtype)), close_ratio(lse[fin], want_lse[fin], 1e-4, 1e-4))
+
+
+def _mla_verify(lens: list[int], q_len: int, hq: int, page: int, dtype, splits=None) -> float:
+    """q_len query tokens per row (a verify step) against single-query decode of each token on its own
+    (rows repeated, each token's length its position + 1), through the reference."""
+    from runtime.gpu.kernels.mla_decode import reference, triton
+    from runtime.gpu.kernels.mla_decode.testing import mla_case
+    from runtime.gpu.kernels.testing import close_ratio
+
+    c = mla_case(lens, hq, dtype, "cpu", page_size=page, kv_lora_rank=64, rope_dim=16, seed=len(lens) + q_len)
+    gen = torch.Generator().manual_seed(q_len)
+    q = torch.randn(len(lens) * q_len, hq, c.q.shape[-1], generator=gen).to(dtype)
+    per_token = torch.tensor([n - q_len + 1 + i for n in lens for i in range(q_len)])
+    rows = c.rows.repeat_interleave(q_len)
+    want = reference.mla_decode(q, c.pool, c.req_to_token, rows, per_token, c.scale, 64)
+    got = triton.mla_decode(q, c.pool, c.req_to_token, c.rows, c.seq_lens, c.scale, 64, splits, q_len=q_len)
+    ref_multi = reference.mla_decode(q, c.pool, c.req_to_token, c.rows, c.seq_lens, c.scale, 64, q_len=q_len)
+    return max(close_ratio(got, want, *_tol(dtype)), close_ratio(ref_multi, want, 1e-5, 1e-5))
+
+
+@case
+def mla_decode_verify_q4_fp32_split3_page16():
+    return _mla_verify([37, 4, 100], 4, 20, 16, torch.float32, splits=3)
+
+
+@case
+def mla_decode_verify_q2_bf16_direct():
+    return _mla_verify([70, 2], 2, 16, 64, torch.bfloat16, splits=1)
 
 
 @case

@@ -22,14 +22,17 @@ class DecodeAttention(Protocol):
         num_splits: int | None = None,
         out: torch.Tensor | None = None,
         page_size: int = 1,
+        q_len: int = 1,
     ) -> torch.Tensor:
-        """q: [B, Hq, D], one token per row (unit last stride); row b attends the KV slots
+        """q: [B * q_len, Hq, D], q_len tokens per row (unit last stride); row b attends the KV slots
         req_to_token[rows[b], :seq_lens[b]] of k_pool / v_pool ([num_slots, Hkv, D], Hq a multiple of
         Hkv; 16-bit or e4m3 with scale 1) with softmax scale `scale`. Returns [B, Hq, D] in q's dtype,
         written into `out` when given. `num_splits`: how many parts each row's KV is split into
         (flash-decoding); None: the kernel chooses on the host from the batch and req_to_token's width
         (an upper bound on lengths, so no device sync); pass a fixed one under CUDA graphs. `page_size`:
-        the pool's page size (kernels that copy whole pages use it). The reference ignores both."""
+        the pool's page size (kernels that copy whole pages use it). The reference ignores both.
+        `q_len` > 1 (verify steps): row b's tokens are its last q_len positions, q[b * q_len + i] at
+        position seq_lens[b] - q_len + i, each attending the keys up to its own position."""
         ...
 
 

@@ -20,11 +20,14 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, caus
 
 
 def decode_attention(
-    q, k_pool, v_pool, req_to_token, rows, seq_lens, scale, num_splits=None, out=None, page_size=1
+    q, k_pool, v_pool, req_to_token, rows, seq_lens, scale, num_splits=None, out=None, page_size=1, q_len=1
 ):
     """`DecodeAttention`, row by row."""
     out = torch.empty_like(q) if out is None else out
     for b, (row, n) in enumerate(zip(rows.tolist(), seq_lens.tolist(), strict=True)):
         slots = req_to_token[row, :n]
-        out[b] = attend(q[b : b + 1], k_pool[slots], v_pool[slots], scale, None)[0].to(q.dtype)
+        qb = q[b * q_len : (b + 1) * q_len]
+        out[b * q_len : (b + 1) * q_len] = attend(qb, k_pool[slots], v_pool[slots], scale, n - q_len).to(
+            q.dtype
+        )
     return out

@@ -314,7 +314,7 @@ def stage1(q, k_pool, v_pool, req_to_token, rows, seq_lens, scale, num_splits, o
 
 
 def decode_attention(
-    q, k_pool, v_pool, req_to_token, rows, seq_lens, scale, num_splits=None, out=None, page_size=1
+    q, k_pool, v_pool, req_to_token, rows, seq_lens, scale, num_splits=None, out=None, page_size=1, q_len=1
 ):
     """`DecodeAttention`. An fp8 pool that `supported` covers runs this stage 1: with one split it
     writes the output itself, otherwise Triton's stage 2 merges the splits. Anything else (16-bit pools,
@@ -322,7 +322,7 @@ def decode_attention(
     from runtime.gpu.kernels.decode_attention import triton
 
     args = (q, k_pool, v_pool, req_to_token, rows, seq_lens, scale)
-    if not supported(q, k_pool):
-        return triton.decode_attention(*args, num_splits, out)
+    if q_len > 1 or not supported(q, k_pool):  # (verify steps: the Triton kernel's query tiles)
+        return triton.decode_attention(*args, num_splits, out, q_len=q_len)
     paged = functools.partial(stage1, page_size=page_size)
     return triton.split_kv(paged, BLOCK_N, *args, num_splits, out, direct=True)

@@ -3,10 +3,15 @@
 Stage 1: one program per (row, kv head, KV split) walks its part of the row's slots (looked up per token
 in req_to_token, so any page size works), for all the q heads that share the kv head at once (GQA: one
 read of K/V serves the group), and writes a normalised partial output and its log-sum-exp (base 2).
-Stage 2: one program per (row, q head) merges the splits. All accumulation is in float32."""
+Stage 2: one program per (row, q head) merges the splits. All accumulation is in float32.
+
+Verify steps (speculative decoding) have Q_LEN > 1 query tokens per row, the row's last Q_LEN positions:
+they join the GQA group's heads in one tile (Q_LEN * GROUP query rows per kv head), each masked to the
+keys up to its own position, so the row's K/V is still read once per step."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -54,7 +59,7 @@ def _stage1(
     stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_rt,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr, KV_MODE: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    PREFETCH: tl.constexpr, Q_LEN: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -68,12 +73,14 @@ def _stage1(
     start = split * per_split
     end = tl.minimum(start + per_split, seq_len)
 
-    offs_h = tl.arange(0, BLOCK_H)
-    mask_h = offs_h < GROUP
-    heads = kvh * GROUP + offs_h
+    offs_h = tl.arange(0, BLOCK_H)  # query rows of the tile: (position, head of the group)
+    mask_h = offs_h < Q_LEN * GROUP
+    heads = kvh * GROUP + offs_h % GROUP
+    token = b * Q_LEN + offs_h // GROUP  # the query's token in q
+    limit = seq_len - Q_LEN + 1 + offs_h // GROUP  # keys it sees: positions < limit
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
-    q_ptrs = Q + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
+    q_ptrs = Q + token[:, None].to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptrs, mask=mask_h[:, None] & mask_d[None, :], other=0.0)
     if KV_MODE != 0:
         q = q.to(tl.float16)
@@ -105,10 +112,16 @@ def _stage1(
         qk = (
             tl.dot(q, tl.trans(dot_operand(k, DOT_F32)), input_precision=DOT_PREC) * qk_scale
         )  # [BLOCK_H, BLOCK_N], base 2
-        qk = tl.where(mask_n[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m, tl.max(qk, 1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(qk - m_new[:, None])
+        if Q_LEN == 1:
+            qk = tl.where(mask_n[None, :], qk, float("-inf"))
+            m_new = tl.maximum(m, tl.max(qk, 1))
+            m_use = m_new
+        else:  # causal inside the row's new tokens; a query may see no key of this tile yet
+            qk = tl.where(mask_n[None, :] & (pos[None, :] < limit[:, None]), qk, float("-inf"))
+            m_new = tl.maximum(m, tl.max(qk, 1))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_use)
+        p = tl.exp2(qk - m_use[:, None])
         denom = denom * alpha + tl.sum(p, 1)
         v = _kv_tile(
             V + slot[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :],
@@ -124,7 +137,7 @@ def _stage1(
     has = denom > 0.0  # an empty split (short row) leaves denom = 0: lse = -inf, ignored by stage 2
     lse = tl.where(has, m + tl.log2(tl.where(has, denom, 1.0)), float("-inf"))
     o = acc / tl.where(has, denom, 1.0)[:, None]
-    mid = (b * num_q_heads + heads).to(tl.int64) * num_splits + split  # [BLOCK_H]
+    mid = (token * num_q_heads + heads).to(tl.int64) * num_splits + split  # [BLOCK_H]
     keep = mask_h & (start + 0 * offs_h < seq_len)  # splits past the row's end: never read by stage 2
     tl.store(MidLse + mid, lse, mask=keep)
     tl.store(MidO + mid[:, None] * HEAD_DIM + offs_d[None, :], o, mask=keep[:, None] & mask_d[None, :])
@@ -141,10 +154,11 @@ def _split_len(seq_len, num_splits, BLOCK_N: tl.constexpr):
 def _stage2(
     MidO, MidLse, Out, SeqLens, num_splits, stride_ob, stride_oh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr,
+    Q_LEN: tl.constexpr,
 ):  # fmt: skip
-    b = tl.program_id(0)
+    b = tl.program_id(0)  # the query token (row b // Q_LEN)
     h = tl.program_id(1)
-    seq_len = tl.load(SeqLens + b).to(tl.int32)
+    seq_len = tl.load(SeqLens + b // Q_LEN).to(tl.int32)
     used = tl.cdiv(seq_len, tl.maximum(_split_len(seq_len, num_splits, BLOCK_N), 1))
     offs_s = tl.arange(0, BLOCK_S)
     mask_s = offs_s < tl.minimum(used, num_splits)
@@ -173,36 +187,48 @@ def stage1(
     seq_lens: torch.Tensor,
     scale: float,
     num_splits: int,
+    q_len: int = 1,
 ):
-    """Launch stage 1: (partial outputs [B, Hq, splits, D] f32, their lse [B, Hq, splits] f32, and
-    Triton's compiled kernel, whose `asm` / `n_regs` / `metadata.shared` `benchmarks.kernels.decode_attention_sweep --compiled` prints)."""
-    batch, num_q_heads, head_dim = q.shape
+    """Launch stage 1: (partial outputs [T, Hq, splits, D] f32, their lse [T, Hq, splits] f32, and
+    Triton's compiled kernel, whose `asm` / `n_regs` / `metadata.shared` `benchmarks.kernels.decode_attention_sweep --compiled` prints).
+    T = B * q_len query tokens."""
+    tokens, num_q_heads, head_dim = q.shape
+    batch = tokens // q_len
     num_kv_heads = k_pool.shape[1]
     group = num_q_heads // num_kv_heads
     block_n, num_warps, num_stages = LAUNCH[k_pool.element_size()]
     kv_mode = 1 if k_pool.dtype == torch.float8_e4m3fn and q.dtype != torch.float32 else 0
-    mid_o = torch.empty(batch, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
-    mid_lse = torch.empty(batch, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
+    mid_o = torch.empty(tokens, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+    mid_lse = torch.empty(tokens, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
     compiled = _stage1[(batch, num_kv_heads, num_splits)](
         q, k_pool, v_pool, req_to_token, rows, seq_lens, mid_o, mid_lse,
         scale * LOG2E,
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
         req_to_token.stride(0),
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=next_pow2(head_dim), BLOCK_H=max(16, next_pow2(group)),
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=next_pow2(head_dim), BLOCK_H=max(16, next_pow2(q_len * group)),
         BLOCK_N=block_n, DOT_PREC=dot_precision(q.dtype), DOT_F32=dot_f32(q), KV_MODE=kv_mode,
-        PREFETCH=PREFETCH_SLOTS[k_pool.element_size()], num_warps=num_warps, num_stages=num_stages,
+        PREFETCH=PREFETCH_SLOTS[k_pool.element_size()], Q_LEN=q_len, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return mid_o, mid_lse, compiled
 
 
 def decode_attention(
-    q, k_pool, v_pool, req_to_token, rows, seq_lens, scale, num_splits=None, out=None, page_size=1
+    q, k_pool, v_pool, req_to_token, rows, seq_lens, scale, num_splits=None, out=None, page_size=1, q_len=1
 ):
     """`DecodeAttention`. Slots are looked up per token, so `page_size` changes nothing here."""
     assert q.shape[1] % k_pool.shape[1] == 0 and q.stride(2) == 1 and k_pool.stride(2) == 1
-    assert v_pool.stride(2) == 1 and req_to_token.stride(1) == 1
+    assert v_pool.stride(2) == 1 and req_to_token.stride(1) == 1 and q.shape[0] == rows.shape[0] * q_len
     args = (q, k_pool, v_pool, req_to_token, rows, seq_lens, scale)
-    return split_kv(stage1, LAUNCH[k_pool.element_size()][0], *args, num_splits, out)
+    if q_len == 1:
+        return split_kv(stage1, LAUNCH[k_pool.element_size()][0], *args, num_splits, out)
+    return split_kv(
+        functools.partial(stage1, q_len=q_len),
+        LAUNCH[k_pool.element_size()][0],
+        *args,
+        num_splits,
+        out,
+        q_len=q_len,
+    )
 
 
 def split_kv(
@@ -218,6 +244,7 @@ def split_kv(
     num_splits: int | None,
     out: torch.Tensor | None,
     direct: bool = False,
+    q_len: int = 1,
 ) -> torch.Tensor:
     """Flash-decoding around a stage 1 (this module's or `tilelang.stage1`, whose splits are multiples
     of `block_n`): the output buffer, the split count when not given (from the batch and req_to_token's
@@ -228,24 +255,30 @@ def split_kv(
     if q.shape[0] == 0:
         return out
     if num_splits is None:
-        num_splits = choose_num_splits(q.shape[0], k_pool.shape[1], req_to_token.shape[1], q.device)
+        num_splits = choose_num_splits(rows.shape[0], k_pool.shape[1], req_to_token.shape[1], q.device)
     args = (q, k_pool, v_pool, req_to_token, rows, seq_lens, scale, num_splits)
     if direct and num_splits == 1 and out.stride(1) == q.shape[2]:
         # the merge would only copy: skipping it saves a launch and 8 us a layer at B=256 (docs/PERF.md)
         stage1_fn(*args, out=out)
         return out
     mid_o, mid_lse = stage1_fn(*args)[:2]
-    return merge_splits(mid_o, mid_lse, seq_lens, out, block_n)
+    return merge_splits(mid_o, mid_lse, seq_lens, out, block_n, q_len)
 
 
 def merge_splits(
-    mid_o: torch.Tensor, mid_lse: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor, block_n: int
+    mid_o: torch.Tensor,
+    mid_lse: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    block_n: int,
+    q_len: int = 1,
 ) -> torch.Tensor:
-    """Stage 2: `out` [B, Hq, D] from stage 1's partials, whose splits are multiples of `block_n`."""
+    """Stage 2: `out` [T, Hq, D] from stage 1's partials, whose splits are multiples of `block_n`
+    (T = rows * q_len query tokens)."""
     batch, num_q_heads, num_splits, head_dim = mid_o.shape
     _stage2[(batch, num_q_heads)](
         mid_o, mid_lse, out, seq_lens, num_splits, out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, BLOCK_D=next_pow2(head_dim), BLOCK_S=max(2, next_pow2(num_splits)),
-        BLOCK_N=block_n, num_warps=4,
+        BLOCK_N=block_n, Q_LEN=q_len, num_warps=4,
     )  # fmt: skip
     return out

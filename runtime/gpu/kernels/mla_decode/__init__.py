@@ -26,6 +26,7 @@ class MlaDecode(Protocol):
         out: torch.Tensor | None = None,
         return_lse: bool = False,
         page_size: int = 1,
+        q_len: int = 1,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """q: [B, Hq, kv_lora_rank + rope] (q_nope already multiplied by W_UK, unit last stride); row b
         attends the slots req_to_token[rows[b], :seq_lens[b]] of latent_pool ([slots, D] or
@@ -36,7 +37,9 @@ class MlaDecode(Protocol):
         is 0). `page_size` > 1: `req_to_token` is a page table instead, token pos of row r in slot
         `req_to_token[r, pos // page_size] * page_size + pos % page_size` (kernels read whole pages).
         `num_splits`: KV splits per row; None: the kernel chooses on the host (no device sync); pass a
-        fixed one under CUDA graphs. The reference and FlashMLA (its own scheduler) ignore it."""
+        fixed one under CUDA graphs. The reference and FlashMLA (its own scheduler) ignore it.
+        `q_len` > 1 (verify steps): q holds q_len tokens per row, q[b * q_len + i] at position
+        seq_lens[b] - q_len + i, each attending the keys up to its own position; out and lse likewise."""
         ...
 
 

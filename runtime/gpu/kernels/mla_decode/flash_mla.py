@@ -47,23 +47,26 @@ def call(q4, k_cache, block_table, cache_seqlens, head_dim_v, meta, num_splits, 
 
 def mla_decode(
     q, latent_pool, req_to_token, rows, seq_lens, scale, kv_lora_rank=512, num_splits=None, out=None,
-    return_lse=False, page_size=1,
+    return_lse=False, page_size=1, q_len=1,
 ):  # fmt: skip
     """`MlaDecode` through FlashMLA (page-aligned slots, see the module doc). `page_size` 64:
-    req_to_token is already the block table; 1: it is derived here."""
+    req_to_token is already the block table; 1: it is derived here. `q_len` > 1 is FlashMLA's s_q with
+    its causal mask (the row's last s_q positions)."""
     assert page_size in (1, FLASH_MLA_PAGE), f"FlashMLA reads 64-token pages, not {page_size}"
     pool = pool_2d(latent_pool)
-    batch, num_heads, dim = q.shape
+    tokens, num_heads, dim = q.shape
+    batch = tokens // q_len
     k_cache = pool.view(-1, FLASH_MLA_PAGE, 1, dim)
     table = req_to_token if page_size == FLASH_MLA_PAGE else page_table(req_to_token, FLASH_MLA_PAGE)
     block_table = table.index_select(0, rows).to(torch.int32)
     cache_seqlens = seq_lens.to(torch.int32)
-    meta, splits = scheduler_metadata(cache_seqlens, num_heads, 1)
+    meta, splits = scheduler_metadata(cache_seqlens, num_heads * q_len, 1)
     o, lse = call(
-        q.unsqueeze(1), k_cache, block_table, cache_seqlens, kv_lora_rank, meta, splits, scale, False
-    )
-    o = o[:, 0]
+        q.view(batch, q_len, num_heads, dim), k_cache, block_table, cache_seqlens, kv_lora_rank, meta, splits,
+        scale, q_len > 1,
+    )  # fmt: skip
+    o = o.reshape(tokens, num_heads, kv_lora_rank)  # [B, s_q, H, r]
     if out is not None:
         out.copy_(o)
         o = out
-    return (o, lse[:, :, 0]) if return_lse else o
+    return (o, lse.transpose(1, 2).reshape(tokens, num_heads)) if return_lse else o

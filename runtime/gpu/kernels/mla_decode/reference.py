@@ -34,22 +34,24 @@ def page_table(req_to_token: torch.Tensor, page_size: int) -> torch.Tensor:
 
 def mla_decode(
     q, latent_pool, req_to_token, rows, seq_lens, scale, kv_lora_rank=512, num_splits=None, out=None,
-    return_lse=False, page_size=1,
+    return_lse=False, page_size=1, q_len=1,
 ):  # fmt: skip
-    """`MlaDecode`, row by row."""
+    """`MlaDecode`, row by row (q_len query tokens each, causal over the row's last q_len positions)."""
     pool = pool_2d(latent_pool)
     if page_size > 1:
         req_to_token = per_token_slots(req_to_token, page_size)
-    batch, hq, _ = q.shape
-    out = q.new_empty(batch, hq, kv_lora_rank) if out is None else out
-    lse = torch.empty(batch, hq, dtype=torch.float32, device=q.device)
+    tokens, hq, _ = q.shape
+    out = q.new_empty(tokens, hq, kv_lora_rank) if out is None else out
+    lse = torch.empty(tokens, hq, dtype=torch.float32, device=q.device)
     for b, (row, n) in enumerate(zip(rows.tolist(), seq_lens.tolist(), strict=True)):
-        if n == 0:
-            out[b] = 0
-            lse[b] = -math.inf
-            continue
-        lat = pool[req_to_token[row, :n]].float()  # [S, D]
-        s = (q[b].float() @ lat.T) * scale  # [Hq, S]
-        lse[b] = torch.logsumexp(s, dim=-1)
-        out[b] = (torch.softmax(s, dim=-1) @ lat[:, :kv_lora_rank]).to(out.dtype)
+        for i in range(q_len):
+            t, keys = b * q_len + i, n - q_len + 1 + i
+            if keys <= 0:
+                out[t] = 0
+                lse[t] = -math.inf
+                continue
+            lat = pool[req_to_token[row, :keys]].float()  # [S, D]
+            s = (q[t].float() @ lat.T) * scale  # [Hq, S]
+            lse[t] = torch.logsumexp(s, dim=-1)
+            out[t] = (torch.softmax(s, dim=-1) @ lat[:, :kv_lora_rank]).to(out.dtype)
     return (out, lse) if return_lse else out

@@ -98,10 +98,18 @@ def mla_decode_paged(
 
 def mla_decode(
     q, latent_pool, req_to_token, rows, seq_lens, scale, kv_lora_rank=512, num_splits=None, out=None,
-    return_lse=False, page_size=1,
+    return_lse=False, page_size=1, q_len=1,
 ):  # fmt: skip
     """`MlaDecode`: with a page table of pages of a multiple of 64 tokens, whole tiles arrive by TMA and
-    the seesaw schedule runs (`tilelang_tiles.tiled`)."""
+    the seesaw schedule runs (`tilelang_tiles.tiled`). Verify steps (q_len > 1) run the Triton kernel,
+    whose virtual heads carry the causal mask."""
+    if q_len > 1:
+        from runtime.gpu.kernels.mla_decode import triton
+
+        return triton.mla_decode(
+            q, latent_pool, req_to_token, rows, seq_lens, scale, kv_lora_rank, num_splits, out, return_lse,
+            page_size, q_len,
+        )  # fmt: skip
     o, lse = mla_decode_paged(
         q, pool_2d(latent_pool), req_to_token, rows, seq_lens, scale, kv_lora_rank, page_size, num_splits, out
     )

@@ -39,6 +39,7 @@ class _Meta:
     prefills: list[PrefillGroup] = field(default_factory=list)
     table: torch.Tensor | None = None  # what the decode kernel reads: req_to_token or its page table
     table_page: int = 1
+    q_len: int = 1  # query tokens per decode row (verify steps under graphs: draft tokens + 1)
 
 
 class MLAKernelBackend(TorchMLABackend):
@@ -88,11 +89,14 @@ class MLAKernelBackend(TorchMLABackend):
             self._decode_table(meta, batch.req_to_token)
         batch.attn_meta = meta
 
-    def prepare_decode_graph(self, batch: ForwardBatch, seq_lens: torch.Tensor, max_seq_len: int) -> None:
+    def prepare_decode_graph(
+        self, batch: ForwardBatch, seq_lens: torch.Tensor, max_seq_len: int, q_len: int = 1
+    ) -> None:
         """The split count is left to the kernel: each implementation derives it on the host from the
-        batch, its own head block and req_to_token's width (max_model_len), so it is fixed per bucket."""
+        batch, its own head block and req_to_token's width (max_model_len), so it is fixed per bucket.
+        Verify steps: q_len tokens per row, the kernel's causal multi-query form."""
         self._bind(batch.input_ids.device, batch.kv_pool.kv[0].dtype)
-        batch.attn_meta = _Meta(None, True, batch.rows, seq_lens, None)
+        batch.attn_meta = _Meta(None, True, batch.rows, seq_lens, None, q_len=q_len)
         self._decode_table(batch.attn_meta, batch.req_to_token)  # captured: replays re-derive it
 
     @staticmethod
@@ -106,5 +110,6 @@ class MLAKernelBackend(TorchMLABackend):
         o = self.decode_fn(
             q, pool, meta.table, meta.rows, meta.seq_lens, self.scale,
             kv_lora_rank=self.kv_lora_rank, num_splits=meta.num_splits, page_size=meta.table_page,
+            q_len=meta.q_len,
         )  # fmt: skip
         return torch.einsum("bhr,hvr->bhv", o, w_uv)

@@ -67,15 +67,17 @@ def mla_absorbed(
     w_uv: torch.Tensor,
     scale: float,
     mask: torch.Tensor | None = None,
+    q_len: int = 1,
 ) -> torch.Tensor:
-    """One query per row. q_nope [B, H, dn], q_pe [B, H, dr]; latents [B, S, r + dr];
-    mask [B, 1, 1, S] bool or None. -> [B, H, dv]"""
-    r = w_uk.shape[-1]
+    """q_len queries per row (consecutive). q_nope [B * q_len, H, dn], q_pe [B * q_len, H, dr]; latents
+    [B, S, r + dr]; mask [B, 1, q_len, S] bool (or [B, 1, 1, S]) or None. -> [B * q_len, H, dv]"""
+    r, b = w_uk.shape[-1], latents.shape[0]
     q_lat = torch.einsum("bhd,hdr->bhr", q_nope, w_uk)
-    q = torch.cat([q_lat, q_pe], dim=-1).unsqueeze(2)  # [B, H, 1, r + dr]
+    q = torch.cat([q_lat, q_pe], dim=-1)
+    q = q.view(b, q_len, *q.shape[1:]).transpose(1, 2)  # [B, H, q_len, r + dr]
     k = latents.unsqueeze(1)  # [B, 1, S, r + dr]: one latent "head" shared by all query heads
     o = F.scaled_dot_product_attention(q, k, k[..., :r], attn_mask=mask, scale=scale, enable_gqa=True)
-    return torch.einsum("bhr,hvr->bhv", o.squeeze(2), w_uv)
+    return torch.einsum("bhr,hvr->bhv", o.transpose(1, 2).reshape(b * q_len, -1, r), w_uv)
 
 
 class PrefillGroup(NamedTuple):
@@ -153,7 +155,7 @@ class TorchMLABackend(TorchAttentionBackend):
         meta, rows = batch.attn_meta, pool[:, 0]
         lat = rows.index_select(0, meta.decode_slots).view(*meta.decode_shape, rows.shape[-1])
         lat = lat.to(q_nope.dtype)  # an e4m3 pool (--kv-cache-dtype fp8_e4m3) is read upcast
-        return mla_absorbed(q_nope, q_pe, lat, w_uk, w_uv, self.scale, meta.decode_mask)
+        return mla_absorbed(q_nope, q_pe, lat, w_uk, w_uv, self.scale, meta.decode_mask, meta.q_len)
 
     def forward_prefills(self, groups, q_nope, q_pe, latent, pool, w_uk, w_uv, out) -> None:  # noqa: ANN001
         """The rows with several new tokens, in the expanded form, into `out` (shared with the kernel
