@@ -138,11 +138,13 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("speculative decoding")
     g.add_argument(
         "--speculative-algorithm",
-        choices=["ngram", "draft-model"],
+        choices=["ngram", "draft-model", "mtp", "dspark"],
         default=None,
         help="draft tokens with this drafter and verify them together (lossless: the output follows the "
         "model's own distribution); ngram: the continuation of the latest earlier occurrence of the last "
-        "tokens (prompt lookup); draft-model: a smaller model of the same tokenizer (--speculative-draft-model-path)",
+        "tokens (prompt lookup); draft-model: a smaller model of the same tokenizer (--speculative-draft-model-path); "
+        "mtp: the checkpoint's multi-token-prediction (nextn) layer, chained (DeepSeek-V3 and V4); dspark: DSpark's "
+        "block drafter on the target's layer features (the checkpoint's mtp.* weights, random without them)",
     )
     g.add_argument(
         "--speculative-draft-model-path",

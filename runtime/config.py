@@ -55,7 +55,7 @@ class ServerConfig(msgspec.Struct, kw_only=True, frozen=True):
     swa_replay_exact: bool = False
     # speculative decoding (runtime/speculative): a drafter proposes up to `speculative_num_draft_tokens`
     # tokens per request and step, verified together by the target
-    speculative_algorithm: str | None = None  # None | "ngram" | "draft-model"
+    speculative_algorithm: str | None = None  # None | "ngram" | "draft-model" | "mtp" | "dspark"
     speculative_num_draft_tokens: int = 3
     speculative_ngram_min_match_window_size: int = 1  # n-gram drafter: the n-gram sizes it looks up
     speculative_ngram_max_match_window_size: int = 4

@@ -53,10 +53,16 @@ class ForwardBatch:
     # per row, leading tokens that only rebuild the row's state before a cached prefix (StepPlan.replay);
     # empty: none
     replay_lens: list[int] = field(default_factory=list)
+    # layer index -> that layer's output ([T, D]; DeepSeek-V4: its streams [T, n, D]), filled by the model
+    # for the layers named here (the DSpark drafter's context features); None: no layer is tapped
+    taps: dict[int, torch.Tensor | None] | None = None
 
     @property
     def num_tokens(self) -> int:
         return self.input_ids.shape[0]
+
+    def tapped(self, layer: int) -> bool:
+        return self.taps is not None and layer in self.taps
 
 
 def make_batch(

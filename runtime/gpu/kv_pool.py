@@ -100,6 +100,20 @@ class KVPool(ABC):
         if not 0 <= n <= length:
             raise ValueError(f"cannot drop {n} of {length} tokens")
 
+    # per-row state written in place (V4's ring and tails) rolls back rejected drafts in the verify step
+    # itself: `save_blocks` just before the forward, `restore_rejected` once the step's counts are known
+    # (device work only). Blocks of at most `max_verify_block` tokens (None: any).
+    max_verify_block: int | None = None
+
+    def save_blocks(self, rows: torch.Tensor, first: torch.Tensor, width: int) -> object | None:
+        """Before a step in which `rows` [B] verify blocks at positions first[i] .. first[i] + width - 1
+        (or fewer): what those positions will overwrite of the rows' state (None: nothing, paged only)."""
+        return None
+
+    def restore_rejected(self, saved: object, kept: torch.Tensor) -> None:
+        """After that step: row i keeps the first kept[i] positions of its block; undo the rest."""
+        return
+
     # ------------------------------------------------------------------ one request, out and in
 
     def export_request(self, row: int, slots: torch.Tensor) -> RequestKV:

@@ -108,7 +108,15 @@ class ModelRunner:
                     f"--speculative-algorithm needs a KV pool that drops rejected drafts; "
                     f"{type(self.model).__name__}'s per-request state cannot yet"
                 )
-            drafter = make_drafter(cfg, self.tables, self.kv_pool.num_slots, self.vocab_size, self.dtype)
+            block = self.kv_pool.max_verify_block
+            if block is not None and max_draft + 1 > block:
+                raise ValueError(
+                    f"--speculative-num-draft-tokens {max_draft}: {type(self.model).__name__}'s per-request state "
+                    f"rolls back blocks of at most {block} tokens (at most {block - 1} drafts)"
+                )
+            drafter = make_drafter(
+                cfg, self.tables, self.kv_pool.num_slots, self.vocab_size, self.dtype, self.model
+            )
             self.spec = Speculation(drafter, self.tables)
         self.sampler = Sampler(cfg.max_reqs, self.vocab_size, self.device, cfg.seed)
         self.grammar = GrammarTable(self._grammar_compiler, self.vocab_size, self.device)
@@ -216,6 +224,8 @@ class ModelRunner:
                 block = spec.block(s.rows, s.rows_t, verify)
                 result = self.sampler.sample(s.logits, s.pos_rows, s.pos_rows_t, mask, block=block)
                 emitted = spec.accept(self.sampler, result, s.rows_t, verify)
+                if s.saved is not None:  # per-row state (V4's ring and tails) drops the rejected drafts
+                    self.kv_pool.restore_rejected(s.saved, emitted.counts[s.saved_rows])
             last = emitted.tokens[:, 0] if emitted.counts is None else _last(emitted)
             self.tables.last_token[s.rows_t] = last
             drafts, draft = None, 0.0
@@ -311,19 +321,41 @@ class ModelRunner:
         if not plan.rows:
             empty = self.tables.last_token[:0]
             return Sampled(torch.empty(0, self.vocab_size, device=self.device), [], empty)
-        if self.graphs is not None and any(plan.draft_lens) and self.graphs.fits_verify(plan):
+        # hidden-state drafters (mtp, dspark) read every step's hidden states or layer outputs, and a pool
+        # with per-row state written in place (V4) saves what a verify block overwrites: eager steps
+        eager = (self.spec is not None and self.spec.wants_hidden) or (
+            any(plan.draft_lens) and self.kv_pool.max_verify_block is not None
+        )
+        if self.graphs is not None and any(plan.draft_lens) and not eager and self.graphs.fits_verify(plan):
             v = self.graphs.run_verify(plan)
             ks = list(plan.draft_lens)
             pos_rows = [r for r, k in zip(rows, ks, strict=True) for _ in range(k + 1)]
             verify = VerifyRows(ks, v.block_start, v.draft_lens, v.offsets, v.owner)
             return Sampled(v.logits, rows, v.rows, pos_rows, v.pos_rows, verify)
-        if self.graphs is not None and self.graphs.fits(plan) and not any(plan.draft_lens):
+        if self.graphs is not None and self.graphs.fits(plan) and not any(plan.draft_lens) and not eager:
             logits, rows_t = self.graphs.run(plan)
             return Sampled(logits, rows, rows_t)
         batch, sampled = self._build_batch(plan)
+        if sampled.verify is not None and self.kv_pool.max_verify_block is not None:
+            self._save_blocks(plan, sampled)
+        if self.spec is not None and self.spec.drafter.taps:
+            batch.taps = dict.fromkeys(self.spec.drafter.taps)
         hidden = self.model(batch.input_ids, batch.positions, batch, self.attn)
+        if self.spec is not None:
+            self.spec.capture(batch, hidden)
         sampled.logits = self.model.compute_logits(hidden[sampled.logits])
         return sampled
+
+    def _save_blocks(self, plan: StepPlan, sampled: Sampled) -> None:
+        """Before a verify step: the pool keeps what the verify rows' blocks overwrite of its per-row
+        state, to restore the rejected positions once the counts are known (nothing for paged pools)."""
+        verify = [(r, p) for r, p, k in zip(plan.rows, plan.prefix_lens, plan.draft_lens, strict=True) if k]
+        among = [i for i, k in enumerate(sampled.verify.draft_lens) if k]  # their index among sampled rows
+        rows, first, index = columns_to_device(
+            [[r for r, _ in verify], [p for _, p in verify], among], self.device
+        )
+        sampled.saved = self.kv_pool.save_blocks(rows, first, self.spec.max_draft + 1)
+        sampled.saved_rows = index
 
     def _update_rows(self, plan: StepPlan) -> None:
         for row in plan.released:
@@ -400,6 +432,8 @@ class Sampled:
     pos_rows: list[int] | None = None
     pos_rows_t: torch.Tensor | None = None
     verify: VerifyRows | None = None
+    saved: object | None = None  # the pool's saved per-row state of the verify rows' blocks
+    saved_rows: torch.Tensor | None = None  # those rows' index among the sampled rows
 
 
 def _ranges(lens: torch.Tensor) -> torch.Tensor:

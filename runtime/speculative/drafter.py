@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from runtime.gpu.forward_batch import ForwardBatch
 from runtime.mailbox.messages import SeqStart
 
 
@@ -64,9 +65,19 @@ class Drafter(ABC):
     # True when `observe` is device work of fixed shapes for fixed input shapes (no host reads, no
     # allocation that depends on values): it may then run as a CUDA graph (observe_graph.py)
     graph_safe: bool = False
+    # hidden-state drafters (MTP, DSpark): the runner hands them the target's final hidden state of every
+    # token it computes (`capture`), and runs those steps eagerly (a CUDA graph keeps only the logits)
+    wants_hidden: bool = False
+    # target layers whose outputs `capture` reads from `batch.taps` (DSpark's context features)
+    taps: tuple[int, ...] = ()
 
     def __init__(self, max_draft: int) -> None:
         self.max_draft = max_draft
+
+    def capture(self, batch: ForwardBatch, hidden: torch.Tensor) -> None:
+        """After an eager forward of the target over `batch`: the final hidden states [T, D] of its tokens
+        (their KV slots `batch.out_loc`, positions `batch.positions`); only called when `wants_hidden`."""
+        return
 
     def register(self, start: SeqStart) -> None:
         """A request enters `start.row` (prompt, and outputs so far after a retraction)."""

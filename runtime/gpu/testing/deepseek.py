@@ -107,12 +107,52 @@ def random_deepseek_v3(seed: int = 0, **overrides):
     return _randomized(DeepseekV3ForCausalLM(config))
 
 
-def save_tiny_deepseek_v3(path: Path, seed: int = 0, **overrides):
+def save_tiny_deepseek_v3(path: Path, seed: int = 0, mtp_layers: int = 0, **overrides):
     """A real checkpoint directory (config.json + model.safetensors, per-expert tensor names as the
-    released checkpoints) of a random tiny DeepSeek-V3; returns the transformers model."""
+    released checkpoints) of a random tiny DeepSeek-V3; returns the transformers model (which has no MTP
+    layers). `mtp_layers=n`: the config says n nextn layers and the checkpoint holds n random ones
+    (`_append_mtp_layers`; transformers alone saves none)."""
+    if mtp_layers:
+        overrides["num_nextn_predict_layers"] = mtp_layers
     model = random_deepseek_v3(seed, **overrides)
     model.save_pretrained(path)
+    if mtp_layers:
+        _append_mtp_layers(Path(path), model.config, mtp_layers, seed)
     return model
+
+
+def _append_mtp_layers(path: Path, config, n_mtp: int, seed: int) -> None:  # noqa: ANN001
+    """Random MTP layers in a saved tiny V3 checkpoint, named as DeepSeek's releases name them:
+    `model.layers.{N + i}.*` holds a decoder layer (MoE), `enorm`, `hnorm`, `eh_proj`, `shared_head.norm`
+    and copies of the embedding and head (`embed_tokens`, `shared_head.head`)."""
+    import tempfile
+
+    from safetensors.torch import load_file, save_file
+
+    n = config.num_hidden_layers
+    extended = random_deepseek_v3(seed + 1, num_hidden_layers=n + n_mtp, num_nextn_predict_layers=0)
+    file = path / "model.safetensors"
+    tensors = load_file(file)
+    with tempfile.TemporaryDirectory() as tmp:
+        extended.save_pretrained(tmp)
+        layers = {k: v for k, v in load_file(Path(tmp) / "model.safetensors").items() if _layer_index(k) >= n}
+    tensors.update(layers)
+    gen = torch.Generator().manual_seed(seed + 2)
+    d = config.hidden_size
+    for i in range(n, n + n_mtp):
+        p = f"model.layers.{i}."
+        tensors[p + "enorm.weight"] = torch.rand(d, generator=gen) + 0.5
+        tensors[p + "hnorm.weight"] = torch.rand(d, generator=gen) + 0.5
+        tensors[p + "shared_head.norm.weight"] = torch.rand(d, generator=gen) + 0.5
+        tensors[p + "eh_proj.weight"] = torch.randn(d, 2 * d, generator=gen) * (2 * d) ** -0.5
+        tensors[p + "embed_tokens.weight"] = tensors["model.embed_tokens.weight"].clone()
+        tensors[p + "shared_head.head.weight"] = tensors["lm_head.weight"].clone()
+    save_file(tensors, file, metadata={"format": "pt"})
+
+
+def _layer_index(name: str) -> int:
+    parts = name.split(".")
+    return int(parts[2]) if name.startswith("model.layers.") else -1
 
 
 def save_tiny_deepseek_v2(path: Path, seed: int = 0, **overrides):
@@ -349,9 +389,33 @@ V4_TINY_CONFIGS: dict[str, dict] = {
 }
 
 
-def save_tiny_deepseek_v4(path: Path, seed: int = 0, **overrides):
+def save_tiny_deepseek_v4(path: Path, seed: int = 0, mtp_layers: int = 0, **overrides):
     """A real checkpoint directory of a random tiny DeepSeek-V4 (transformers saves the upstream tensor
-    names: `attn.wq_a`, `ffn.experts.N.w1`, `hc_attn_fn`...); returns the transformers model."""
+    names: `attn.wq_a`, `ffn.experts.N.w1`, `hc_attn_fn`...); returns the transformers model (which drops
+    MTP). `mtp_layers=1`: the config says one MTP block and `mtp.safetensors` holds it, upstream names
+    `mtp.0.*`: layer 0's sliding attention and mHC, layer 1's learned-routing MoE, and random
+    enorm / hnorm / e_proj / h_proj / hyper-head / norm."""
+    if mtp_layers:
+        if mtp_layers != 1:
+            raise ValueError("the tiny V4 checkpoint has one MTP block at most")
+        overrides["num_nextn_predict_layers"] = 1
     model = random_deepseek_v4(seed, **overrides)
     model.save_pretrained(path)
+    if mtp_layers:
+        from safetensors.torch import load_file, save_file
+
+        main, mtp = load_file(Path(path) / "model.safetensors"), {}
+        for name, t in main.items():
+            if name.startswith("model.layers.0.") and ".ffn." not in name:
+                mtp["mtp.0." + name.removeprefix("model.layers.0.")] = t.clone()
+            elif name.startswith("model.layers.1.ffn."):
+                mtp["mtp.0." + name.removeprefix("model.layers.1.")] = t.clone()
+        d, n = model.config.hidden_size, model.config.hc_mult
+        g = torch.Generator().manual_seed(seed + 1)
+        shapes = {"enorm.weight": [d], "hnorm.weight": [d], "e_proj.weight": [d, d], "h_proj.weight": [d, d],
+                  "hc_head_fn": [n, n * d], "hc_head_base": [n], "hc_head_scale": [1], "norm.weight": [d]}  # fmt: skip
+        for name, shape in shapes.items():
+            t = torch.randn(shape, generator=g) * 0.1
+            mtp[f"mtp.0.{name}"] = t + 1.0 if "norm" in name or "scale" in name else t
+        save_file(mtp, str(Path(path) / "mtp.safetensors"))
     return model

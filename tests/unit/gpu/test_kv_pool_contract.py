@@ -1,7 +1,8 @@
 """The KV-pool contract's two operations for what comes next, on each family's real pool: one request's
 KV and state exported from one runner and imported into another runner's pool (other slots, another
 row) continues exactly as the original does (prefill/decode disaggregation), and a request truncated by
-its last tokens continues as if they had never been written (rejected draft tokens)."""
+its last tokens continues as if they had never been written (rejected draft tokens; V4 restores its
+ring and tails from what `save_blocks` kept)."""
 
 from __future__ import annotations
 
@@ -94,10 +95,11 @@ def test_a_truncated_request_continues_as_if_the_dropped_tokens_never_ran(checkp
     pb, pf = PagedPlanBuilder(8, 512, seed=3), PagedPlanBuilder(8, 512, seed=3)
     r.execute(pb.plan([1], [0], [PROMPT], ids, added=[seq_start(1, ids)]))
     fresh.execute(pf.plan([1], [0], [PROMPT], ids, added=[seq_start(1, ids)]))
+    # per-row state written in place (V4's ring and tails) is saved before the drafts and restored after
+    rows, first = torch.tensor([1]), torch.tensor([PROMPT])
+    saved = r.kv_pool.save_blocks(rows, first, 3)
+    assert (saved is None) == (family != "deepseek_v4")
     decode(r, pb, 1, PROMPT, drafts)  # three draft tokens written, then all rejected
-    if family == "deepseek_v4":  # its ring and tails hold positions in place: it says it cannot
-        with pytest.raises(ValueError, match="cannot drop"):
-            r.kv_pool.truncate(1, PROMPT + 3, 3)
-        return
+    r.kv_pool.restore_rejected(saved, torch.tensor([0]))
     r.kv_pool.truncate(1, PROMPT + 3, 3)
     torch.testing.assert_close(decode(r, pb, 1, PROMPT, accepted), decode(fresh, pf, 1, PROMPT, accepted))

@@ -18,7 +18,8 @@ and run FP8 GEMMs (`layers/fp8_linear.py`); a float checkpoint or dummy weights 
 stay in the model dtype. Without the flag FP8 checkpoints are dequantized on load.
 
 MTP layers are `model.layers.{num_hidden_layers + i}` in checkpoints (weights.py); they are loaded when present and
-run through `mtp_forward`, but decoding does not use them yet."""
+run through `mtp_forward` by the MTP drafter (runtime/speculative/mtp.py), over a pool of their own
+(`make_mtp_kv_pool`)."""
 
 from __future__ import annotations
 
@@ -289,8 +290,10 @@ class DeepseekV3Model(nn.Module):
         self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch, attn: TorchMLABackend
     ) -> torch.Tensor:
         x, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers[: self.num_layers]:
+        for i, layer in enumerate(self.layers[: self.num_layers]):
             x, residual = layer(x, residual, positions, batch, attn)
+            if batch.tapped(i):
+                batch.taps[i] = x + residual
         return self.norm(x, residual)[0]
 
 
@@ -345,6 +348,13 @@ class DeepseekV3ForCausalLM(CausalLM):
         return LatentKVPool(
             len(self.model.layers), spec.num_slots, self._latent_dim(), spec.dtype, spec.device
         )
+
+    def make_mtp_kv_pool(self, spec: KVPoolSpec) -> LatentKVPool:
+        """The MTP drafter's pool: the MTP layers' latents only (the main layers' entries are empty)."""
+        n_main, dim = self.model.num_layers, self._latent_dim()
+        pool = LatentKVPool(len(self.mtp_layers), spec.num_slots, dim, spec.dtype, spec.device)
+        pool.kv = [torch.empty(0, 1, dim, dtype=spec.dtype, device=spec.device)] * n_main + pool.kv
+        return pool
 
     def make_attention_backend(self, name: str, page_size: int) -> TorchMLABackend:
         """Backend "torch": the PyTorch reference (SDPA) everywhere. Any other ("triton", the CUDA default):

@@ -62,7 +62,7 @@ class LayerRow:
 @dataclass
 class RowState:
     start: int  # first position this row's ring and tails hold (0, or where a prefix-hit replay began)
-    layers: list[LayerRow]
+    layers: dict[int, LayerRow]  # by layer id (a pool may hold some layers only: the MTP drafter's)
 
 
 class V4KVPool(KVPool):
@@ -114,7 +114,7 @@ class V4KVPool(KVPool):
         if state is not None:
             state.start = start
             return
-        layers = []
+        layers = {}
         for attn in self.layers:
             lid = attn.layer_id
             layer = LayerRow(self.rings[lid][row])
@@ -122,7 +122,7 @@ class V4KVPool(KVPool):
                 layer.compressor = Tail(self.tails[lid].kv[row], self.tails[lid].gate[row])
             if lid in self.index_tails:
                 layer.indexer = Tail(self.index_tails[lid].kv[row], self.index_tails[lid].gate[row])
-            layers.append(layer)
+            layers[lid] = layer
         self.rows[row] = RowState(start, layers)
 
     def release_row(self, row: int) -> None:
@@ -201,15 +201,42 @@ class V4KVPool(KVPool):
 
     def truncate(self, row: int, length: int, n: int) -> None:
         """Paged entries need nothing (an entry is written by the token that closes its window, and a
-        dropped window is written again when it closes again). The ring and the tails hold the last
-        `sliding_window` / `tail_len` positions in place: the positions the dropped tokens overwrote are
-        gone, so the state cannot be rolled back here (a request must rebuild it by replay)."""
+        dropped window is written again when it closes again, before any query can see it). The ring and
+        the tails were rolled back by the verify step itself (`restore_rejected`)."""
         super().truncate(row, length, n)
-        if n:
-            raise ValueError(
-                f"row {row}: DeepSeek-V4's ring and compressor tails cannot drop {n} tokens in place; "
-                "replay the request from a cached prefix instead"
-            )
+
+    # ------------------------------------------------------------------ rejected drafts
+
+    @property
+    def max_verify_block(self) -> int:
+        """A block's positions must land on distinct ring and tail entries (by position modulo their
+        lengths), so that restoring the rejected ones cannot touch an accepted one."""
+        lengths = [self.config.sliding_window]
+        lengths += [t.kv.shape[1] for tails in (self.tails, self.index_tails) for t in tails.values()]
+        return min(lengths)
+
+    def _row_tensors(self) -> list[torch.Tensor]:
+        """Every per-row tensor written in place by position: rings, compressor and indexer tails."""
+        out = list(self.rings.values())
+        for tails in (self.tails, self.index_tails):
+            for t in tails.values():
+                out += [t.kv, t.gate]
+        return out
+
+    def save_blocks(self, rows: torch.Tensor, first: torch.Tensor, width: int) -> object:
+        pos = first[:, None] + torch.arange(width, device=first.device)  # [B, width]
+        saved = []
+        for t in self._row_tensors():
+            idx = pos % t.shape[1]
+            saved.append((t, idx, t[rows[:, None], idx].clone()))
+        return rows, saved
+
+    def restore_rejected(self, saved: object, kept: torch.Tensor) -> None:
+        rows, entries = saved
+        for t, idx, old in entries:
+            rejected = torch.arange(idx.shape[1], device=idx.device)[None, :] >= kept[:, None]
+            current = t[rows[:, None], idx]
+            t[rows[:, None], idx] = torch.where(rejected[..., None], old, current)
 
     @staticmethod
     def bytes_for(config, dtype: torch.dtype) -> int:

@@ -11,7 +11,7 @@ entries, across steps, is the backend's (attention.py and attention_decode.py, s
 Loads Hugging Face names and the upstream ones (`attn.wq_a`, `ffn.experts.N.w1`, `hc_attn_fn`...), float,
 FP8 or with FP4 experts (weights.py).
 The MTP block (`mtp.{i}.*`, official code only) loads as `layers.{n + i}` and runs through
-`mtp_forward`; decoding does not use it yet. Checkpoints without it drop it."""
+`mtp_forward` (the MTP drafter, runtime/speculative/mtp.py). Checkpoints without it drop it."""
 
 from __future__ import annotations
 
@@ -223,6 +223,10 @@ class DeepseekV4Model(nn.Module):
                 batch, idx = attn.narrow(batch, [min(n, self.window) for n in batch.extend_lens])
                 skipped, h, input_ids, positions = h, h[idx], input_ids[idx], positions[idx]
             h = layer(h, input_ids, positions, batch, attn)
+            if batch.tapped(i):  # (a cut batch shares the step's taps)
+                # the streams [T, n, D]; after a bounded-replay cut, the cut tokens keep their streams
+                # from before it (drafter features of tokens no sampled logit depends on)
+                batch.taps[i] = h if skipped is None else skipped.index_copy(0, idx, h)
         if skipped is not None:
             h = skipped.index_copy(0, idx, h)
         return self.norm(self.hc_head(h))
@@ -250,7 +254,7 @@ class DeepseekV4ForCausalLM(CausalLM):
     # compressor tails are rebuilt by replaying the tokens before the hit (kv_pool.py, StepPlan.replay).
     # The sliding-window ring and compressor tails hold positions in place: rejected drafts cannot be
     # dropped yet (V4KVPool.truncate), so no speculative decoding.
-    abilities = ModelAbilities(prefix_cache=True, truncate_kv=False)
+    abilities = ModelAbilities(prefix_cache=True)
 
     def __init__(self, config, max_positions: int | None = None) -> None:
         super().__init__()
@@ -328,6 +332,15 @@ class DeepseekV4ForCausalLM(CausalLM):
     def mtp_layers(self) -> list[DeepseekV4MTPBlock]:
         return list(self.model.layers[self.model.num_layers :])
 
+    @property
+    def mtp_hidden_tap(self) -> int:
+        """The layer whose output the MTP block reads: the last one's streams, before the hyper-head."""
+        return self.model.num_layers - 1
+
+    def make_mtp_kv_pool(self, spec: KVPoolSpec) -> V4KVPool:
+        """The MTP drafter's pool: the MTP blocks' sliding-window rings (per row; nothing paged)."""
+        return V4KVPool(self.config, [layer.self_attn for layer in self.mtp_layers], spec)
+
     def mtp_forward(
         self,
         k: int,
@@ -338,6 +351,6 @@ class DeepseekV4ForCausalLM(CausalLM):
         attn: TorchV4Backend,
     ) -> torch.Tensor:
         """MTP block k on the main model's last streams [T, n, D] (before the hyper-head) and the next
-        tokens [T]; its normed hidden states (logits: `compute_logits`). Decoding does not use it yet."""
+        tokens [T]; its normed hidden states (logits: `compute_logits`); the MTP drafter's step."""
         embeds = self.model.embed_tokens(next_ids)
         return self.mtp_layers[k].predict(embeds, streams, next_ids, positions, batch, attn)

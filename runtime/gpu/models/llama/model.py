@@ -187,12 +187,16 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor:
         if self.norms_folded and input_ids.shape[0] <= FOLDED_MAX_TOKENS:
             h = self.embed_tokens(input_ids)  # a fresh tensor: the layers update it in place
-            for layer in self.layers:
+            for i, layer in enumerate(self.layers):
                 layer.forward_folded(h, positions, batch, attn)
+                if batch.tapped(i):
+                    batch.taps[i] = h.clone()
             return self.norm(h)
         x, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
             x, residual = layer(x, residual, positions, batch, attn)
+            if batch.tapped(i):
+                batch.taps[i] = x + residual
         return self.norm(x, residual)[0]
 
 
