@@ -41,7 +41,12 @@ async def spawn_engine_actors(
         workers = [addresses.worker(rank)]
         scheduler = await system.spawn(SchedulerActor(cfg, dp_rank=dp_rank, workers=workers))
     runner_cfg = RunnerConfig.resolve(cfg, model_path, max_model_len, rank, world_size)
-    await system.spawn(GpuWorkerActor(runner_cfg, rank=rank, scheduler=addresses.scheduler(dp_rank)))
+    from runtime.disaggregation.config import DisaggConfig
+
+    disagg = DisaggConfig.from_server(cfg)
+    await system.spawn(
+        GpuWorkerActor(runner_cfg, rank=rank, scheduler=addresses.scheduler(dp_rank), disagg=disagg)
+    )
     if scheduler is not None:
         await scheduler.configured.wait()
 

@@ -15,14 +15,25 @@ import asyncio
 import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
 from runtime.actors import addresses
 from runtime.actors.base import Actor
 from runtime.config import RunnerConfig
-from runtime.mailbox.messages import Message, StepOutput, StepPlan, WorkerCapabilities, WorkerFailed
+from runtime.mailbox.messages import (
+    KVCancel,
+    KVReserve,
+    Message,
+    StepOutput,
+    StepPlan,
+    WorkerCapabilities,
+    WorkerFailed,
+)
+
+if TYPE_CHECKING:
+    from runtime.disaggregation.config import DisaggConfig
 
 log = structlog.get_logger(__name__)
 
@@ -55,6 +66,7 @@ class GpuWorkerActor(Actor):
         rank: int = 0,
         scheduler: str = addresses.scheduler(0),
         runner_factory: Callable[[RunnerConfig | None], Runner] = load_model_runner,
+        disagg: DisaggConfig | None = None,
     ) -> None:
         super().__init__(addresses.worker(rank))
         self.runner_config = runner_config
@@ -66,33 +78,62 @@ class GpuWorkerActor(Actor):
         self._outputs: asyncio.Queue = asyncio.Queue()
         self._sender: asyncio.Task | None = None
         self.failed: str | None = None
+        self.disagg = disagg  # prefill/decode disaggregation: this worker's side (runtime/disaggregation)
+        self.prefill = self.decode = None
 
     async def on_start(self) -> None:
         loop = asyncio.get_running_loop()
         self.runner = await loop.run_in_executor(self._launch, self.runner_factory, self.runner_config)
         self._sender = asyncio.create_task(self._send_outputs(), name="worker-outputs")
+        if self.disagg is not None:
+            await self._start_disaggregation()
         await self.send(self.scheduler, self.runner.capabilities())
 
+    async def _start_disaggregation(self) -> None:
+        from runtime.disaggregation.worker import DecodeSide, PrefillSide
+
+        device = getattr(self.runner, "device", "cpu")
+
+        async def to_scheduler(msg: Message) -> None:
+            await self.send(self.scheduler, msg)
+
+        if self.disagg.mode == "prefill":
+            self.prefill = PrefillSide(self.disagg, self.runner, to_scheduler, device)
+        else:
+            self.decode = DecodeSide(self.disagg, self.runner, to_scheduler, self._launch, device)
+            await self.decode.start()
+
     async def on_stop(self) -> None:
+        for side in (self.prefill, self.decode):
+            if side is not None:
+                await side.stop()
         if self._sender is not None:
             self._sender.cancel()
         self._launch.shutdown(wait=True)
         self._collect.shutdown(wait=True)
 
     async def handle(self, msg: Message) -> None:
+        if isinstance(msg, (KVReserve, KVCancel)) and self.decode is not None and not self.failed:
+            await self.decode.handle(msg)
+            return
         if not isinstance(msg, StepPlan) or self.failed:
             return
         loop = asyncio.get_running_loop()
         try:
-            pending = await loop.run_in_executor(self._launch, self.runner.launch, msg)
+            pending, exports = await loop.run_in_executor(self._launch, self._launch_step, msg)
         except Exception as exc:
             await self._fail(msg.step, exc)
             return
-        await self._outputs.put((msg.step, loop.run_in_executor(self._collect, pending.result)))
+        await self._outputs.put((msg.step, loop.run_in_executor(self._collect, pending.result), exports))
+
+    def _launch_step(self, plan: StepPlan) -> tuple[PendingResult, list]:
+        """Launch the step; on a prefill server, also export the KV of the rows it finishes."""
+        pending = self.runner.launch(plan)
+        return pending, self.prefill.after_launch(plan) if self.prefill is not None else []
 
     async def _send_outputs(self) -> None:
         while True:
-            step, fut = await self._outputs.get()
+            step, fut, exports = await self._outputs.get()
             try:
                 out = await fut
             except Exception as exc:
@@ -100,6 +141,8 @@ class GpuWorkerActor(Actor):
                 continue
             if not self.failed:
                 await self.send(self.scheduler, out)
+                if exports:
+                    self.prefill.step_done(out, exports)
 
     async def _fail(self, step: int, exc: Exception) -> None:
         # a failed step leaves the device state unknown: fail everything, mark the engine unhealthy
