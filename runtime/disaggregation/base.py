@@ -231,8 +231,8 @@ class KVReceiver:
                 finally:
                     received.close()
                 await write_frame(writer, KVAck(header.room, error))
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass  # the prefill side went away; a transfer it did not finish times out on this side
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass  # the prefill side went away (or we stop); a transfer it did not finish times out here
         except Exception as e:
             log.warning("kv_link_failed", link=link.id, error=f"{type(e).__name__}: {e}")
         finally:

@@ -34,11 +34,32 @@ def pd_pair(server_runner, tmp, backend: str, *flags: str, model_flags: tuple[st
         yield prefill, decode
 
 
-def chat(client: openai.OpenAI, prompt: str, stream: bool = False, model: str = "SmolLM2-135M-Instruct") -> str:
-    kw = dict(model=model, messages=[{"role": "user", "content": prompt}], max_tokens=MAX_TOKENS, temperature=0)
+def pd_gateway(tmp, prefills, decodes, *flags: str):
+    args = [
+        "--pd-disaggregation",
+        "--prefill",
+        *(s.url for s in prefills),
+        "--decode",
+        *(s.url for s in decodes),
+    ]
+    return run_gateway(tmp, [], *args, *flags, healthy=len(prefills) + len(decodes))
+
+
+def chat(
+    client: openai.OpenAI,
+    prompt: str,
+    stream: bool = False,
+    model: str = "SmolLM2-135M-Instruct",
+    max_tokens: int = MAX_TOKENS,
+) -> str:
+    kw = dict(
+        model=model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0
+    )
     if not stream:
         return client.chat.completions.create(**kw).choices[0].message.content
-    return "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(**kw, stream=True))
+    return "".join(
+        c.choices[0].delta.content or "" for c in client.chat.completions.create(**kw, stream=True)
+    )
 
 
 def completion(client: openai.OpenAI, prompt: str, stream: bool = False) -> str:
@@ -65,7 +86,7 @@ def test_prefill_and_decode_servers_give_the_greedy_text_of_one_server(
 ):
     chats, completions = reference
     with pd_pair(server_runner, tmp_path, backend) as (prefill, decode):
-        with run_gateway(tmp_path, [], "--pd-disaggregation", "--prefill", prefill.url, "--decode", decode.url) as gw:
+        with pd_gateway(tmp_path, [prefill], [decode]) as gw:
             client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0, timeout=120)
             for p, want in chats.items():
                 assert chat(client, p) == want
@@ -76,5 +97,55 @@ def test_prefill_and_decode_servers_give_the_greedy_text_of_one_server(
         for s in (prefill, decode):
             m = s.wait_idle()
             assert m["conduit_kv_pages_used"] == 0
-        # the decode server computed only the first token's successors: every prompt token came over
-        assert decode.metrics()["conduit_prompt_tokens_total"] > 0
+        # the prefill server generated one token per request; the decode server the rest
+        assert prefill.metrics()["conduit_generation_tokens_total"] == 2 * (len(chats) + len(completions))
+
+
+# ---------------------------------------------------------------- DeepSeek-V3 and V4 (tiny, random)
+
+DS_PROMPTS = [
+    "Here is a long question about the history of the sea, the ships that sailed on it and the stars "
+    "that guided them at night: which of them mattered most, and why?",
+    "What is the capital of France?",
+]
+DS_MAX_TOKENS = 16
+
+
+@pytest.fixture(scope="module", params=["v3", "v4"])
+def tiny_deepseek(request, smollm2_path, tmp_path_factory):
+    """A tiny random DeepSeek-V3 or V4 with SmolLM2's tokenizer, and transformers' greedy texts (what
+    one `conduit serve` gives: tests/integration/test_deepseek_v{3,4}_serving.py)."""
+    from transformers import AutoTokenizer
+
+    from runtime.gpu import testing
+
+    path = tmp_path_factory.mktemp(f"tiny-deepseek-{request.param}")
+    save = testing.save_tiny_deepseek_v3 if request.param == "v3" else testing.save_tiny_deepseek_v4
+    model = save(path, seed=11, vocab_size=49152, max_position_embeddings=512)
+    testing.copy_tokenizer(smollm2_path, path)
+    # V4: prompts over 4 * 8 tokens, so compressed entries and compressor tails travel too
+    want = testing.greedy_chat_texts(
+        model, AutoTokenizer.from_pretrained(path), DS_PROMPTS, DS_MAX_TOKENS, min_prompt_tokens=32
+    )
+    assert all(len(t) > 10 for t in want), want
+    return request.param, path, want
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_tiny_deepseek_prefill_and_decode_give_the_greedy_text_of_one_server(
+    backend, tiny_deepseek, server_runner, tmp_path
+):
+    name, path, want = tiny_deepseek
+    model = ("--model", str(path), "--served-model-name", "tiny")
+    if (
+        name == "v4"
+    ):  # a repeated prompt hits the prefill's cache: replay the window's receptive field (exact)
+        model += ("--swa-replay-tokens", str(4 * (8 - 1)))
+    with pd_pair(server_runner, tmp_path, backend, model_flags=model) as (prefill, decode):
+        with pd_gateway(tmp_path, [prefill], [decode]) as gw:
+            client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0, timeout=120)
+            for prompt, text in zip(DS_PROMPTS, want, strict=True):
+                assert chat(client, prompt, model="tiny", max_tokens=DS_MAX_TOKENS) == text, name
+                assert chat(client, prompt, stream=True, model="tiny", max_tokens=DS_MAX_TOKENS) == text, name
+        for s in (prefill, decode):
+            assert s.wait_idle()["conduit_kv_pages_used"] == 0
