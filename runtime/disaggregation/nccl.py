@@ -1,8 +1,8 @@
 """`nccl`: torch.distributed point-to-point between the two engines (NCCL on CUDA, gloo on the CPU).
 
 Each link gets its own two-rank process group (rank 0 decode, rank 1 prefill), rendezvous through a
-TCPStore the decode side opens for it on a free port (named in HelloAck); the tensors then go by
-`send` / `recv` on that group, one per tensor, after the header on the control connection. The groups
+TCPStore the decode side opens for it on a free port (named in HelloAck); the request's tensors then go
+as one `send` / `recv` of their bytes on that group, after the header on the control connection. The groups
 are built directly (`ProcessGroupGloo` / `ProcessGroupNCCL`), not through `init_process_group`, so
 they live beside whatever default group the engine uses for its own ranks."""
 
@@ -48,27 +48,24 @@ class NcclBackend(TransferBackend):
             pg = link.state["group"] = await pg
         return pg
 
-    def _on_device(self, t: torch.Tensor) -> torch.Tensor:
-        return t.contiguous().to(self.device)
-
     async def push(self, link: Link, tensors: list[torch.Tensor]) -> None:
+        """All tensors in one message: a point-to-point send costs per message, far more over gloo."""
         pg = await self._pg(link)
 
         def send() -> None:
-            for t in tensors:
-                pg.send([self._on_device(t)], 0, 0).wait()
+            flat = [t.detach().contiguous().reshape(-1).view(torch.uint8).to(self.device) for t in tensors]
+            pg.send([torch.cat(flat) if flat else torch.empty(0, dtype=torch.uint8)], 0, 0).wait()
 
         await asyncio.to_thread(send)
 
     async def pull(self, link: Link, header: KVHeader) -> Received:
         pg = await self._pg(link)
-        out = {m.name: torch.empty(m.shape, dtype=m.torch_dtype, device=self.device) for m in header.tensors}
-
-        def recv() -> None:
-            for m in header.tensors:
-                pg.recv([out[m.name]], 1, 0).wait()
-
-        await asyncio.to_thread(recv)
+        buf = torch.empty(sum(m.nbytes for m in header.tensors), dtype=torch.uint8, device=self.device)
+        await asyncio.to_thread(lambda: pg.recv([buf], 1, 0).wait())
+        out, at = {}, 0
+        for m in header.tensors:
+            out[m.name] = buf[at : at + m.nbytes].view(m.torch_dtype).reshape(m.shape)
+            at += m.nbytes
         return Received(out)
 
     def close(self, link: Link) -> None:

@@ -5,8 +5,9 @@ unlinks it once the ack came (or the transfer failed), so a segment never outliv
 from __future__ import annotations
 
 import asyncio
+import mmap
 import uuid
-from multiprocessing import resource_tracker, shared_memory
+from multiprocessing import shared_memory
 from typing import Any
 
 import torch
@@ -15,20 +16,11 @@ from runtime.disaggregation.base import Link, Received, TransferBackend, host_by
 from runtime.disaggregation.protocol import KVHeader
 
 
-def _untracked(shm: shared_memory.SharedMemory) -> shared_memory.SharedMemory:
-    # Python < 3.13 registers every mapping with the resource tracker, which would unlink the segment
-    # when this process exits; its lifetime is the transfer's, handled here.
-    resource_tracker.unregister(shm._name, "shared_memory")  # noqa: SLF001
-    return shm
-
-
 def _write(tensors: list[torch.Tensor]) -> tuple[shared_memory.SharedMemory, list[int]]:
     sizes = [t.numel() * t.element_size() for t in tensors]
-    shm = _untracked(
-        shared_memory.SharedMemory(
-            name=f"conduit-kv-{uuid.uuid4().hex[:16]}", create=True, size=max(1, sum(sizes))
-        )
-    )
+    # registered with the resource tracker until `unlink`: a segment of a sender that dies is removed
+    name = f"conduit-kv-{uuid.uuid4().hex[:16]}"
+    shm = shared_memory.SharedMemory(name=name, create=True, size=max(1, sum(sizes)))
     offsets, at = [], 0
     for t, n in zip(tensors, sizes, strict=True):
         shm.buf[at : at + n] = host_bytes(t)
@@ -55,19 +47,20 @@ class ShmBackend(TransferBackend):
             shm.unlink()
 
     async def pull(self, link: Link, header: KVHeader) -> Received:
-        shm = _untracked(shared_memory.SharedMemory(name=header.info["shm"]))
+        # mapped as a file of /dev/shm, copy-on-write: Python's SharedMemory would register it with the
+        # resource tracker, which the sender (its owner) already handles
+        with open(f"/dev/shm/{header.info['shm']}", "rb") as f:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
         out = {}
         for meta, at in zip(header.tensors, header.info["offsets"], strict=True):
-            flat = (
-                torch.frombuffer(shm.buf, dtype=torch.uint8, count=meta.nbytes, offset=at)
-                if meta.nbytes
-                else None
-            )
-            t = flat if flat is not None else torch.empty(0, dtype=torch.uint8)
-            out[meta.name] = t.view(meta.torch_dtype).reshape(meta.shape)
+            if meta.nbytes:
+                flat = torch.frombuffer(mm, dtype=torch.uint8, count=meta.nbytes, offset=at)
+            else:
+                flat = torch.empty(0, dtype=torch.uint8)
+            out[meta.name] = flat.view(meta.torch_dtype).reshape(meta.shape)
 
         def close() -> None:
             out.clear()  # the views must go before the mapping can close
-            shm.close()
+            mm.close()
 
         return Received(out, close)
