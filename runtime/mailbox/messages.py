@@ -8,6 +8,8 @@ Grouped by direction along a request's path (see docs/ARCHITECTURE.md):
     Scheduler --StepPlan--> GpuWorker --StepOutput--> Scheduler
     Scheduler --TokenBatch--> Detokenizer --TextDeltas--> EngineClient
     any actor --RequestFailed--> EngineClient          (the final message of a failed request)
+    Scheduler --KVReserve/KVCancel--> GpuWorker --KVArrived--> Scheduler   (decode side of disaggregation)
+    GpuWorker --KVSent--> Scheduler                    (prefill side of disaggregation)
 
 Rules: structs are frozen and tagged so one decoder handles the union; all are `array_like` (encoded as
 msgpack arrays, no field names on the wire; msgspec needs one layout across a union); per-step messages are columnar (one message per
