@@ -75,7 +75,7 @@ class DecodeReservations:
             assert req.transfer is not None
             self.reserved[req.transfer.room] = req
             out.append(
-                KVReserve(room=req.transfer.room, rid=req.rid, row=req.row, slots=req.slots,
+                KVReserve(room=req.transfer.room, rid=req.rid, row=req.row, slots=list(req.slots),
                           released=planner.take_released())
             )  # fmt: skip
         return out
