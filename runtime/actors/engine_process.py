@@ -34,16 +34,17 @@ async def spawn_engine_actors(
     model and reports them. Returns once the scheduler is configured."""
     from runtime.actors.gpu_worker import GpuWorkerActor
     from runtime.actors.scheduler.actor import SchedulerActor
+    from runtime.disaggregation.config import DisaggConfig
 
+    disagg = DisaggConfig.from_server(cfg)
+    if disagg is not None and (world_size > 1 or cfg.speculative_algorithm):
+        raise ValueError("--disaggregation-mode runs on one rank without speculative decoding (for now)")
     dp_rank, leads = addresses.dp_group(rank, world_size)
     scheduler = None
     if leads:
         workers = [addresses.worker(rank)]
         scheduler = await system.spawn(SchedulerActor(cfg, dp_rank=dp_rank, workers=workers))
     runner_cfg = RunnerConfig.resolve(cfg, model_path, max_model_len, rank, world_size)
-    from runtime.disaggregation.config import DisaggConfig
-
-    disagg = DisaggConfig.from_server(cfg)
     await system.spawn(
         GpuWorkerActor(runner_cfg, rank=rank, scheduler=addresses.scheduler(dp_rank), disagg=disagg)
     )

@@ -69,6 +69,19 @@ def completion(client: openai.OpenAI, prompt: str, stream: bool = False) -> str:
     return "".join(c.choices[0].text for c in client.completions.create(**kw, stream=True))
 
 
+def sampled(client: openai.OpenAI, prompt: str) -> tuple[str, list[float]]:
+    """A seeded sampled completion with the logprobs of its tokens."""
+    r = client.completions.create(
+        model="SmolLM2-135M-Instruct",
+        prompt=prompt,
+        max_tokens=MAX_TOKENS,
+        temperature=0.8,
+        seed=3,
+        logprobs=2,
+    )
+    return r.choices[0].text, r.choices[0].logprobs.token_logprobs
+
+
 @pytest.fixture(scope="module")
 def reference(smollm2_path, server_runner, tmp_path_factory):
     """Greedy answers of one plain server."""
@@ -76,15 +89,16 @@ def reference(smollm2_path, server_runner, tmp_path_factory):
         client = openai.OpenAI(base_url=s.base_url, api_key="unused", max_retries=0)
         chats = {p: chat(client, p) for p in PROMPTS}
         completions = {p: completion(client, p) for p in OPENINGS}
+        seeded = sampled(client, OPENINGS[0])
     assert all(chats.values()) and all(completions.values())
-    return chats, completions
+    return chats, completions, seeded
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_prefill_and_decode_servers_give_the_greedy_text_of_one_server(
     backend, reference, smollm2_path, server_runner, tmp_path
 ):
-    chats, completions = reference
+    chats, completions, seeded = reference
     with pd_pair(server_runner, tmp_path, backend) as (prefill, decode):
         with pd_gateway(tmp_path, [prefill], [decode]) as gw:
             client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0, timeout=120)
@@ -94,11 +108,16 @@ def test_prefill_and_decode_servers_give_the_greedy_text_of_one_server(
             for p, want in completions.items():
                 assert completion(client, p) == want
                 assert completion(client, p, stream=True) == want
+            # seeded sampling resumes on the decode server at the second token's draw; the first
+            # token's logprobs come from the prefill server, the others from the decode server
+            text, logprobs = sampled(client, OPENINGS[0])
+            assert text == seeded[0]
+            assert logprobs == pytest.approx(seeded[1], abs=1e-3)
         for s in (prefill, decode):
             m = s.wait_idle()
             assert m["conduit_kv_pages_used"] == 0
         # the prefill server generated one token per request; the decode server the rest
-        assert prefill.metrics()["conduit_generation_tokens_total"] == 2 * (len(chats) + len(completions))
+        assert prefill.metrics()["conduit_generation_tokens_total"] == 2 * (len(chats) + len(completions)) + 1
 
 
 # ---------------------------------------------------------------- DeepSeek-V3 and V4 (tiny, random)
