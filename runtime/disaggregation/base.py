@@ -135,6 +135,7 @@ class KVSender:
         self.backend = backend
         self.timeout = timeout
         self._idle: dict[str, list[Link]] = {}
+        self._sessions: dict[int, Link] = {}  # room -> the link its next chunk goes over
 
     async def _open(self, address: str) -> Link:
         host, port = split_address(address)
@@ -151,18 +152,40 @@ class KVSender:
             raise
         return link
 
-    async def send(self, address: str, room: int, kv: dict[str, torch.Tensor], first: FirstToken) -> None:
-        """Move `kv` to the decode server at `address` for transfer `room`; raises TransferError."""
+    async def send(
+        self,
+        address: str,
+        room: int,
+        kv: dict[str, torch.Tensor],
+        first: FirstToken | None = None,
+        *,
+        start: int = 0,
+        final: bool = True,
+    ) -> None:
+        """Move `kv` (positions from `start`) to the decode server at `address` for transfer `room`; a
+        request's chunks go over one link, in call order, the `final` one with the first token. Raises
+        TransferError."""
         try:
-            await asyncio.wait_for(self._send(address, room, kv, first), self.timeout)
+            await asyncio.wait_for(self._send(address, room, kv, first, start, final), self.timeout)
         except TimeoutError:
             raise TransferError(f"KV transfer to {address} timed out after {self.timeout:g}s") from None
         except (OSError, asyncio.IncompleteReadError) as e:
             raise TransferError(f"KV transfer to {address} failed: {type(e).__name__}: {e}") from None
 
-    async def _send(self, address: str, room: int, kv: dict[str, torch.Tensor], first: FirstToken) -> None:
+    async def _send(
+        self,
+        address: str,
+        room: int,
+        kv: dict[str, torch.Tensor],
+        first: FirstToken | None,
+        start: int,
+        final: bool,
+    ) -> None:
         idle = self._idle.setdefault(address, [])
-        link = idle.pop() if idle else await self._open(address)
+        link = self._sessions.pop(room, None)
+        if link is None:
+            link = idle.pop() if idle else await self._open(address)
+        first = first or FirstToken(-1)
         names = sorted(kv)
         tensors = [kv[n] for n in names]
         info: dict[str, Any] = {}
@@ -170,8 +193,9 @@ class KVSender:
         try:
             info = await self.backend.stage(link, tensors)
             header = KVHeader(
-                room=room, token=first.token, logprob=first.logprob, top_ids=first.top_ids,
-                top_logprobs=first.top_logprobs, tensors=[TensorMeta.of(n, kv[n]) for n in names], info=info,
+                room=room, start=start, final=final, token=first.token, logprob=first.logprob,
+                top_ids=first.top_ids, top_logprobs=first.top_logprobs,
+                tensors=[TensorMeta.of(n, kv[n]) for n in names], info=info,
             )  # fmt: skip
             await write_frame(link.writer, header)
             await self.backend.push(link, tensors)
@@ -179,20 +203,29 @@ class KVSender:
             ok = True
         finally:
             self.backend.finish(link, info)
-            if ok:
-                idle.append(link)
-            else:  # the link's state is unknown after a failure: never reuse it
+            if not ok:  # the link's state is unknown after a failure: never reuse it
                 self.backend.close(link)
+            elif final:
+                idle.append(link)
+            else:  # the request's next chunk follows on this link
+                self._sessions[room] = link
         if not isinstance(ack, KVAck) or ack.room != room:
             raise TransferError(f"unexpected answer from the decode server: {ack}")
         if ack.error:
             raise TransferError(f"the decode server refused the KV: {ack.error}")
 
+    def drop(self, room: int) -> None:
+        """Forget a request whose chunks stopped (its link closes)."""
+        link = self._sessions.pop(room, None)
+        if link is not None:
+            self.backend.close(link)
+
     def close(self) -> None:
-        for links in self._idle.values():
+        for links in [*self._idle.values(), list(self._sessions.values())]:
             for link in links:
                 self.backend.close(link)
         self._idle.clear()
+        self._sessions.clear()
 
 
 # the decode side's handler of one arrived request: returns an error message, or None when imported

@@ -6,8 +6,9 @@ through the backend's library (nixl, mooncake).
     prefill                                     decode
     Hello(backend, info)            ------>                      (backend sets up the link)
                                     <------    HelloAck(ok, info)
+    per chunk of a request (one, or one per prefill chunk; the last is `final`), on one link:
     [stage: e.g. write shm]
-    KVHeader(room, first token, tensors, info) ------>
+    KVHeader(room, start, final, first token, tensors, info) ------>
     [push: bytes / send()]          ------>    [pull: read / recv(), then import into the reserved slots]
                                     <------    KVAck(room, error)
 """
@@ -56,10 +57,14 @@ class HelloAck(Struct, frozen=True, tag=True, array_like=True):
 
 
 class KVHeader(Struct, frozen=True, tag=True, array_like=True, kw_only=True):
-    """One request's KV: its tensors (in the order the backend moves them) and its first token."""
+    """One request's KV, or a chunk of it: its tensors (in the order the backend moves them) for the
+    positions from `start`; the `final` one also carries the per-request state and the first token.
+    Each is acked."""
 
     room: int
-    token: int
+    start: int = 0
+    final: bool = True
+    token: int = -1
     logprob: float | None = None
     top_ids: list[int] = []
     top_logprobs: list[float] = []

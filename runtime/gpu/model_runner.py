@@ -295,11 +295,11 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ disaggregation (runtime/disaggregation)
 
-    def export_request(self, row: int, length: int) -> dict[str, torch.Tensor]:
-        """The KV (and per-request state) of the request in `row` holding `length` positions, as device
+    def export_request(self, row: int, end: int, start: int = 0) -> dict[str, torch.Tensor]:
+        """The KV (and per-request state) of the request in `row`, positions start..end-1, as device
         copies enqueued behind the launched steps."""
         with torch.inference_mode():
-            return self.kv_pool.export_request(row, self.tables.req_to_token[row, :length].clone())
+            return self.kv_pool.export_request(row, self.tables.req_to_token[row, start:end].clone())
 
     def import_request(self, row: int, slots: list[int], kv: dict[str, torch.Tensor]) -> None:
         """Write a request exported by another server's runner at `slots` (its positions) and `row`."""

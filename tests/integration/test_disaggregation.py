@@ -25,8 +25,10 @@ def pd_pair(server_runner, tmp, backend: str, *flags: str, model_flags: tuple[st
     port = str(free_port())
     common = ("--disaggregation-transfer-backend", backend, *model_flags, *flags)
     env = {"OMP_NUM_THREADS": "1"}
+    # 16-token prefill chunks: a chat prompt's KV leaves chunk by chunk while the rest is prefilled
+    chunks = ("--chunked-prefill-size", "16")
     with (
-        server_runner(tmp, "--disaggregation-mode", "prefill", *common, env=env) as prefill,
+        server_runner(tmp, "--disaggregation-mode", "prefill", *chunks, *common, env=env) as prefill,
         server_runner(
             tmp, "--disaggregation-mode", "decode", "--disaggregation-bootstrap-port", port, *common, env=env
         ) as decode,
