@@ -92,15 +92,16 @@ def reference(smollm2_path, server_runner, tmp_path_factory):
         chats = {p: chat(client, p) for p in PROMPTS}
         completions = {p: completion(client, p) for p in OPENINGS}
         seeded = sampled(client, OPENINGS[0])
-    assert all(chats.values()) and all(completions.values())
-    return chats, completions, seeded
+        one = chat(client, PROMPTS[0], max_tokens=1)  # the prefill's token alone
+    assert all(chats.values()) and all(completions.values()) and one
+    return chats, completions, seeded, one
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_prefill_and_decode_servers_give_the_greedy_text_of_one_server(
     backend, reference, smollm2_path, server_runner, tmp_path
 ):
-    chats, completions, seeded = reference
+    chats, completions, seeded, one = reference
     with pd_pair(server_runner, tmp_path, backend) as (prefill, decode):
         with pd_gateway(tmp_path, [prefill], [decode]) as gw:
             client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0, timeout=120)
@@ -115,11 +116,12 @@ def test_prefill_and_decode_servers_give_the_greedy_text_of_one_server(
             text, logprobs = sampled(client, OPENINGS[0])
             assert text == seeded[0]
             assert logprobs == pytest.approx(seeded[1], abs=1e-3)
+            assert chat(client, PROMPTS[0], max_tokens=1) == one  # ends on the decode server at once
         for s in (prefill, decode):
             m = s.wait_idle()
             assert m["conduit_kv_pages_used"] == 0
         # the prefill server generated one token per request; the decode server the rest
-        assert prefill.metrics()["conduit_generation_tokens_total"] == 2 * (len(chats) + len(completions)) + 1
+        assert prefill.metrics()["conduit_generation_tokens_total"] == 2 * (len(chats) + len(completions)) + 2
 
 
 # ---------------------------------------------------------------- DeepSeek-V3 and V4 (tiny, random)
