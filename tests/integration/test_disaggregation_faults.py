@@ -21,7 +21,7 @@ from loadgen.launch import free_port
 from tests.integration.test_disaggregation import completion, pd_gateway
 
 TIMEOUT_S = 4
-LONG_PROMPT = "word " * 1500  # prefilled in 32-token chunks: the prefill takes many steps
+LONG_PROMPT = "word " * 3000  # prefilled in 32-token chunks: the prefill takes ~100 steps
 
 
 @pytest.fixture(scope="module")
