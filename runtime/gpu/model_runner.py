@@ -23,12 +23,14 @@ import structlog
 import torch
 
 from runtime.config import RunnerConfig
-from runtime.gpu import compile_watch, loader, presets
+from runtime.gpu import compile_watch, distributed, loader, presets
 from runtime.gpu.attention import default_backend
 from runtime.gpu.cuda_graph import GraphRunner
 from runtime.gpu.forward_batch import ForwardBatch, StepTables, columns_to_device, make_batch, token_positions
 from runtime.gpu.grammar import GrammarTable
 from runtime.gpu.kv_pool import KVPoolSpec
+from runtime.gpu.layers import expert_parallel
+from runtime.gpu.layers.expert_parallel import ExpertParallelMoE, ExpertPlacement
 from runtime.gpu.model_builder import build_model, resolve_dtype, resolve_kv_dtype
 from runtime.gpu.pending import Copies, PendingStep
 from runtime.gpu.sampler import Sampler
@@ -65,11 +67,20 @@ class ModelRunner:
             torch.set_num_threads(cfg.cpu_threads)
         if self.device.type == "cuda":
             compile_watch.install()
+        if cfg.world_size > 1:  # before the model is built: its parallel layers read their rank's place
+            distributed.init(
+                cfg.rank, cfg.world_size, cfg.tp_size, cfg.dist_init_addr, self.device, cfg.ep_size
+            )
+        if cfg.moe_a2a_backend not in ("auto", "all_to_all"):
+            raise ValueError(f"--moe-a2a-backend {cfg.moe_a2a_backend!r}: auto | all_to_all")
+        placement = ExpertPlacement.load(cfg.expert_placement) if cfg.expert_placement else None
+        expert_parallel.use(placement, cfg.ep_num_redundant_experts, cfg.moe_a2a_backend == "all_to_all")
         path = Path(presets.resolve(cfg.model_path))
         self.config = loader.load_config(path, cfg.hf_overrides)
         self.vocab_size: int = self.config.vocab_size
         self.eos_token_ids: list[int] = _eos_ids(path, self.config)
         self.model = build_model(cfg, self.config, path, self.device, self.dtype)
+        self._exchanges: list[ExpertParallelMoE] | None = None  # the MoE layers' EP exchanges
 
         self.kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, self.dtype)
         if self.kv_dtype != self.dtype and not self.model.abilities.fp8_kv_cache:
@@ -78,7 +89,8 @@ class ModelRunner:
                 f" models, not {type(self.model).__name__}"
             )
         rows = cfg.max_reqs + 1  # row 0 is padding
-        spec = KVPoolSpec(self._pool_slots(rows), rows, self.kv_dtype, self.device, cfg.max_model_len)
+        slots = distributed.world_min(self._pool_slots(rows), self.device)  # one size on every rank
+        spec = KVPoolSpec(slots, rows, self.kv_dtype, self.device, cfg.max_model_len)
         self.kv_pool = self.model.make_kv_pool(spec)
         self.page_size = _page_size(cfg.page_size, self.kv_pool.page_multiple)
         self.attn = self.model.make_attention_backend(
@@ -104,6 +116,8 @@ class ModelRunner:
         self.graphs: GraphRunner | None = None
         if cfg.cuda_graph and self.device.type == "cuda" and self.attn.supports_cuda_graph:
             self.graphs = self.make_graphs(min(cfg.cuda_graph_max_bs or cfg.max_reqs, cfg.max_reqs))
+            if self.spec is not None:
+                self.spec.capture_observe(self.graphs.buckets)
         if self.device.type == "cuda" and self.attn.wants_warm_up:
             warm_up(cfg, self.kv_pool.num_slots, self.forward_logits)
             torch.cuda.synchronize(self.device)
@@ -226,6 +240,32 @@ class ModelRunner:
             self._t_ref,
             on_counts=Speculation.advance(self.sampler, verify) if verify is not None else None, draft=draft,
         )  # fmt: skip
+
+    def set_step_tokens(self, n: int) -> None:
+        """The next step's most tokens on any DP rank (they agreed on it): MoE exchanges size by it."""
+        if self._exchanges is None:
+            self._exchanges = [m for m in self.model.modules() if isinstance(m, ExpertParallelMoE)]
+        for m in self._exchanges:
+            m.step_tokens = n
+
+    def save_expert_load(self) -> None:
+        """With `expert_load_out`: this rank's measured expert load (tokens routed to each logical
+        expert, summed over MoE layers) as `expert_load.rank{r}.json` there, for `rebalance`."""
+        if not self.cfg.expert_load_out:
+            return
+        self.set_step_tokens(0)  # finds the exchanges
+        loads = [m.load for m in self._exchanges or [] if m.load is not None]
+        if not loads:
+            return
+        total = torch.stack(loads).sum(0).tolist()
+        out = Path(self.cfg.expert_load_out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"expert_load.rank{self.cfg.rank}.json").write_text(json.dumps(total))
+
+    def idle_step(self) -> None:
+        """Join one step's collectives without tokens (a DP rank idle while others run a step)."""
+        with torch.inference_mode():
+            self.model.idle_forward()
 
     def _timing_event(self) -> torch.cuda.Event | None:
         """A recorded CUDA event (None on CPU). The first one is the reference the step times count from,

@@ -373,6 +373,7 @@ class EngineStats(Struct, frozen=True, tag=True, array_like=True, kw_only=True):
     gpu_idle_s: float = 0.0  # cumulative device idle time between consecutive steps (CUDA)
     swa_replay_tokens: int = 0  # cumulative tokens replayed to rebuild per-request state on prefix hits
     spec: SpecCounters | None = None  # speculative decoding, when it is on
+    dp_rank: int = 0  # the DP rank whose scheduler sent it (the DP controller sums them)
 
 
 class FlushCache(Struct, frozen=True, tag=True, array_like=True):

@@ -11,6 +11,7 @@ from runtime.gpu.forward_batch import StepTables
 from runtime.gpu.sampler import Block, Sampler, SampleResult
 from runtime.mailbox.messages import SeqStart, StepPlan
 from runtime.speculative.drafter import Drafter, Drafts, StepTokens
+from runtime.speculative.observe_graph import ObserveGraphs
 from runtime.speculative.verify import accept
 
 
@@ -42,6 +43,12 @@ class Emitted:
 class Speculation:
     def __init__(self, drafter: Drafter, tables: StepTables) -> None:
         self.drafter, self.tables = drafter, tables
+        self.observe_graphs: ObserveGraphs | None = None
+
+    def capture_observe(self, buckets: list[int], capture: bool = True) -> None:
+        """Run the drafter's `observe` as CUDA graphs over these batch buckets, if it can."""
+        if self.drafter.graph_safe:
+            self.observe_graphs = ObserveGraphs(self.drafter, buckets, self.tables.fed.device, capture)
 
     @property
     def max_draft(self) -> int:
@@ -84,7 +91,9 @@ class Speculation:
         """After a step: the drafter sees the rows' emitted tokens; drafts it makes now go into their `fed`
         columns 1..K."""
         counts = emitted.counts if emitted.counts is not None else torch.ones_like(rows_t)
-        drafts = self.drafter.observe(StepTokens(rows_t, emitted.tokens, counts))
+        step = StepTokens(rows_t, emitted.tokens, counts)
+        graphs = self.observe_graphs
+        drafts = graphs.observe(step) if graphs and graphs.fits(len(rows_t)) else self.drafter.observe(step)
         if drafts.tokens is not None:
             self.tables.fed[rows_t, 1:] = drafts.tokens
         return drafts
