@@ -7,6 +7,7 @@ import json
 import sys
 
 from runtime.config import ServerConfig
+from runtime.disaggregation.config import add_disaggregation_flags
 from runtime.parsers.tool_calls import PARSERS as TOOL_CALL_PARSERS
 
 
@@ -381,6 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_flags(s)
     add_serving_flags(s)
     add_http_flags(s)
+    add_disaggregation_flags(s)
 
     g = sub.add_parser(
         "generate",

@@ -60,6 +60,11 @@ class ServerConfig(msgspec.Struct, kw_only=True, frozen=True):
     speculative_ngram_min_match_window_size: int = 1  # n-gram drafter: the n-gram sizes it looks up
     speculative_ngram_max_match_window_size: int = 4
     speculative_draft_model_path: str | None = None  # draft-model: a checkpoint sharing the tokenizer
+    # prefill/decode disaggregation (runtime/disaggregation, docs/disaggregation.md)
+    disaggregation_mode: str | None = None  # None | "prefill" | "decode"
+    disaggregation_transfer_backend: str = "tcp"  # tcp | shm | nccl | nixl | mooncake
+    disaggregation_bootstrap_port: int = 8998  # decode: where prefill servers send KV (on `host`)
+    disaggregation_transfer_timeout: float = 60.0
     # fast path
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int | None = None  # largest decode batch captured; default max_running_requests

@@ -71,4 +71,6 @@ def error_from_status(
     )
     if type:
         err.type = type
+    if cls is EngineFailed and status >= 500:  # 502 / 504 of a failed KV transfer keep their status
+        err.status = status
     return err

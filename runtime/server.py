@@ -24,6 +24,17 @@ from runtime.model_info import ModelInfo
 log = structlog.get_logger(__name__)
 
 
+def disaggregation_info(cfg: ServerConfig) -> dict[str, str] | None:
+    """What GET /disaggregation tells a gateway: the server's side, its backend, where its KV goes."""
+    if cfg.disaggregation_mode is None:
+        return None
+    return {
+        "mode": cfg.disaggregation_mode,
+        "backend": cfg.disaggregation_transfer_backend,
+        "bootstrap": f"{cfg.host}:{cfg.disaggregation_bootstrap_port}",
+    }
+
+
 def serving_options(cfg: ServerConfig, info: ModelInfo) -> ServingOptions:
     """The HTTP layer's choices: sampling defaults, the tool-call and reasoning parsers, access."""
     from runtime.parsers.tool_calls import resolve_name
@@ -34,6 +45,7 @@ def serving_options(cfg: ServerConfig, info: ModelInfo) -> ServingOptions:
         reasoning_parser=cfg.reasoning_parser,
         api_key=cfg.api_key,
         allowed_origins=tuple(cfg.allowed_origins),
+        disaggregation=disaggregation_info(cfg),
     )
     log.info(
         "serving_options",

@@ -37,7 +37,11 @@ async def spawn_engine_actors(
     reports."""
     from runtime.actors.gpu_worker import GpuWorkerActor
     from runtime.actors.scheduler.actor import SchedulerActor
+    from runtime.disaggregation.config import DisaggConfig
 
+    disagg = DisaggConfig.from_server(cfg)
+    if disagg is not None and (world_size > 1 or cfg.speculative_algorithm):
+        raise ValueError("--disaggregation-mode runs on one rank without speculative decoding (for now)")
     dp_size = dp_groups(cfg, world_size)
     dp_rank, leads = addresses.dp_group(rank, world_size, dp_size)
     scheduler = None
@@ -49,8 +53,9 @@ async def spawn_engine_actors(
     runner_cfg = RunnerConfig.resolve(cfg, model_path, max_model_len, rank, world_size, dist_init_addr)
     lockstep = dp_size > 1  # DP attention: each rank plans alone, the MoE exchanges need them all
     worker = GpuWorkerActor(
-        runner_cfg, rank=rank, scheduler=addresses.scheduler(dp_rank), reports=leads, lockstep=lockstep
-    )
+        runner_cfg, rank=rank, scheduler=addresses.scheduler(dp_rank), reports=leads, lockstep=lockstep,
+        disagg=disagg,
+    )  # fmt: skip
     await system.spawn(worker)
     if scheduler is not None:
         await scheduler.configured.wait()

@@ -18,14 +18,25 @@ import signal
 import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
 from runtime.actors import addresses
 from runtime.actors.base import Actor
 from runtime.config import RunnerConfig
-from runtime.mailbox.messages import Message, StepOutput, StepPlan, WorkerCapabilities, WorkerFailed
+from runtime.mailbox.messages import (
+    KVCancel,
+    KVReserve,
+    Message,
+    StepOutput,
+    StepPlan,
+    WorkerCapabilities,
+    WorkerFailed,
+)
+
+if TYPE_CHECKING:
+    from runtime.disaggregation.config import DisaggConfig
 
 log = structlog.get_logger(__name__)
 
@@ -68,6 +79,7 @@ class GpuWorkerActor(Actor):
         runner_factory: Callable[[RunnerConfig | None], Runner] = load_model_runner,
         reports: bool = True,
         lockstep: bool = False,
+        disagg: DisaggConfig | None = None,
     ) -> None:
         super().__init__(addresses.worker(rank))
         self.runner_config = runner_config
@@ -87,18 +99,39 @@ class GpuWorkerActor(Actor):
         self._outputs: asyncio.Queue = asyncio.Queue()
         self._sender: asyncio.Task | None = None
         self.failed: str | None = None
+        self.disagg = disagg  # prefill/decode disaggregation: this worker's side (runtime/disaggregation)
+        self.prefill = self.decode = None
 
     async def on_start(self) -> None:
         loop = asyncio.get_running_loop()
         self.runner = await loop.run_in_executor(self._launch, self.runner_factory, self.runner_config)
         self._sender = asyncio.create_task(self._send_outputs(), name="worker-outputs")
+        if self.disagg is not None:
+            await self._start_disaggregation()
         if self.reports:
             await self.send(self.scheduler, self.runner.capabilities())
         if self.lockstep:
             self._launch.submit(self._lockstep, loop)
 
+    async def _start_disaggregation(self) -> None:
+        from runtime.disaggregation.worker import DecodeSide, PrefillSide
+
+        device = getattr(self.runner, "device", "cpu")
+
+        async def to_scheduler(msg: Message) -> None:
+            await self.send(self.scheduler, msg)
+
+        if self.disagg.mode == "prefill":
+            self.prefill = PrefillSide(self.disagg, self.runner, to_scheduler, device)
+        else:
+            self.decode = DecodeSide(self.disagg, self.runner, to_scheduler, self._launch, device)
+            await self.decode.start()
+
     async def on_stop(self) -> None:
         self._stop_flag = True
+        for side in (self.prefill, self.decode):
+            if side is not None:
+                await side.stop()
         if self._sender is not None:
             self._sender.cancel()
         self._launch.shutdown(wait=True)
@@ -108,6 +141,9 @@ class GpuWorkerActor(Actor):
             save_load()
 
     async def handle(self, msg: Message) -> None:
+        if isinstance(msg, (KVReserve, KVCancel)) and self.decode is not None and not self.failed:
+            await self.decode.handle(msg)
+            return
         if not isinstance(msg, StepPlan) or self.failed:
             return
         if self.lockstep:
@@ -115,11 +151,16 @@ class GpuWorkerActor(Actor):
             return
         loop = asyncio.get_running_loop()
         try:
-            pending = await loop.run_in_executor(self._launch, self.runner.launch, msg)
+            pending, exports = await loop.run_in_executor(self._launch, self._launch_step, msg)
         except Exception as exc:
             await self._fail(msg.step, exc)
             return
-        await self._outputs.put((msg.step, loop.run_in_executor(self._collect, pending.result)))
+        await self._outputs.put((msg.step, loop.run_in_executor(self._collect, pending.result), exports))
+
+    def _launch_step(self, plan: StepPlan) -> tuple[PendingResult, list]:
+        """Launch the step; on a prefill server, also export the KV of the rows it finishes."""
+        pending = self.runner.launch(plan)
+        return pending, self.prefill.after_launch(plan) if self.prefill is not None else []
 
     def _lockstep(self, loop: asyncio.AbstractEventLoop) -> None:
         """The launch thread's loop for ranks that step together. Each round the ranks agree (a max over
@@ -162,7 +203,7 @@ class GpuWorkerActor(Actor):
                 asyncio.run_coroutine_threadsafe(self._fail_world(plan.step if plan else -1, exc), loop)
                 return
             fut = asyncio.wrap_future(self._collect.submit(result.result), loop=loop)
-            loop.call_soon_threadsafe(self._outputs.put_nowait, (plan.step, fut))
+            loop.call_soon_threadsafe(self._outputs.put_nowait, (plan.step, fut, []))
 
     async def _fail_world(self, step: int, exc: Exception) -> None:
         """A failed step leaves this rank's collectives out of line with the others': report it, then end
@@ -173,7 +214,7 @@ class GpuWorkerActor(Actor):
 
     async def _send_outputs(self) -> None:
         while True:
-            step, fut = await self._outputs.get()
+            step, fut, exports = await self._outputs.get()
             try:
                 out = await fut
             except Exception as exc:
@@ -181,6 +222,8 @@ class GpuWorkerActor(Actor):
                 continue
             if not self.failed and self.reports:
                 await self.send(self.scheduler, out)
+                if exports:
+                    self.prefill.step_done(out, exports)
 
     async def _fail(self, step: int, exc: Exception) -> None:
         # a failed step leaves the device state unknown: fail everything, mark the engine unhealthy

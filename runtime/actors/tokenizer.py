@@ -227,6 +227,7 @@ class TokenizerActor(Actor):
             max_new_tokens=max_tokens,
             priority=msg.priority,
             arrival=msg.arrival,
+            disagg=msg.disagg,
         )
 
 

@@ -357,13 +357,29 @@ class ModelRunner:
         sampled.saved = self.kv_pool.save_blocks(rows, first, self.spec.max_draft + 1)
         sampled.saved_rows = index
 
-    def _update_rows(self, plan: StepPlan) -> None:
-        for row in plan.released:
+    def release_rows(self, rows: list[int]) -> None:
+        for row in rows:
             self.sampler.release(row)
             self.grammar.release(row)
             self.kv_pool.release_row(row)
             if self.spec is not None:
                 self.spec.release(row)
+
+    # ------------------------------------------------------------------ disaggregation (runtime/disaggregation)
+
+    def export_request(self, row: int, end: int, start: int = 0) -> dict[str, torch.Tensor]:
+        """The KV (and per-request state) of the request in `row`, positions start..end-1, as device
+        copies enqueued behind the launched steps."""
+        with torch.inference_mode():
+            return self.kv_pool.export_request(row, self.tables.req_to_token[row, start:end].clone())
+
+    def import_request(self, row: int, slots: list[int], kv: dict[str, torch.Tensor]) -> None:
+        """Write a request exported by another server's runner at `slots` (its positions) and `row`."""
+        with torch.inference_mode():
+            self.kv_pool.import_request(row, torch.tensor(slots, dtype=torch.int64, device=self.device), kv)
+
+    def _update_rows(self, plan: StepPlan) -> None:
+        self.release_rows(plan.released)
         for start in plan.added:
             if start.prefix_slots and not self.model.abilities.prefix_cache:
                 raise ValueError(

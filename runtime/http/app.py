@@ -10,7 +10,7 @@ from __future__ import annotations
 import structlog
 from aiohttp import web
 
-from runtime.errors import InvalidRequest
+from runtime.errors import InvalidRequest, NotFound
 from runtime.http import openapi
 from runtime.http.engine import Engine
 from runtime.http.lifecycle import LIFECYCLE_KEY, Lifecycle, drain_middleware
@@ -92,7 +92,14 @@ def build_app(
     async def openapi_json(request: web.Request) -> web.Response:
         return web.json_response(document)
 
+    async def disaggregation(request: web.Request) -> web.Response:
+        """This server's side of prefill/decode disaggregation, for `conduit gateway --pd-disaggregation`."""
+        if options.disaggregation is None:
+            raise NotFound("This server does not run in --disaggregation-mode.")
+        return web.json_response(options.disaggregation)
+
     app.router.add_get("/health", health)
+    app.router.add_get("/disaggregation", disaggregation)
     app.router.add_get("/openapi.json", openapi_json)
     app.router.add_get("/metrics", render_metrics)
     app.router.add_post("/flush_cache", flush_cache)

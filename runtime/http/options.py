@@ -15,3 +15,5 @@ class ServingOptions:
     reasoning_parser: str | None = None  # "deepseek-r1" | "deepseek-v3": reasoning_content is split off
     api_key: str | None = None
     allowed_origins: tuple[str, ...] = ()
+    # prefill/decode disaggregation: {"mode", "backend", "bootstrap"} (GET /disaggregation); None: off
+    disaggregation: dict[str, str] | None = None

@@ -18,7 +18,14 @@ import msgspec
 from runtime.errors import InvalidRequest, NotFound
 from runtime.http import tools as tooling
 from runtime.http.options import ServingOptions
-from runtime.mailbox.messages import ChatMessage, GenerateRequest, GrammarSpec, SamplingParams, ToolCall
+from runtime.mailbox.messages import (
+    ChatMessage,
+    Disagg,
+    GenerateRequest,
+    GrammarSpec,
+    SamplingParams,
+    ToolCall,
+)
 from runtime.structured import specs
 
 MAX_N = 16  # samples per prompt
@@ -94,6 +101,10 @@ class _Common(msgspec.Struct, kw_only=True):
     response_format: dict | None = None
     regex: str | None = None
     ebnf: str | None = None
+    # prefill/decode disaggregation, set by `conduit gateway --pd-disaggregation` (docs/disaggregation.md):
+    # the transfer's id on both servers, and (prefill only) the decode server's transfer address
+    bootstrap_room: int | None = None
+    bootstrap_addr: str | None = None
 
 
 class ChatCompletionRequest(_Common, kw_only=True):
@@ -114,6 +125,29 @@ class CompletionRequest(_Common, kw_only=True):
     logprobs: int | None = None
     echo: bool | None = False
     suffix: str | None = None
+
+
+def _disagg(req: _Common, options: ServingOptions, choices: int) -> Disagg | None:
+    """The request's side of a disaggregated transfer, checked against the server's mode."""
+    room, addr = req.bootstrap_room, req.bootstrap_addr
+    mode = options.disaggregation["mode"] if options.disaggregation else None
+    if room is None and addr is None:
+        return None
+    if mode is None:
+        raise InvalidRequest(
+            "`bootstrap_room` is only for servers started with --disaggregation-mode.", param="bootstrap_room"
+        )
+    if room is None:
+        raise InvalidRequest("`bootstrap_addr` needs `bootstrap_room`.", param="bootstrap_room")
+    if (mode == "prefill") != (addr is not None):
+        raise InvalidRequest(
+            "A prefill server needs `bootstrap_addr` (the decode server's transfer address); a decode "
+            "server takes none.",
+            param="bootstrap_addr",
+        )
+    if choices != 1:
+        raise InvalidRequest("A disaggregated request has one prompt and n=1.", param="n")
+    return Disagg(room, addr)
 
 
 @dataclass(frozen=True)
@@ -247,6 +281,7 @@ def build_job(
     if output is not None and output.tool_parser is not None:
         # call markers are special tokens in DeepSeek's vocabularies: the parser must see them (SGLang too)
         params = msgspec.structs.replace(params, skip_special_tokens=False)
+    disagg = _disagg(req, options, len(prompts) * n)
     priority = _check_range("priority", req.priority, 0, *INT32)
     arrival = time.time()
     requests = []
@@ -265,6 +300,7 @@ def build_job(
                     priority=priority,
                     arrival=arrival,
                     add_generation_prompt=add_gen,
+                    disagg=disagg,
                     **prompt,
                     **extra,
                 )

@@ -8,6 +8,8 @@ Grouped by direction along a request's path (see docs/ARCHITECTURE.md):
     Scheduler --StepPlan--> GpuWorker --StepOutput--> Scheduler
     Scheduler --TokenBatch--> Detokenizer --TextDeltas--> EngineClient
     any actor --RequestFailed--> EngineClient          (the final message of a failed request)
+    Scheduler --KVReserve/KVCancel--> GpuWorker --KVArrived--> Scheduler   (decode side of disaggregation)
+    GpuWorker --KVSent--> Scheduler                    (prefill side of disaggregation)
 
 Rules: structs are frozen and tagged so one decoder handles the union; all are `array_like` (encoded as
 msgpack arrays, no field names on the wire; msgspec needs one layout across a union); per-step messages are columnar (one message per
@@ -96,6 +98,15 @@ class FunctionTool(Struct, frozen=True, kw_only=True):
 # ---------------------------------------------------------------- client -> tokenizer -> scheduler
 
 
+class Disagg(Struct, frozen=True, array_like=True):
+    """A request of prefill/decode disaggregation (runtime/disaggregation): `room` names its KV transfer
+    on both servers; `peer` is the decode server's transfer address (host:port), set on the prefill side
+    only (the prefill server sends the KV there; the decode server waits for it)."""
+
+    room: int
+    peer: str | None = None
+
+
 class GenerateRequest(Struct, frozen=True, tag=True, array_like=True, kw_only=True):
     """One generation. Exactly one of `prompt`, `messages`, `prompt_ids` is set."""
 
@@ -109,6 +120,7 @@ class GenerateRequest(Struct, frozen=True, tag=True, array_like=True, kw_only=Tr
     arrival: float = 0.0  # time.time() at the frontend, for queueing metrics
     tools: list[FunctionTool] | None = None  # given to the chat template
     chat_template_kwargs: dict[str, Any] | None = None  # extra template variables (thinking, ...)
+    disagg: Disagg | None = None  # prefill/decode disaggregation (runtime/disaggregation)
 
 
 class TokenizedRequest(Struct, frozen=True, tag=True, array_like=True, kw_only=True):
@@ -119,6 +131,7 @@ class TokenizedRequest(Struct, frozen=True, tag=True, array_like=True, kw_only=T
     max_new_tokens: int  # resolved against the context length
     priority: int = 0
     arrival: float = 0.0
+    disagg: Disagg | None = None
 
 
 class AbortRequest(Struct, frozen=True, tag=True, array_like=True):
@@ -156,6 +169,7 @@ class SeqStart(Struct, frozen=True, array_like=True):
     prefix_slots: list[int]  # KV slots of the cached prefix, written to req_to_token[row, :len]
     stop_ids: list[int]  # banned until min_tokens is reached
     output_ids: list[int] = []  # tokens generated before a retraction (empty on first admission)
+    transfer: Disagg | None = None  # prefill side of disaggregation: send this row's KV once it samples
 
 
 class StepPlan(Struct, frozen=True, tag=True, array_like=True):
@@ -223,6 +237,43 @@ class WorkerCapabilities(Struct, frozen=True, tag=True, array_like=True, kw_only
     # step tokens from which more positions cost compute rather than riding on the weight reads: where
     # speculation's draft-length threshold reaches its maximum (the device's ridge point, roughly)
     compute_bound_tokens: int = 1024
+
+
+class KVReserve(Struct, frozen=True, tag=True, array_like=True, kw_only=True):
+    """Decode side of disaggregation, scheduler -> worker: the KV of transfer `room` goes to `row` and
+    `slots` (its positions 0..len-1) when it arrives. `released`: rows to forget first (rows freed since
+    the last StepPlan, which would otherwise release them after the import)."""
+
+    room: int
+    rid: str
+    row: int
+    slots: list[int]
+    released: list[int] = []
+
+
+class KVCancel(Struct, frozen=True, tag=True, array_like=True):
+    """Scheduler -> worker: forget reservation `room` (its request ended): a late arrival is dropped."""
+
+    room: int
+
+
+class KVArrived(Struct, frozen=True, tag=True, array_like=True, kw_only=True):
+    """Decode worker -> scheduler: transfer `room` is in its slots and row (or failed: `error`), with the
+    prefill's first token and its logprobs (`logprob` None when none were asked for)."""
+
+    room: int
+    token: int = -1
+    logprob: float | None = None
+    top_ids: list[int] = []
+    top_logprobs: list[float] = []
+    error: str | None = None
+
+
+class KVSent(Struct, frozen=True, tag=True, array_like=True):
+    """Prefill worker -> scheduler: the KV of transfer `room` reached its decode server (or not: `error`)."""
+
+    room: int
+    error: str | None = None
 
 
 class WorkerFailed(Struct, frozen=True, tag=True, array_like=True):
@@ -363,6 +414,10 @@ Message = (
     | StepOutput
     | WorkerCapabilities
     | WorkerFailed
+    | KVReserve
+    | KVCancel
+    | KVArrived
+    | KVSent
     | TokenBatch
     | TextDeltas
     | RequestFailed

@@ -31,16 +31,21 @@ from runtime.actors.scheduler.output_processor import OutputProcessor
 from runtime.actors.scheduler.prefix_cache import PrefixCache
 from runtime.actors.scheduler.request import Req
 from runtime.config import SchedulerConfig, ServerConfig
+from runtime.disaggregation.scheduler import DecodeReservations, PrefillHold
 from runtime.mailbox.messages import (
     AbortRequest,
     CacheFlushed,
     EngineStats,
     FlushCache,
+    KVArrived,
+    KVCancel,
+    KVSent,
     Message,
     RequestFailed,
     StepOutput,
     StepPlan,
     TokenizedRequest,
+    TokenLogprobs,
     WorkerCapabilities,
     WorkerFailed,
 )
@@ -89,6 +94,9 @@ class SchedulerActor(Actor):
         self.cached_tokens = 0
         self.replayed_tokens = 0
         self._last_stats = 0.0
+        # prefill/decode disaggregation (runtime/disaggregation/scheduler.py)
+        self.pd_prefill = PrefillHold()
+        self.pd_decode = DecodeReservations()
         trace = envs.step_trace_path()
         self._trace_file = open(trace, "a", buffering=1) if trace else None  # noqa: SIM115 (lives with the actor)
 
@@ -144,11 +152,18 @@ class SchedulerActor(Actor):
             await self._on_abort(msg)
         elif isinstance(msg, WorkerFailed):
             await self._on_worker_failed(msg)
+        elif isinstance(msg, KVArrived):
+            await self._on_kv_arrived(msg)
+        elif isinstance(msg, KVSent):
+            await self._on_kv_sent(msg)
         elif isinstance(msg, FlushCache):
             ok = not self.planner.running and not self.planner.waiting and self.cache.flush()
             log.info("flush_cache", ok=ok)
             await self._send_stats(force=True)  # before the answer: /metrics right after it is current
             await self.send(self.stats_to, CacheFlushed(msg.id, ok))
+        if self.pd_decode.waiting and self.healthy:
+            for reserve in self.pd_decode.reserve(self.planner):
+                await self.send(self.workers[0], reserve)
         await self._pump()
         self._idle_from = time.perf_counter() if self.inflight else None
 
@@ -190,6 +205,8 @@ class SchedulerActor(Actor):
                 )
                 return
             max_new = capacity - prompt_len  # no explicit limit: the pool is the limit, as SGLang does
+        if msg.disagg is not None and msg.disagg.peer is not None:
+            max_new = 1  # a prefill server computes the first token; its decode server the rest
         req = Req(
             msg.rid,
             list(msg.input_ids),
@@ -199,12 +216,24 @@ class SchedulerActor(Actor):
             msg.priority,
             msg.arrival,
         )
+        req.transfer = msg.disagg
         self.reqs[req.rid] = req
-        self.planner.add(req)
+        if msg.disagg is not None and msg.disagg.peer is None:
+            self.pd_decode.add(req)  # a decode server: the prompt's KV comes from a prefill server
+        else:
+            self.planner.add(req)
 
     async def _on_abort(self, msg: AbortRequest) -> None:
         req = self.reqs.get(msg.rid)
         if req is None or req.finished:
+            return
+        if self.pd_decode.holds(req):  # still waiting for its KV: nothing of it is cached
+            if self.pd_decode.drop(req, self.planner):
+                await self.send(self.workers[0], KVCancel(req.transfer.room))
+            req.finished = "abort"
+            self.reqs.pop(req.rid, None)
+            self.outputs.add(req, [], req.finished)
+            await self._flush_outputs()
             return
         self._finish(req, "abort" if msg.reason == "abort" else "stop")
         self.outputs.add(req, [], req.finished)
@@ -286,8 +315,50 @@ class SchedulerActor(Actor):
             self._finish(req, reason)
             if reason == "stop" and kept[-1] in req.stop_ids:
                 kept.pop()
-        self.outputs.add(req, kept, reason, lps)
+        if req.transfer is not None and req.transfer.peer is not None:
+            self.pd_prefill.hold(req, kept, reason, lps)  # answered once the KV reached the decode server
+        else:
+            self.outputs.add(req, kept, reason, lps)
         return reason is not None
+
+    async def _on_kv_sent(self, msg: KVSent) -> None:
+        """Prefill side: the KV of a finished request reached its decode server, or failed to."""
+        held = self.pd_prefill.take(msg.room)
+        if held is None:
+            return
+        if msg.error is not None:
+            await self._fail(held.req.rid, 502, f"KV transfer failed: {msg.error}", "server_error")
+            return
+        self.outputs.add(held.req, held.tokens, held.reason, held.lps)
+        await self._flush_outputs()
+
+    async def _on_kv_arrived(self, msg: KVArrived) -> None:
+        """Decode side: a request's prompt KV is in its slots (or never will be: `msg.error`)."""
+        req = self.pd_decode.take(msg.room)
+        if req is None or req.finished:  # aborted meanwhile: its row and pages went back then
+            return
+        if msg.error is not None:
+            self.planner.release(req, keep=False)
+            req.finished = "error"
+            self.reqs.pop(req.rid, None)
+            await self._fail(
+                req.rid, 504 if "did not arrive" in msg.error else 502, msg.error, "server_error"
+            )
+            return
+        req.output_ids.append(msg.token)
+        reason = self._stop_reason(req, msg.token)
+        lps = None
+        if req.params.logprobs is not None and msg.logprob is not None:
+            lps = [TokenLogprobs(msg.token, msg.logprob, msg.top_ids, msg.top_logprobs)]
+        kept = [msg.token]
+        if reason is not None:
+            self._finish(req, reason)
+            if reason == "stop" and msg.token in req.stop_ids:
+                kept = []
+        else:
+            self.planner.admit_prefilled(req)
+        self.outputs.add(req, kept, reason, lps)
+        await self._flush_outputs()
 
     async def _on_worker_failed(self, msg: WorkerFailed) -> None:
         log.error("worker_failed", step=msg.step, error=msg.error)
@@ -299,6 +370,9 @@ class SchedulerActor(Actor):
                 req.finished = "error"
                 await self._fail(req.rid, 500, f"engine failed: {msg.error}", "server_error")
         self.reqs.clear()
+        self.pd_decode = DecodeReservations()
+        for held in self.pd_prefill.take_all():
+            await self._fail(held.req.rid, 500, f"engine failed: {msg.error}", "server_error")
         await self._send_stats(force=True)
 
     # ------------------------------------------------------------------ state changes
@@ -376,7 +450,7 @@ class SchedulerActor(Actor):
         self._last_stats = now
         stats = EngineStats(
             running=len(self.planner.running),
-            waiting=len(self.planner.waiting),
+            waiting=len(self.planner.waiting) + len(self.pd_decode),
             kv_pages_used=self.allocator.used_pages - self.cache.evictable_pages,
             kv_pages_total=self.allocator.total_pages,
             healthy=self.healthy,

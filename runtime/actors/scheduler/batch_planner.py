@@ -63,6 +63,7 @@ class BatchPlanner:
     running: dict[Req, None] = field(default_factory=dict)  # an ordered set: admission order
     filling: dict[Req, None] = field(default_factory=dict)  # the running requests still prefilling
     released_rows: list[int] = field(default_factory=list)
+    prefilled: list[Req] = field(default_factory=list)  # admitted with their prompt's KV already in place
     retractions: int = 0
 
     def __post_init__(self) -> None:
@@ -98,6 +99,27 @@ class BatchPlanner:
         if short > 0:
             self.cache.evict(short)
         return pages <= self.allocator.free_pages
+
+    def make_room(self, pages: int) -> bool:
+        """Free pages (evicting cache) until `pages` are free, without dipping into the room reserved for
+        the running requests' future tokens; False if there is not that much."""
+        if pages + self._reserved_pages() > self.allocator.free_pages + self.cache.evictable_pages:
+            return False
+        return self._make_room(pages)
+
+    def take_released(self) -> list[int]:
+        """Rows released since the last plan, for a message that must release them before using one."""
+        out, self.released_rows = self.released_rows, []
+        return out
+
+    def admit_prefilled(self, req: Req) -> None:
+        """A request already on its row whose prompt's KV is in its slots (disaggregation's decode side)
+        and whose outputs so far are `req.output_ids`: its next step feeds the last of them."""
+        req.fill_len = len(req.seq_ids)
+        req.planned_outputs = len(req.output_ids)
+        self.running[req] = None
+        self.filling[req] = None
+        self.prefilled.append(req)
 
     def _fit(self, req: Req, n: int) -> int:
         """How many of `n` new positions the pool can hold for `req` now (after evicting cache)."""
@@ -200,6 +222,11 @@ class BatchPlanner:
         sample: list[bool] = []
         replay: list[int] = []
         budget = self.token_budget
+        for r in self.prefilled:  # their prompt is in KV: the row starts with it as a cached prefix
+            if r.row and not r.finished:
+                ids = list(r.output_ids)
+                added.append(SeqStart(r.row, r.params, r.prompt_ids, list(r.slots), sorted(r.stop_ids), ids))
+        self.prefilled = []
 
         # 1. decodes: one token each, fed back from the device; pages for them in one allocation
         limit = self.max_model_len
@@ -229,7 +256,7 @@ class BatchPlanner:
             admitted = self._admit_waiting(budget - sum(r.fill_len - r.kv_len for r in filling))
             for r in admitted:  # a re-admitted request brings its outputs: its sampling state resumes
                 slots, stops, outs = list(r.slots), sorted(r.stop_ids), list(r.output_ids)
-                added.append(SeqStart(r.row, r.params, r.prompt_ids, slots, stops, outs))
+                added.append(SeqStart(r.row, r.params, r.prompt_ids, slots, stops, outs, r.transfer))
             for r in filling + admitted:
                 rp = r.replay  # the first chunk after a hit starts with the replay, within the budget
                 room = max(budget - rp, 1) if budget > 0 else 0  # (at least one new token: may overrun)
@@ -255,7 +282,7 @@ class BatchPlanner:
                 budget -= n + rp
                 has_prefill = True
 
-        if not reqs and not self.released_rows:
+        if not reqs and not self.released_rows and not added:
             return None
         for r in reqs:
             r.inflight += 1

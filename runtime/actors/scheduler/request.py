@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from runtime.mailbox.messages import SamplingParams, TokenLogprobs
+from runtime.mailbox.messages import Disagg, SamplingParams, TokenLogprobs
 from runtime.speculative.policy import SpecState
 
 
@@ -35,6 +35,7 @@ class Req:
     retractions: int = 0
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     reported_cached: int = 0  # cached tokens as reported to the client (first admission)
+    transfer: Disagg | None = None  # prefill/decode disaggregation (runtime/disaggregation/scheduler.py)
 
     @property
     def seq_ids(self) -> list[int]:

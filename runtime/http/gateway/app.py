@@ -50,16 +50,20 @@ def build_gateway_app(cfg: GatewayConfig) -> web.Application:
     async def lifetime(app: web.Application) -> AsyncIterator[None]:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.health_check_timeout_secs)
         async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
-            router.session = router.pool.session = session
-            checks = asyncio.create_task(router.pool.run_checks(), name="health-checks")
+            router.session = session
+            checks = []
+            for pool in router.pools():
+                pool.session = session
+                checks.append(asyncio.create_task(pool.run_checks(), name="health-checks"))
             yield
-            checks.cancel()
-            await asyncio.gather(checks, return_exceptions=True)
+            for c in checks:
+                c.cancel()
+            await asyncio.gather(*checks, return_exceptions=True)
 
     app.cleanup_ctx.append(lifetime)
 
     async def health(request: web.Request) -> web.Response:
-        n = len(router.pool.healthy())
+        n = router.healthy_count()
         if n:
             return web.json_response({"status": "ok", "healthy_workers": n})
         body = {
@@ -77,7 +81,11 @@ def build_gateway_app(cfg: GatewayConfig) -> web.Application:
         return web.Response(body=router.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     async def list_workers(request: web.Request) -> web.Response:
-        return web.json_response({"policy": router.policy.name, "workers": [w.record() for w in router.pool]})
+        workers = [w.record() for w in router.pool]
+        if router.decode_pool is not None:  # --pd-disaggregation: each record says its role
+            workers = [{**w, "role": "prefill"} for w in workers]
+            workers += [{**w.record(), "role": "decode"} for w in router.decode_pool]
+        return web.json_response({"policy": router.policy.name, "workers": workers})
 
     async def add_worker(request: web.Request) -> web.Response:
         url = _worker_url(await request.read())

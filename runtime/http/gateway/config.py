@@ -25,6 +25,11 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True):
     health_success_threshold: int = 2
     retry_max_retries: int = 5
     request_timeout_secs: float = 1800.0
+    # prefill/decode disaggregation (runtime/http/gateway/pd.py): requests go to a prefill server (by
+    # the policy) and a decode server (the least loaded) together
+    pd_disaggregation: bool = False
+    prefill_urls: tuple[str, ...] = ()
+    decode_urls: tuple[str, ...] = ()
 
 
 def add_gateway_flags(p: argparse.ArgumentParser) -> None:
@@ -68,6 +73,20 @@ def add_gateway_flags(p: argparse.ArgumentParser) -> None:
         help="characters of request text remembered per worker; past it the least recently used are "
         "evicted (at once, on insert)",
     )
+    g = p.add_argument_group("prefill/decode disaggregation (docs/disaggregation.md)")
+    g.add_argument(
+        "--pd-disaggregation",
+        action="store_true",
+        help="pair prefill servers (--prefill) with decode servers (--decode) instead of --worker-urls",
+    )
+    g.add_argument(
+        "--prefill", dest="prefill_urls", nargs="+", action="extend", default=[], metavar="URL",
+        help="`conduit serve --disaggregation-mode prefill` servers",
+    )  # fmt: skip
+    g.add_argument(
+        "--decode", dest="decode_urls", nargs="+", action="extend", default=[], metavar="URL",
+        help="`conduit serve --disaggregation-mode decode` servers",
+    )  # fmt: skip
     g = p.add_argument_group("health and retries")
     g.add_argument(
         "--health-check-interval-secs",
@@ -107,5 +126,12 @@ def add_gateway_flags(p: argparse.ArgumentParser) -> None:
 def gateway_config_from_args(args: argparse.Namespace) -> GatewayConfig:
     fields = set(GatewayConfig.__struct_fields__)
     values = {k: v for k, v in vars(args).items() if k in fields}
-    values["worker_urls"] = tuple(values.get("worker_urls") or ())
+    for key in ("worker_urls", "prefill_urls", "decode_urls"):
+        values[key] = tuple(values.get(key) or ())
+    if values.get("pd_disaggregation") and values["worker_urls"]:
+        raise SystemExit(
+            "conduit gateway: with --pd-disaggregation give --prefill and --decode, not --worker-urls"
+        )
+    if (values["prefill_urls"] or values["decode_urls"]) and not values.get("pd_disaggregation"):
+        raise SystemExit("conduit gateway: --prefill and --decode need --pd-disaggregation")
     return GatewayConfig(**values)

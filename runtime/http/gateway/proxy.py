@@ -50,6 +50,11 @@ def _copy(headers, names) -> dict[str, str]:
 class HttpProxy:
     def __init__(self, router: Router) -> None:
         self.router = router
+        self.pd = None
+        if router.decode_pool is not None:
+            from runtime.http.gateway.pd import PDProxy
+
+            self.pd = PDProxy(router)
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self.chat_completions)
@@ -69,6 +74,8 @@ class HttpProxy:
     async def forward(self, request: web.Request, endpoint: str) -> web.StreamResponse:
         router = self.router
         body = await request.read() if request.method == "POST" else None
+        if self.pd is not None and body is not None:
+            return await self.pd.forward(request, endpoint, body)
         text = request_text(endpoint, body) if body and router.policy.needs_text else ""
         tried: list[Worker] = []
         last_error: str | None = None

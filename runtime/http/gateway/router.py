@@ -37,8 +37,19 @@ class Router:
             on_add=self.policy.on_add,
             on_remove=self.policy.on_remove,
         )
-        for url in cfg.worker_urls:
+        for url in cfg.prefill_urls if cfg.pd_disaggregation else cfg.worker_urls:
             self.pool.add(url)
+        # --pd-disaggregation: `pool` holds the prefill servers, `decode_pool` the decode servers
+        self.decode_pool: WorkerPool | None = None
+        if cfg.pd_disaggregation:
+            self.decode_pool = WorkerPool(
+                interval=cfg.health_check_interval_secs,
+                timeout=cfg.health_check_timeout_secs,
+                failure_threshold=cfg.health_failure_threshold,
+                success_threshold=cfg.health_success_threshold,
+            )
+            for url in cfg.decode_urls:
+                self.decode_pool.add(url)
         self.metrics = GatewayMetrics(lambda: self.pool)
         self.session: aiohttp.ClientSession | None = None  # set while the app runs
         # per proxied HTTP request; the session's own timeout bounds only connecting, so that
@@ -66,7 +77,27 @@ class Router:
         self.metrics.decisions.labels(self.policy.name, decision.kind).inc()
         return decision.worker
 
+    def pick_decode(self) -> Worker:
+        """The least loaded healthy decode server (--pd-disaggregation)."""
+        assert self.decode_pool is not None
+        candidates = self.decode_pool.healthy()
+        if not candidates:
+            raise Overloaded(
+                "No healthy decode server behind the gateway.", status=503, code="no_healthy_worker"
+            )
+        return min(candidates, key=lambda w: w.load)
+
+    def pools(self) -> list[WorkerPool]:
+        return [self.pool] if self.decode_pool is None else [self.pool, self.decode_pool]
+
+    def healthy_count(self) -> int:
+        """Healthy workers; with --pd-disaggregation 0 unless both a prefill and a decode one are."""
+        n = [len(p.healthy()) for p in self.pools()]
+        return sum(n) if all(n) else 0
+
     def failed(self, worker: Worker, kind: str, reason: str) -> None:
         """`worker` refused or dropped a connection: no traffic until its health checks pass."""
         self.metrics.errors.labels(worker.url, kind).inc()
-        self.pool.mark_failed(worker, reason)
+        for pool in self.pools():
+            if pool.workers.get(worker.url) is worker:
+                pool.mark_failed(worker, reason)
