@@ -84,7 +84,7 @@ class EngramPlacement(ABC):
 
         return done
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (optional hook)
         """Release processes and memory (nothing by default)."""
 
 
