@@ -54,3 +54,24 @@ def load_compression_table(model_path: str | Path, vocab_size: int | None = None
         extra = np.arange(vocab_size - len(lookup), dtype=np.int64) + int(lookup.max()) + 1
         lookup = np.concatenate([lookup, extra])
     return lookup
+
+
+def cached_compression_table(tokenizer_path: str | Path, vocab_size: int | None = None) -> np.ndarray:
+    """`load_compression_table`, kept in ~/.cache/conduit/engram/ under the tokenizer files' hash (the
+    table takes seconds to build and every Engram process needs it)."""
+    import hashlib
+
+    h = hashlib.sha256(str(vocab_size).encode())
+    for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json"):
+        f = Path(tokenizer_path) / name
+        if f.is_file():
+            h.update(f.read_bytes())
+    cache = Path.home() / ".cache" / "conduit" / "engram" / f"compression-{h.hexdigest()[:24]}.npy"
+    if cache.is_file():
+        return np.load(cache)
+    lookup = load_compression_table(tokenizer_path, vocab_size)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_suffix(f".{id(lookup)}.tmp.npy")
+    np.save(tmp, lookup)
+    tmp.replace(cache)
+    return lookup

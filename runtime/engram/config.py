@@ -72,6 +72,16 @@ class EngramConfig:
         )
 
 
+@dataclass(frozen=True)
+class EngramOptions:
+    """How a worker serves Engram (from `conduit serve`'s --engram-* flags)."""
+
+    placement: str = "host"  # device | host | split
+    shards: int = 2  # host: EngramShardActor processes
+    prefetch: bool = True
+    lookup_delay_s: float = 0.0  # injected per-lookup latency (benchmarks of the prefetch)
+
+
 def engram_config_of(config: Any) -> EngramConfig | None:
     """The Engram config of a transformers config object or a config.json dict, or None."""
     get = config.get if isinstance(config, dict) else lambda k, d=None: getattr(config, k, d)

@@ -101,3 +101,13 @@ class EngramLayer(nn.Module):
         if c is None or c.shape[0] != n or c.dtype != like.dtype or c.device != like.device:
             self.conv_cache = c = torch.zeros(n, like.shape[1], dtype=like.dtype, device=like.device)
         return c
+
+
+def engram_layer(config, layer_id: int, hidden: int, hc_mult: int = 1) -> EngramLayer | None:  # noqa: ANN001
+    """The Engram add-on of decoder layer `layer_id` of a model config, or None (no Engram there)."""
+    from runtime.engram.config import engram_config_of
+
+    cfg = engram_config_of(config)
+    if cfg is None or layer_id not in cfg.layer_ids:
+        return None
+    return EngramLayer(cfg, layer_id, hidden, hc_mult)

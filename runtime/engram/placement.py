@@ -66,23 +66,12 @@ class EngramPlacement(ABC):
         """Start fetching rows [T, columns] of global addresses; the callable waits and returns them as
         [T, columns, head_dim] on the device in the model's dtype."""
 
-    def start(self, addresses: np.ndarray, prefetch: bool = True) -> EngramRows:
-        """The step's rows: fetched from now on (prefetch) or only when the first layer asks."""
+    def start(self, addresses: np.ndarray) -> EngramRows:
+        """The rows of `addresses`, fetched now and waited for when a layer asks (tests and tools; the
+        worker goes through `EngramRuntime`, which fetches on its lookup thread)."""
         self.stats.lookups += 1
         self.stats.rows += addresses.size
-        if prefetch:
-            return EngramRows(self.hasher, self._timed(self.fetch(addresses)), self.stats)
-        return EngramRows(self.hasher, lambda: self._timed(self.fetch(addresses))(), self.stats)
-
-    def _timed(self, wait: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
-        t0 = time.perf_counter()
-
-        def done() -> torch.Tensor:
-            out = wait()
-            self.stats.fetch_s += time.perf_counter() - t0
-            return out
-
-        return done
+        return EngramRows(self.hasher, self.fetch(addresses), self.stats)
 
     def close(self) -> None:  # noqa: B027 (optional hook)
         """Release processes and memory (nothing by default)."""

@@ -53,6 +53,7 @@ class ForwardBatch:
     # per row, leading tokens that only rebuild the row's state before a cached prefix (StepPlan.replay);
     # empty: none
     replay_lens: list[int] = field(default_factory=list)
+    engram: Any = field(default=None)  # the step's Engram rows (runtime/engram/placement.EngramRows)
 
     @property
     def num_tokens(self) -> int:

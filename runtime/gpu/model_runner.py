@@ -23,6 +23,7 @@ import structlog
 import torch
 
 from runtime.config import RunnerConfig
+from runtime.engram.runtime import make_engram_runtime
 from runtime.gpu import compile_watch, loader, presets
 from runtime.gpu.attention import default_backend
 from runtime.gpu.cuda_graph import GraphRunner
@@ -70,6 +71,7 @@ class ModelRunner:
         self.vocab_size: int = self.config.vocab_size
         self.eos_token_ids: list[int] = _eos_ids(path, self.config)
         self.model = build_model(cfg, self.config, path, self.device, self.dtype)
+        self.engram = make_engram_runtime(cfg, path, self.device, self.dtype)  # None without Engram
 
         self.kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, self.dtype)
         if self.kv_dtype != self.dtype and not self.model.abilities.fp8_kv_cache:
@@ -102,7 +104,10 @@ class ModelRunner:
         self.grammar = GrammarTable(self._grammar_compiler, self.vocab_size, self.device)
         self._t_ref: torch.cuda.Event | None = None
         self.graphs: GraphRunner | None = None
-        if cfg.cuda_graph and self.device.type == "cuda" and self.attn.supports_cuda_graph:
+        if self.engram is not None and cfg.speculative_algorithm:
+            raise ValueError("speculative decoding is not supported with Engram (drafts live on the device)")
+        graphs_ok = self.attn.supports_cuda_graph and self.engram is None  # Engram steps run eager
+        if cfg.cuda_graph and self.device.type == "cuda" and graphs_ok:
             self.graphs = self.make_graphs(min(cfg.cuda_graph_max_bs or cfg.max_reqs, cfg.max_reqs))
         if self.device.type == "cuda" and self.attn.wants_warm_up:
             warm_up(cfg, self.kv_pool.num_slots, self.forward_logits)
@@ -174,6 +179,7 @@ class ModelRunner:
             kv_bytes_per_token=self.kv_pool.bytes_per_token,
             vocab_size=self.vocab_size,
             max_draft=self.spec.max_draft if self.spec is not None else 0,
+            engram=self.engram is not None,
         )
 
     # ------------------------------------------------------------------ step
@@ -337,6 +343,8 @@ class ModelRunner:
         dev = columns_to_device(cols, self.device)
         host = (list(plan.rows), list(plan.prefix_lens), list(plan.extend_lens), list(plan.replay))
         batch = make_batch(self.tables, self.kv_pool, *dev[:5], dev[7], host)
+        if self.engram is not None:
+            batch.engram = self.engram.start(plan)
         self.attn.prepare(batch)
         rows_list = [r for r, s in zip(plan.rows, plan.sample, strict=True) if s]
         sampled = Sampled(dev[5], rows_list, dev[6])

@@ -185,6 +185,9 @@ class StepPlan(Struct, frozen=True, tag=True, array_like=True):
     replay: list[int] = []
     # Per row (empty: all 0): draft tokens the row verifies (speculative decoding, see above).
     draft_lens: list[int] = []
+    # Engram models: every token's table rows, int64 little-endian [tokens, columns], computed by the
+    # scheduler from token ids (runtime/engram/addresses.py); empty otherwise
+    engram_addr: bytes = b""
 
 
 class StepOutput(Struct, frozen=True, tag=True, array_like=True):
@@ -220,6 +223,7 @@ class WorkerCapabilities(Struct, frozen=True, tag=True, array_like=True, kw_only
     kv_bytes_per_token: int
     vocab_size: int
     max_draft: int = 0  # speculative decoding: drafts a row may verify per step (0: no drafter)
+    engram: bool = False  # the model has Engram layers: plans carry their addresses (StepPlan.engram_addr)
 
 
 class WorkerFailed(Struct, frozen=True, tag=True, array_like=True):

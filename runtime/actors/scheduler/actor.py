@@ -31,6 +31,8 @@ from runtime.actors.scheduler.output_processor import OutputProcessor
 from runtime.actors.scheduler.prefix_cache import PrefixCache
 from runtime.actors.scheduler.request import Req
 from runtime.config import SchedulerConfig, ServerConfig
+from runtime.engram.addresses import hasher_for_server, plan_addresses
+from runtime.engram.hashing import NgramHasher
 from runtime.mailbox.messages import (
     AbortRequest,
     CacheFlushed,
@@ -65,6 +67,7 @@ class SchedulerActor(Actor):
         self.configured = asyncio.Event()
         self.outputs = OutputProcessor()
         self.depth = 1 if server.disable_overlap else 2
+        self.engram: NgramHasher | None = None
         self.inflight: deque[PlannedStep] = deque()
         self.reqs: dict[str, Req] = {}
         self.step = 0
@@ -112,6 +115,9 @@ class SchedulerActor(Actor):
             draft_policy=DraftPolicy(cfg.max_draft) if cfg.max_draft else None,
         )
         self.spec_stats = SpecStats(cfg.max_draft)
+        if caps.engram:  # plans carry Engram addresses, so each needs its rows' last tokens (no overlap)
+            self.engram = hasher_for_server(self.server)
+            self.depth = 1
         self.configured.set()
 
     async def handle(self, msg: Message) -> None:
@@ -332,6 +338,8 @@ class SchedulerActor(Actor):
             self.plan_s += time.perf_counter() - t0
             if planned is None:
                 break
+            if self.engram is not None:
+                planned.plan = plan_addresses(self.engram, planned)
             self._count_admissions(planned)
             self.step += 1
             planned.t_planned = time.perf_counter()

@@ -1,0 +1,92 @@
+"""The worker's half of Engram: the placement that holds the tables, and each step's lookup.
+
+`start(plan)` reads the step's addresses from the plan (computed by the scheduler, `addresses.py`) and
+starts the fetch at once on the lookup thread (prefetch), so it runs while the host builds the batch and
+the device runs the layers below the first Engram layer; that layer waits for the rows
+(`EngramRows.rows`). With prefetch off the fetch runs when the first Engram layer asks."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from runtime.engram.config import EngramOptions
+from runtime.engram.hashing import NgramHasher
+from runtime.engram.placement import EngramPlacement, EngramRows, make_placement
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from runtime.config import RunnerConfig
+    from runtime.mailbox.messages import StepPlan
+
+
+class EngramRuntime:
+    def __init__(self, hasher: NgramHasher, placement: EngramPlacement, opts: EngramOptions) -> None:
+        self.hasher, self.placement, self.opts = hasher, placement, opts
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engram-lookup")
+
+    @classmethod
+    def create(
+        cls, hasher: NgramHasher | None, opts: EngramOptions, device: torch.device, dtype: torch.dtype
+    ) -> EngramRuntime | None:
+        if hasher is None:
+            return None
+        kwargs = {"shards": opts.shards} if opts.placement == "host" else {}
+        return cls(hasher, make_placement(opts.placement, hasher.cfg, hasher, device, dtype, **kwargs), opts)
+
+    @property
+    def stats(self):  # noqa: ANN201
+        return self.placement.stats
+
+    def addresses(self, plan: StepPlan) -> np.ndarray:
+        t = sum(plan.extend_lens)
+        if plan.engram_addr:
+            return np.frombuffer(plan.engram_addr, dtype="<i8").reshape(t, self.hasher.columns)
+        # plans made outside a scheduler (warm-up, tools): whole prompts from position 0 only
+        if any(plan.use_last) or any(plan.prefix_lens):
+            raise ValueError("an Engram model's step plan needs the scheduler's addresses (engram_addr)")
+        ids, parts, off = plan.input_ids, [], 0
+        for n in plan.extend_lens:
+            parts.append(self.hasher.addresses(ids[off : off + n], 0, n))
+            off += n
+        return np.concatenate(parts) if parts else np.zeros((0, self.hasher.columns), dtype=np.int64)
+
+    def start(self, plan: StepPlan) -> EngramRows:
+        addr = self.addresses(plan)
+        placement, delay = self.placement, self.opts.lookup_delay_s
+        placement.stats.lookups += 1
+        placement.stats.rows += addr.size
+
+        def fetch() -> torch.Tensor:
+            t0 = time.perf_counter()
+            if delay:
+                time.sleep(delay)
+            out = placement.fetch(addr)()
+            placement.stats.fetch_s += time.perf_counter() - t0
+            return out
+
+        if self.opts.prefetch:
+            fut = self._pool.submit(fetch)
+            return EngramRows(self.hasher, fut.result, placement.stats)
+        return EngramRows(self.hasher, fetch, placement.stats)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+        self.placement.close()
+
+
+def make_engram_runtime(
+    cfg: RunnerConfig, model_path: Path, device: torch.device, dtype: torch.dtype
+) -> EngramRuntime | None:
+    """The runner's Engram runtime when the model's config has an Engram block, else None."""
+    from runtime.engram.addresses import hasher_for_model
+    from runtime.model_info import tokenizer_dir
+
+    tok = tokenizer_dir(cfg.tokenizer, str(model_path), cfg.load_format)
+    hasher = hasher_for_model(str(model_path), tok, cfg.hf_overrides)
+    return EngramRuntime.create(hasher, cfg.engram or EngramOptions(), device, dtype)
