@@ -132,13 +132,11 @@ class SplitPlacement(EngramPlacement):
 def make_placement(
     name: str, cfg: EngramConfig, hasher: NgramHasher, device: torch.device, dtype: torch.dtype, **kwargs
 ) -> EngramPlacement:
-    from runtime.engram.host import HostPlacement
+    registry: dict[str, type[EngramPlacement]] = {"device": DevicePlacement, "split": SplitPlacement}
+    if name == "host":  # its own module: the shard processes and their client
+        from runtime.engram.host import HostPlacement
 
-    registry: dict[str, type[EngramPlacement]] = {
-        "device": DevicePlacement,
-        "host": HostPlacement,
-        "split": SplitPlacement,
-    }
+        registry["host"] = HostPlacement
     if name not in registry:
         raise ValueError(f"unknown Engram placement {name!r} ({' | '.join(registry)})")
     return registry[name](cfg, hasher, device, dtype, **kwargs)
