@@ -40,7 +40,9 @@ def hasher_for_server(server: ServerConfig) -> NgramHasher | None:
     from runtime.model_info import resolve_model_path, tokenizer_dir
 
     path = resolve_model_path(server)
-    return hasher_for_model(path, tokenizer_dir(server.tokenizer, path, server.load_format), server.hf_overrides)
+    return hasher_for_model(
+        path, tokenizer_dir(server.tokenizer, path, server.load_format), server.hf_overrides
+    )
 
 
 def plan_addresses(hasher: NgramHasher, planned: PlannedStep) -> StepPlan:

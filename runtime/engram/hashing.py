@@ -92,6 +92,10 @@ class NgramHasher:
         start = int(self.offsets[i, 0])
         return start, start + int(self._primes[i].sum())
 
+    @property
+    def layer_ranges(self) -> dict[int, tuple[int, int]]:
+        return {layer: self.layer_rows(layer) for layer in self.cfg.layer_ids}
+
     def addresses(self, seq_ids: Sequence[int] | np.ndarray, start: int, n: int) -> np.ndarray:
         """Global rows [n, columns] of tokens start .. start + n - 1 of a sequence (only those and the
         N - 1 before them are read)."""

@@ -84,7 +84,7 @@ class DevicePlacement(EngramPlacement):
         self, cfg: EngramConfig, hasher: NgramHasher, device: torch.device, dtype: torch.dtype
     ) -> None:
         super().__init__(cfg, hasher, device, dtype)
-        self.table = load_rows(cfg, hasher, 0, hasher.total_rows, dtype).to(device)
+        self.table = load_rows(cfg, hasher.layer_ranges, 0, hasher.total_rows, dtype).to(device)
 
     def fetch(self, addresses: np.ndarray) -> Callable[[], torch.Tensor]:
         idx = torch.from_numpy(addresses).to(self.device, non_blocking=True)
@@ -111,7 +111,7 @@ class SplitPlacement(EngramPlacement):
         self.group = group
         rank, size = dist.get_rank(group), dist.get_world_size(group)
         self.lo, self.hi = shard_ranges(hasher.total_rows, size)[rank]
-        self.table = load_rows(cfg, hasher, self.lo, self.hi, dtype).to(device)
+        self.table = load_rows(cfg, hasher.layer_ranges, self.lo, self.hi, dtype).to(device)
 
     def fetch(self, addresses: np.ndarray) -> Callable[[], torch.Tensor]:
         import torch.distributed as dist

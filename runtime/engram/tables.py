@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 
 from runtime.engram.config import EngramConfig
-from runtime.engram.hashing import NgramHasher
 
 BLOCK = 1 << 16
 
@@ -28,9 +27,10 @@ def generate_rows(seed: int, start: int, stop: int, dim: int, dtype: torch.dtype
 
 
 def load_rows(
-    cfg: EngramConfig, hasher: NgramHasher, start: int, stop: int, dtype: torch.dtype
+    cfg: EngramConfig, layer_rows: dict[int, tuple[int, int]], start: int, stop: int, dtype: torch.dtype
 ) -> torch.Tensor:
-    """Rows [start, stop) of the global row space, from `cfg.tables_path` or the seed."""
+    """Rows [start, stop) of the global row space, from `cfg.tables_path` or the seed; `layer_rows`:
+    each layer's global row range (`NgramHasher.layer_ranges`)."""
     if cfg.tables_path is None:
         return generate_rows(cfg.seed, start, stop, cfg.head_dim, dtype)
     from safetensors import safe_open
@@ -38,7 +38,7 @@ def load_rows(
     parts = []
     with safe_open(cfg.tables_path, framework="pt") as f:
         for layer in cfg.layer_ids:
-            lo, hi = hasher.layer_rows(layer)
+            lo, hi = layer_rows[layer]
             a, z = max(lo, start), min(hi, stop)
             if a < z:
                 parts.append(f.get_slice(f"engram.{layer}.table")[a - lo : z - lo].to(dtype))

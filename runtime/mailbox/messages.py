@@ -338,6 +338,29 @@ class CacheFlushed(Struct, frozen=True, tag=True, array_like=True):
     ok: bool
 
 
+# ---------------------------------------------------------------- Engram client <-> shard servers
+
+
+class EngramLookup(Struct, frozen=True, tag=True, array_like=True):
+    """Worker's Engram client -> an EngramShardActor: gather the rows you own of `n` addresses. Both
+    sides map shared memory `segment`: n * columns int64 addresses first, then the output rows
+    [n, columns, head_dim], where each shard writes the entries it owns (no rows cross the socket)."""
+
+    id: int
+    n: int
+    columns: int
+    segment: str
+    reply_to: str
+
+
+class EngramLookupDone(Struct, frozen=True, tag=True, array_like=True):
+    """EngramShardActor -> the client: lookup `id`'s rows of this shard are in the segment."""
+
+    id: int
+    shard: int
+    rows: int  # entries this shard owned
+
+
 class NodeReady(Struct, frozen=True, tag=True, array_like=True):
     """A child process's actors are started (model loaded); sent to the parent's system endpoint."""
 
@@ -369,6 +392,8 @@ Message = (
     | EngineStats
     | FlushCache
     | CacheFlushed
+    | EngramLookup
+    | EngramLookupDone
     | NodeReady
     | NodeFailed
     | Shutdown

@@ -54,7 +54,9 @@ def _with_reference_engram(model, cfg: EngramConfig, lookup: np.ndarray):
 
 
 def _greedy(model, tok, state, prompt: str) -> str:
-    text = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+    )
     ids = tok(text, add_special_tokens=False).input_ids
     out = []
     for _ in range(MAX_TOKENS):  # full forwards: the reference convolution sees the whole sequence
@@ -72,7 +74,9 @@ def oracle(smollm2_path):
     tok = AutoTokenizer.from_pretrained(smollm2_path)
     model = AutoModelForCausalLM.from_pretrained(smollm2_path, torch_dtype=torch.float32).eval()
     cfg = EngramConfig.from_dict(BLOCK)
-    state = _with_reference_engram(model, cfg, cached_compression_table(smollm2_path, model.config.vocab_size))
+    state = _with_reference_engram(
+        model, cfg, cached_compression_table(smollm2_path, model.config.vocab_size)
+    )
     return [_greedy(model, tok, state, p) for p in PROMPTS]
 
 
