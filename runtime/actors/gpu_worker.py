@@ -17,12 +17,21 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
+import msgspec
 import structlog
 
 from runtime.actors import addresses
 from runtime.actors.base import Actor
 from runtime.config import RunnerConfig
-from runtime.mailbox.messages import Message, StepOutput, StepPlan, WorkerCapabilities, WorkerFailed
+from runtime.errors import StepFailed
+from runtime.mailbox.messages import (
+    Message,
+    StepAborted,
+    StepOutput,
+    StepPlan,
+    WorkerCapabilities,
+    WorkerFailed,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -85,6 +94,10 @@ class GpuWorkerActor(Actor):
         loop = asyncio.get_running_loop()
         try:
             pending = await loop.run_in_executor(self._launch, self.runner.launch, msg)
+        except StepFailed as exc:  # the device is fine: only this step's requests fail
+            log.error("step_aborted", step=msg.step, error=str(exc))
+            await self.send(self.scheduler, StepAborted(msg.step, str(exc)))
+            return
         except Exception as exc:
             await self._fail(msg.step, exc)
             return
@@ -99,6 +112,9 @@ class GpuWorkerActor(Actor):
                 await self._fail(step, exc)
                 continue
             if not self.failed:
+                engram = getattr(self.runner, "engram", None)
+                if engram is not None:
+                    out = msgspec.structs.replace(out, engram=engram.counters())
                 await self.send(self.scheduler, out)
 
     async def _fail(self, step: int, exc: Exception) -> None:

@@ -15,6 +15,7 @@ restarts the process, which rebuilds its rows."""
 from __future__ import annotations
 
 import asyncio
+import atexit
 import itertools
 import os
 import shutil
@@ -93,6 +94,7 @@ class HostPlacement(EngramPlacement):
         self.restarts = 0
         placement = {CLIENT: self.node} | {shard_address(i): shard_node(self.node, i) for i in range(shards)}
         self.system = ActorSystem(self.node, placement, self.dir)
+        atexit.register(self.close)  # shard processes and shared-memory files go with this process
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="engram-client", daemon=True)
         self._thread.start()

@@ -17,6 +17,7 @@ import torch
 from runtime.engram.config import EngramOptions
 from runtime.engram.hashing import NgramHasher
 from runtime.engram.placement import EngramPlacement, EngramRows, make_placement
+from runtime.mailbox.messages import EngramCounters
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -37,11 +38,18 @@ class EngramRuntime:
         if hasher is None:
             return None
         kwargs = {"shards": opts.shards} if opts.placement == "host" else {}
+        if opts.placement == "split":
+            kwargs = {"group": _split_group()}
         return cls(hasher, make_placement(opts.placement, hasher.cfg, hasher, device, dtype, **kwargs), opts)
 
     @property
     def stats(self):  # noqa: ANN201
         return self.placement.stats
+
+    def counters(self) -> EngramCounters:
+        s = self.placement.stats
+        restarts = getattr(self.placement, "restarts", 0)
+        return EngramCounters(s.lookups, s.rows, s.fetch_s, s.wait_s, restarts)
 
     def addresses(self, plan: StepPlan) -> np.ndarray:
         t = sum(plan.extend_lens)
@@ -90,3 +98,14 @@ def make_engram_runtime(
     tok = tokenizer_dir(cfg.tokenizer, str(model_path), cfg.load_format)
     hasher = hasher_for_model(str(model_path), tok, cfg.hf_overrides)
     return EngramRuntime.create(hasher, cfg.engram or EngramOptions(), device, dtype)
+
+
+def _split_group():  # noqa: ANN202
+    """The process group `split` shards over: the server's group when ranks run (every rank runs every
+    step, as under tensor parallelism), else a one-rank gloo group of this process (the whole table
+    here; real multi-rank splitting is tested at the module level until multi-rank serving lands)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    return dist.group.WORLD

@@ -190,6 +190,16 @@ class StepPlan(Struct, frozen=True, tag=True, array_like=True):
     engram_addr: bytes = b""
 
 
+class EngramCounters(Struct, frozen=True, array_like=True):
+    """Engram lookups since start (cumulative, from the worker's placement)."""
+
+    lookups: int = 0  # one per step of an Engram model
+    rows: int = 0  # table rows fetched (tokens * tables)
+    fetch_s: float = 0.0  # time from a fetch's start to its rows being ready
+    wait_s: float = 0.0  # time the forward waited for rows (the part the prefetch did not hide)
+    shard_restarts: int = 0  # host placement: shard processes restarted after a crash
+
+
 class StepOutput(Struct, frozen=True, tag=True, array_like=True):
     step: int
     rows: list[int]  # the rows that sampled, in plan order
@@ -206,6 +216,7 @@ class StepOutput(Struct, frozen=True, tag=True, array_like=True):
     # per row, the drafter's proposals for the row's next step: how many, and its confidence in each
     draft_counts: list[int] = []
     draft_conf: list[list[float]] = []
+    engram: EngramCounters | None = None  # Engram models: the worker's lookup counters
 
 
 class WorkerCapabilities(Struct, frozen=True, tag=True, array_like=True, kw_only=True):
@@ -228,6 +239,14 @@ class WorkerCapabilities(Struct, frozen=True, tag=True, array_like=True, kw_only
 
 class WorkerFailed(Struct, frozen=True, tag=True, array_like=True):
     """The worker could not run a step; the scheduler fails the step's requests and marks unhealthy."""
+
+    step: int
+    error: str
+
+
+class StepAborted(Struct, frozen=True, tag=True, array_like=True):
+    """The worker could not run a step for a reason outside the device (an Engram shard crashed,
+    runtime.errors.StepFailed): the scheduler fails that step's requests and keeps serving."""
 
     step: int
     error: str
@@ -323,6 +342,7 @@ class EngineStats(Struct, frozen=True, tag=True, array_like=True, kw_only=True):
     gpu_idle_s: float = 0.0  # cumulative device idle time between consecutive steps (CUDA)
     swa_replay_tokens: int = 0  # cumulative tokens replayed to rebuild per-request state on prefix hits
     spec: SpecCounters | None = None  # speculative decoding, when it is on
+    engram: EngramCounters | None = None  # Engram models
 
 
 class FlushCache(Struct, frozen=True, tag=True, array_like=True):
@@ -386,6 +406,7 @@ Message = (
     | StepOutput
     | WorkerCapabilities
     | WorkerFailed
+    | StepAborted
     | TokenBatch
     | TextDeltas
     | RequestFailed

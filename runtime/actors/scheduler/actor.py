@@ -37,9 +37,11 @@ from runtime.mailbox.messages import (
     AbortRequest,
     CacheFlushed,
     EngineStats,
+    EngramCounters,
     FlushCache,
     Message,
     RequestFailed,
+    StepAborted,
     StepOutput,
     StepPlan,
     TokenizedRequest,
@@ -68,6 +70,7 @@ class SchedulerActor(Actor):
         self.outputs = OutputProcessor()
         self.depth = 1 if server.disable_overlap else 2
         self.engram: NgramHasher | None = None
+        self.engram_counters: EngramCounters | None = None
         self.inflight: deque[PlannedStep] = deque()
         self.reqs: dict[str, Req] = {}
         self.step = 0
@@ -140,6 +143,8 @@ class SchedulerActor(Actor):
             await self._on_abort(msg)
         elif isinstance(msg, WorkerFailed):
             await self._on_worker_failed(msg)
+        elif isinstance(msg, StepAborted):
+            await self._on_step_aborted(msg)
         elif isinstance(msg, FlushCache):
             ok = not self.planner.running and not self.planner.waiting and self.cache.flush()
             log.info("flush_cache", ok=ok)
@@ -229,6 +234,7 @@ class SchedulerActor(Actor):
 
     async def _on_output(self, out: StepOutput) -> None:
         self._account_device(out)
+        self.engram_counters = out.engram or self.engram_counters
         done = self.inflight.popleft()
         self._trace(done.plan, out)
         assert done.plan.step == out.step, f"step {out.step} came back, expected {done.plan.step}"
@@ -284,6 +290,21 @@ class SchedulerActor(Actor):
                 kept.pop()
         self.outputs.add(req, kept, reason, lps)
         return reason is not None
+
+    async def _on_step_aborted(self, msg: StepAborted) -> None:
+        """The worker could not run the step (an Engram shard crashed): its requests fail with a 503 and
+        their KV from this step is dropped, not cached; the engine keeps serving."""
+        done = self.inflight.popleft()
+        assert done.plan.step == msg.step, f"step {msg.step} aborted, expected {done.plan.step}"
+        log.error("step_aborted", step=msg.step, error=msg.error, requests=len(done.reqs))
+        for req in done.reqs:
+            req.inflight -= 1
+            if not req.finished:
+                req.finished = "error"
+                self.planner.release(req, keep=False)
+                await self._fail(req.rid, 503, f"engine step failed: {msg.error}", "server_error")
+            if not req.inflight:
+                self.reqs.pop(req.rid, None)
 
     async def _on_worker_failed(self, msg: WorkerFailed) -> None:
         log.error("worker_failed", step=msg.step, error=msg.error)
@@ -392,6 +413,7 @@ class SchedulerActor(Actor):
             protected_tokens=self.cache.protected_tokens,
             swa_replay_tokens=self.replayed_tokens,
             spec=self.spec_stats.snapshot() if self.spec_stats.max_draft else None,
+            engram=self.engram_counters,
         )
         await self.send(addresses.CLIENT, stats)
 
