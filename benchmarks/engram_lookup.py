@@ -142,7 +142,8 @@ def main() -> None:
     sp.add_argument("--context", type=int, default=1024)
     sp.add_argument("--prefill", type=int, default=8192)
     sp.add_argument("--page-size", type=int, default=128)
-    sp.add_argument("--kv-slots", type=int, default=131072)
+    # the KV pool, and each Engram layer's convolution cache (a slot of hc_mult * hidden values each)
+    sp.add_argument("--kv-slots", type=int, default=72000)
     sp.add_argument("--steps", type=int, default=20)
     sp.add_argument("--tokenizer", default=None)
     for p in (lp, sp):

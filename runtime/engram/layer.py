@@ -77,7 +77,15 @@ class EngramLayer(nn.Module):
         conv = self.short_conv
         normed = torch.cat([conv.norms[i](v[:, i]) for i in range(self.hc_mult)], dim=-1)  # [T, C]
         cache = self._cache(batch, normed)
-        cache[batch.out_loc] = normed
+        if any(batch.replay_lens):  # replayed tokens' slots belong to a cached prefix: leave them
+            keep = torch.ones(t, dtype=torch.bool)
+            starts = torch.cumsum(torch.tensor([0, *batch.extend_lens[:-1]]), 0).tolist()
+            for s, r in zip(starts, batch.replay_lens, strict=True):
+                keep[s : s + r] = False
+            keep = keep.to(normed.device)
+            cache[batch.out_loc[keep]] = normed[keep]
+        else:
+            cache[batch.out_loc] = normed
         rows = torch.repeat_interleave(
             batch.rows, torch.tensor(batch.extend_lens, device=batch.rows.device), output_size=t
         )

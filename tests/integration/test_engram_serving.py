@@ -159,5 +159,9 @@ def test_crashed_shard_fails_its_requests_then_serves_again(host_server, device_
         except openai.APIStatusError as exc:
             assert exc.status_code == 503 and time.monotonic() < deadline, exc
             time.sleep(0.5)
-    assert answers == device_answers
+    # the same text; logprobs to float32 rounding: the prompts now hit the radix cache (their first
+    # answers cached them), so the prefill adds up in another order
+    assert [t for t, _ in answers] == [t for t, _ in device_answers]
+    for (_, got), (_, want) in zip(answers, device_answers, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-4)
     assert host_server.wait_idle()["conduit_engram_shard_restarts_total"] == 1
