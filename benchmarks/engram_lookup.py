@@ -86,7 +86,10 @@ def steps(a: argparse.Namespace) -> dict:
     from runtime.gpu.model_runner import ModelRunner
 
     base = json.loads(a.hf_overrides)
-    engram = {**DEMO, "layer_ids": [int(x) for x in a.engram_layers.split(",")]}
+    engram = {
+        **(json.loads(a.engram) if a.engram else DEMO),
+        "layer_ids": [int(x) for x in a.engram_layers.split(",")],
+    }
     variants = [("no engram", base, None)] + [
         (f"engram {p}", {**base, "engram": engram}, EngramOptions(p, shards=a.shards)) for p in a.placements.split(",")
     ]  # fmt: skip
@@ -131,7 +134,6 @@ def main() -> None:
     lp.add_argument("--shards", type=int, default=4)
     lp.add_argument("--iters", type=int, default=10)
     lp.add_argument("--vocab", type=int, default=129280)
-    lp.add_argument("--engram", default=None, help="an Engram block as JSON (default: the demo's)")
     sp = sub.add_parser("steps")
     sp.add_argument("--model", default="deepseek-v4-flash")
     sp.add_argument("--hf-overrides", default='{"num_hidden_layers": 8, "num_nextn_predict_layers": 0}')
@@ -147,6 +149,7 @@ def main() -> None:
     sp.add_argument("--steps", type=int, default=20)
     sp.add_argument("--tokenizer", default=None)
     for p in (lp, sp):
+        p.add_argument("--engram", default=None, help="an Engram block as JSON (default: the demo's)")
         p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
         p.add_argument("--dtype", default="bfloat16")
         p.add_argument("--out", default=None)
