@@ -99,7 +99,7 @@ def steps(a: argparse.Namespace) -> dict:
             a.model, device=a.device, dtype=a.dtype, load_format="dummy", num_kv_slots=a.kv_slots,
             max_reqs=max(int(b) for b in a.batch_sizes.split(",")), max_model_len=a.context + 64,
             page_size=a.page_size, cuda_graph=False, hf_overrides=overrides, engram=opts,
-            tokenizer=a.tokenizer, max_prefill_tokens=a.prefill,
+            tokenizer=a.tokenizer, max_prefill_tokens=a.prefill, cpu_threads=1 if a.device == "cpu" else None,
         )  # fmt: skip
         runner = ModelRunner(cfg)
         try:

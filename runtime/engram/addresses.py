@@ -1,8 +1,7 @@
 """The scheduler's half of Engram: a step's table addresses, computed when the step is planned.
 
 Addresses depend only on token ids, so the scheduler, which holds every request's ids, computes them
-with the plan and sends them in it (`StepPlan.engram_addr`, int64 little-endian [tokens, columns], read
-by the worker without a copy). A decode row's input is the token its previous step sampled; the
+with the plan and sends them in it (`StepPlan.engram_addr`, int64 little-endian [tokens, columns]). A decode row's input is the token its previous step sampled; the
 scheduler must know it, so an Engram model is scheduled without overlap (each step planned after the
 previous one's tokens arrived) and without speculative drafts (their tokens live on the device)."""
 

@@ -54,7 +54,9 @@ class EngramRuntime:
     def addresses(self, plan: StepPlan) -> np.ndarray:
         t = sum(plan.extend_lens)
         if plan.engram_addr:
-            return np.frombuffer(plan.engram_addr, dtype="<i8").reshape(t, self.hasher.columns)
+            # one small copy (8 bytes per row fetched) into writable memory, which torch wants
+            addr = np.frombuffer(bytearray(plan.engram_addr), dtype="<i8")
+            return addr.reshape(t, self.hasher.columns)
         # plans made outside a scheduler (warm-up, tools): whole prompts from position 0 only
         if any(plan.use_last) or any(plan.prefix_lens):
             raise ValueError("an Engram model's step plan needs the scheduler's addresses (engram_addr)")
