@@ -27,7 +27,7 @@ import torch
 
 from runtime.engram.config import EngramConfig, EngramOptions
 from runtime.engram.hashing import NgramHasher
-from runtime.engram.placement import make_placement
+from runtime.engram.runtime import make_placement
 
 DEMO = {"layer_ids": [1, 15], "max_ngram_size": 3, "n_embed_per_ngram": 512, "n_head_per_ngram": 8,
         "engram_vocab_size": [646400, 646400], "seed": 0}  # fmt: skip

@@ -1,4 +1,5 @@
-"""Where Engram tables live, one base class and a registry (`--engram-placement`):
+"""Where Engram tables live: one base class, chosen by `--engram-placement` from the registry in
+`runtime/engram/runtime.py`:
 
 - `device`: the whole table on each GPU (small tables); a lookup is one index_select.
 - `host`: rows in host memory owned by EngramShardActor processes, each a row range, answering batched
@@ -127,16 +128,3 @@ class SplitPlacement(EngramPlacement):
             return out
 
         return wait
-
-
-def make_placement(
-    name: str, cfg: EngramConfig, hasher: NgramHasher, device: torch.device, dtype: torch.dtype, **kwargs
-) -> EngramPlacement:
-    registry: dict[str, type[EngramPlacement]] = {"device": DevicePlacement, "split": SplitPlacement}
-    if name == "host":  # its own module: the shard processes and their client
-        from runtime.engram.host import HostPlacement
-
-        registry["host"] = HostPlacement
-    if name not in registry:
-        raise ValueError(f"unknown Engram placement {name!r} ({' | '.join(registry)})")
-    return registry[name](cfg, hasher, device, dtype, **kwargs)

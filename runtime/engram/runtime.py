@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from runtime.engram.config import EngramOptions
+from runtime.engram.config import EngramConfig, EngramOptions
 from runtime.engram.hashing import NgramHasher
-from runtime.engram.placement import EngramPlacement, EngramRows, make_placement
+from runtime.engram.host import HostPlacement
+from runtime.engram.placement import DevicePlacement, EngramPlacement, EngramRows, SplitPlacement
 from runtime.mailbox.messages import EngramCounters
 
 if TYPE_CHECKING:
@@ -24,6 +25,22 @@ if TYPE_CHECKING:
 
     from runtime.config import RunnerConfig
     from runtime.mailbox.messages import StepPlan
+
+
+PLACEMENTS: dict[str, type[EngramPlacement]] = {
+    "device": DevicePlacement,
+    "host": HostPlacement,
+    "split": SplitPlacement,
+}
+
+
+def make_placement(
+    name: str, cfg: EngramConfig, hasher: NgramHasher, device: torch.device, dtype: torch.dtype, **kwargs
+) -> EngramPlacement:
+    """The placement `name` (`--engram-placement`) over the tables of `cfg`."""
+    if name not in PLACEMENTS:
+        raise ValueError(f"unknown Engram placement {name!r} ({' | '.join(PLACEMENTS)})")
+    return PLACEMENTS[name](cfg, hasher, device, dtype, **kwargs)
 
 
 class EngramRuntime:
