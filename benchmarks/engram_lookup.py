@@ -145,7 +145,7 @@ def main() -> None:
     sp.add_argument("--prefill", type=int, default=8192)
     sp.add_argument("--page-size", type=int, default=128)
     # the KV pool, and each Engram layer's convolution cache (a slot of hc_mult * hidden values each)
-    sp.add_argument("--kv-slots", type=int, default=72000)
+    sp.add_argument("--kv-slots", type=int, default=76800)  # 600 pages of 128: 64 rows of 1024 + steps
     sp.add_argument("--steps", type=int, default=20)
     sp.add_argument("--tokenizer", default=None)
     for p in (lp, sp):

@@ -25,7 +25,7 @@ from runtime.config import RunnerConfig
 from runtime.engram.config import EngramOptions
 from runtime.gpu.convert import default_model_path
 from runtime.gpu.model_runner import ModelRunner
-from runtime.gpu.testing.plans import PlanBuilder, random_prompt, seq_start
+from runtime.gpu.testing.plans import plan_builder, random_prompt, seq_start
 
 
 def build(layer: int, batch: int) -> ModelRunner:
@@ -43,7 +43,8 @@ class Decoder:
     addresses the scheduler would compute (`engram=False`: a model without Engram, no addresses)."""
 
     def __init__(self, runner: ModelRunner, batch: int, prompt: int, engram: bool = True) -> None:
-        self.runner, self.pb = runner, PlanBuilder(list(range(1, runner.kv_pool.num_slots)))
+        # the scheduler's slot layout for the runner's page size
+        self.runner, self.pb = runner, plan_builder(runner, list(range(1, runner.kv_pool.num_slots)))
         self.engram = engram
         self.rows = list(range(1, batch + 1))
         self.seqs = [random_prompt(prompt, seed=r, vocab=4000) for r in self.rows]
