@@ -49,6 +49,7 @@ class EngramShardArgs(msgspec.Struct, frozen=True):
     client_node: str
     placement: dict[str, str]
     sock_dir: str
+    threads: int = 1  # torch threads of the gather
 
 
 def map_segment(path: str, size: int = 0) -> mmap.mmap:
@@ -115,6 +116,7 @@ def main() -> None:
 
 
 async def _serve(a: EngramShardArgs) -> None:
+    torch.set_num_threads(a.threads)
     node = shard_node(a.client_node, a.shard)
     system = ActorSystem(node, a.placement, Path(a.sock_dir))
     await system.listen()

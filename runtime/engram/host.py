@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import ctypes
 import itertools
+import mmap
 import os
 import shutil
 import tempfile
@@ -62,9 +64,21 @@ class _Client(Actor):
 
 
 class _Segment:
-    def __init__(self, path: Path, size: int) -> None:
+    def __init__(self, path: Path, size: int, pin: bool) -> None:
         self.path, self.size = path, size
         self.buf = map_segment(str(path), size)
+        self.pinned = pin and _pin(self.buf, size)
+
+
+def _pin(buf: mmap.mmap, size: int) -> bool:
+    """Page-lock the mapping for the GPU (cudaHostRegister), so rows go to the device by DMA without a
+    staging copy; False (pageable copies) when CUDA refuses."""
+    ptr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    err = torch.cuda.cudart().cudaHostRegister(ptr, size, 0)
+    if int(err) != 0:
+        log.warning("engram_segment_not_pinned", error=int(err), bytes=size)
+        return False
+    return True
 
 
 class HostPlacement(EngramPlacement):
@@ -115,9 +129,19 @@ class HostPlacement(EngramPlacement):
         system.on_node_ready.append(self._on_ready)
         engram = asdict(self.cfg)
         dtype = str(self.dtype).removeprefix("torch.")
+        threads = max(1, (os.cpu_count() or 1) // len(self.ranges))  # the shards share the host's cores
         for i, (lo, hi) in enumerate(self.ranges):
             args = EngramShardArgs(
-                i, lo, hi, engram, self.hasher.layer_ranges, dtype, self.node, placement, str(self.dir)
+                i,
+                lo,
+                hi,
+                engram,
+                self.hasher.layer_ranges,
+                dtype,
+                self.node,
+                placement,
+                str(self.dir),
+                threads,
             )
             payload = msgspec.msgpack.encode(args)
             await system.start_child(
@@ -185,7 +209,8 @@ class HostPlacement(EngramPlacement):
             if seg is not None:  # the old mapping goes with the last step's rows that view it
                 seg.path.unlink(missing_ok=True)
             size = max(size, 1 << 20)
-            seg = self._segments[k] = _Segment(Path(f"{self._seg_prefix}{k}-{size}"), size)
+            path = Path(f"{self._seg_prefix}{k}-{size}")
+            seg = self._segments[k] = _Segment(path, size, pin=self.device.type == "cuda")
         return seg
 
     def fetch(self, addresses: np.ndarray) -> Callable[[], torch.Tensor]:
@@ -215,7 +240,11 @@ class HostPlacement(EngramPlacement):
             finally:
                 with self._lock:
                     self._pending.pop(lookup_id, None)
-            return out if self.device.type == "cpu" else out.to(self.device)
+            if self.device.type == "cpu":
+                return out
+            # pinned: an asynchronous copy (the segment is next written two lookups later, after this
+            # step's forward was enqueued behind the copy)
+            return out.to(self.device, non_blocking=seg.pinned)
 
         return wait
 
