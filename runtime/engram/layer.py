@@ -119,3 +119,8 @@ def engram_layer(config, layer_id: int, hidden: int, hc_mult: int = 1) -> Engram
     if cfg is None or layer_id not in cfg.layer_ids:
         return None
     return EngramLayer(cfg, layer_id, hidden, hc_mult)
+
+
+def slot_bytes(model: nn.Module, dtype: torch.dtype) -> int:
+    """Bytes per KV slot of the Engram layers' convolution caches in `model` (0 without Engram)."""
+    return sum(m.hc_mult * m.hidden * dtype.itemsize for m in model.modules() if isinstance(m, EngramLayer))

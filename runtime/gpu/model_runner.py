@@ -23,6 +23,7 @@ import structlog
 import torch
 
 from runtime.config import RunnerConfig
+from runtime.engram.layer import slot_bytes
 from runtime.engram.runtime import make_engram_runtime
 from runtime.gpu import compile_watch, loader, presets
 from runtime.gpu.attention import default_backend
@@ -119,7 +120,11 @@ class ModelRunner:
         """The KV pool's token slots: what `mem_fraction_static` of the GPU's memory leaves after the
         weights (what is already allocated) and the per-request state, or `num_kv_slots` when that is
         less; the rest of the memory is for activations and CUDA graphs. A fixed `num_kv_slots` elsewhere."""
-        cfg, per_token = self.cfg, self.model.kv_bytes_per_token(self.kv_dtype)
+        # Engram layers keep a convolution input per KV slot (runtime/engram/layer.py)
+        cfg, per_token = (
+            self.cfg,
+            self.model.kv_bytes_per_token(self.kv_dtype) + slot_bytes(self.model, self.dtype),
+        )
         if self.device.type != "cuda":
             if cfg.num_kv_slots is None:
                 raise ValueError("the KV pool is sized from memory on CUDA only: give num_kv_slots")
