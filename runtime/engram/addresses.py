@@ -1,9 +1,11 @@
 """The scheduler's half of Engram: a step's table addresses, computed when the step is planned.
 
 Addresses depend only on token ids, so the scheduler, which holds every request's ids, computes them
-with the plan and sends them in it (`StepPlan.engram_addr`, int64 little-endian [tokens, columns]). A decode row's input is the token its previous step sampled; the
-scheduler must know it, so an Engram model is scheduled without overlap (each step planned after the
-previous one's tokens arrived) and without speculative drafts (their tokens live on the device)."""
+with the plan and sends them in it (`StepPlan.engram_addr`, int64 little-endian [tokens, columns]).
+Overlap scheduling stays on: a decode row's input is the token that the step still in flight samples.
+For it the scheduler sends the part of the hash it knows, the XOR of the earlier tokens' terms
+(`NgramHasher.partial`), and the worker completes it once that token reaches the host. Speculative
+drafts are not supported: their tokens live on the device."""
 
 from __future__ import annotations
 
@@ -48,11 +50,14 @@ def plan_addresses(hasher: NgramHasher, planned: PlannedStep) -> StepPlan:
     """The planned step's plan with the addresses of all its tokens."""
     plan = planned.plan
     parts = []
-    for req, start, n in zip(planned.reqs, plan.prefix_lens, plan.extend_lens, strict=True):
+    for req, start, n, fed in zip(
+        planned.reqs, plan.prefix_lens, plan.extend_lens, plan.use_last, strict=True
+    ):
         seq = req.seq_ids
-        if len(seq) < start + n:
-            raise RuntimeError(f"Engram: request {req.rid} planned past its known tokens (overlap is on?)")
-        parts.append(hasher.addresses(seq, start, n))
+        if len(seq) < start + (0 if fed else n) or (fed and n != 1):
+            raise RuntimeError(f"Engram: request {req.rid} planned past its known tokens")
+        # a decode row's input is sampled by the step still in flight: the worker completes its hash
+        parts.append(hasher.partial(seq, start)[None] if fed else hasher.addresses(seq, start, n))
     if not parts:
         return plan
     addr = np.concatenate(parts).astype("<i8", copy=False)

@@ -80,6 +80,10 @@ class NgramHasher:
         flat = self._primes.reshape(-1)
         self.offsets = (np.cumsum(flat) - flat).reshape(len(cfg.layer_ids), heads)
         self.total_rows = int(flat.sum())
+        # per column (layer, order, head): its layer's multiplier of the token itself, prime and offset
+        layer_of = np.repeat(np.arange(len(cfg.layer_ids)), heads)
+        self._col_m0 = np.array([self.mult[cfg.layer_ids[i]][0] for i in layer_of], dtype=np.int64)
+        self._col_prime, self._col_offset = flat, self.offsets.reshape(-1)
 
     @cached_property
     def columns(self) -> int:
@@ -95,6 +99,28 @@ class NgramHasher:
     @property
     def layer_ranges(self) -> dict[int, tuple[int, int]]:
         return {layer: self.layer_rows(layer) for layer in self.cfg.layer_ids}
+
+    def partial(self, seq_ids: Sequence[int] | np.ndarray, pos: int) -> np.ndarray:
+        """For the token at `pos` whose own id is not known yet (a decode row's input, sampled by the
+        step still running): per column, the XOR of its predecessors' terms [columns]. `complete`
+        finishes it once the token is known (XOR is associative)."""
+        cfg = self.cfg
+        ctx = cfg.max_ngram_size - 1
+        prev = self.lookup[np.asarray(seq_ids[max(0, pos - ctx) : pos], dtype=np.int64)]
+        prev = np.concatenate([np.full(ctx - len(prev), self.pad, dtype=np.int64), prev])  # prev[-k]: pos - k
+        out = np.empty((len(cfg.layer_ids), cfg.heads_per_layer), dtype=np.int64)
+        h = cfg.n_head_per_ngram
+        for li, layer in enumerate(cfg.layer_ids):
+            m, mix = self.mult[layer], np.int64(0)
+            for order in range(2, cfg.max_ngram_size + 1):
+                mix = mix ^ (prev[-(order - 1)] * m[order - 1])
+                out[li, (order - 2) * h : (order - 1) * h] = mix
+        return out.reshape(-1)
+
+    def complete(self, partial: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
+        """Global rows [n, columns] of tokens `token_ids` [n] given their `partial` [n, columns]."""
+        t0 = self.lookup[np.asarray(token_ids, dtype=np.int64)][:, None]
+        return ((t0 * self._col_m0[None]) ^ partial) % self._col_prime[None] + self._col_offset[None]
 
     def addresses(self, seq_ids: Sequence[int] | np.ndarray, start: int, n: int) -> np.ndarray:
         """Global rows [n, columns] of tokens start .. start + n - 1 of a sequence (only those and the

@@ -47,6 +47,8 @@ class EngramRuntime:
     def __init__(self, hasher: NgramHasher, placement: EngramPlacement, opts: EngramOptions) -> None:
         self.hasher, self.placement, self.opts = hasher, placement, opts
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engram-lookup")
+        # per request row, where its last sampled token lands on the host: (tokens, index, copy event)
+        self._last: dict[int, tuple[torch.Tensor, int, torch.cuda.Event | None]] = {}
 
     @classmethod
     def create(
@@ -83,14 +85,36 @@ class EngramRuntime:
             off += n
         return np.concatenate(parts) if parts else np.zeros((0, self.hasher.columns), dtype=np.int64)
 
+    def sampled(self, rows: list[int], tokens: torch.Tensor) -> None:
+        """`tokens` [rows, k] (a host tensor, its copy maybe still in flight) holds what `rows` just
+        sampled: the next step's decode rows complete their addresses with it."""
+        ready = None
+        if tokens.device.type == "cpu" and self.placement.device.type == "cuda":
+            ready = torch.cuda.Event()
+            ready.record()
+        for i, row in enumerate(rows):
+            self._last[row] = (tokens, i, ready)
+
     def start(self, plan: StepPlan) -> EngramRows:
         addr = self.addresses(plan)
         placement, delay = self.placement, self.opts.lookup_delay_s
         placement.stats.lookups += 1
         placement.stats.rows += addr.size
+        # decode rows (one token each, fed from the device): the scheduler sent partial hashes
+        starts = np.cumsum([0, *plan.extend_lens[:-1]])
+        fed = [
+            (int(s), self._last[row]) for s, row, u in zip(starts, plan.rows, plan.use_last, strict=True) if u
+        ]
 
         def fetch() -> torch.Tensor:
             t0 = time.perf_counter()
+            if fed:  # wait for the step in flight's tokens, then finish these rows' hashes
+                for _, (_, _, ready) in fed:
+                    if ready is not None:
+                        ready.synchronize()
+                idx = np.array([i for i, _ in fed])
+                tokens = np.array([int(t[j, 0]) for _, (t, j, _) in fed], dtype=np.int64)
+                addr[idx] = self.hasher.complete(addr[idx], tokens)
             if delay:
                 time.sleep(delay)
             out = placement.fetch(addr)()

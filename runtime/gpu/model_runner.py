@@ -231,6 +231,8 @@ class ModelRunner:
             )
             if self.grammar.rows:
                 self.grammar.sampled(s.rows, copies.tokens[:, 0])
+            if self.engram is not None:  # the next step's decode rows complete their addresses with these
+                self.engram.sampled(s.rows, copies.tokens)
         return PendingStep(
             plan.step, s.rows, copies, _per_row(result.top_counts, verify), start, self._timing_event(), t0,
             self._t_ref,

@@ -118,9 +118,8 @@ class SchedulerActor(Actor):
             draft_policy=DraftPolicy(cfg.max_draft) if cfg.max_draft else None,
         )
         self.spec_stats = SpecStats(cfg.max_draft)
-        if caps.engram:  # plans carry Engram addresses, so each needs its rows' last tokens (no overlap)
+        if caps.engram:  # plans carry Engram addresses (runtime/engram/addresses.py)
             self.engram = hasher_for_server(self.server)
-            self.depth = 1
         self.configured.set()
 
     async def handle(self, msg: Message) -> None:

@@ -106,3 +106,17 @@ def test_layer_output_matches_reference(hc_mult):
             got = _run_serving(layer, placement, hasher, ids, h, [11, 1, 1, 7, 1, 2])
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         assert want.abs().mean() > 0.05  # a real signal, not zeros on both sides
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_partial_hash_completed_with_the_token_equals_the_address(n):
+    """What the scheduler sends for a decode row whose input the running step samples, finished by the
+    worker with that token, is the token's address."""
+    cfg = EngramConfig(layer_ids=(0, 5), max_ngram_size=n, n_embed_per_ngram=16, n_head_per_ngram=4,
+                       engram_vocab_size=tuple(1000 + 10 * i for i in range(n - 1)))  # fmt: skip
+    rng = np.random.default_rng(n)
+    hasher = NgramHasher(cfg, rng.integers(0, 700, size=1000))
+    seq = rng.integers(0, 1000, size=30)
+    for pos in [0, 1, 2, 3, 17, 29]:
+        got = hasher.complete(hasher.partial(seq, pos)[None], seq[pos : pos + 1])
+        np.testing.assert_array_equal(got, hasher.addresses(seq, pos, 1))
