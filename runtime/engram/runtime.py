@@ -1,9 +1,11 @@
 """The worker's half of Engram: the placement that holds the tables, and each step's lookup.
 
 `start(plan)` reads the step's addresses from the plan (computed by the scheduler, `addresses.py`) and
-starts the fetch at once on the lookup thread (prefetch), so it runs while the host builds the batch and
-the device runs the layers below the first Engram layer; that layer waits for the rows
-(`EngramRows.rows`). With prefetch off the fetch runs when the first Engram layer asks."""
+starts the fetch at once on the lookup thread (prefetch). The fetch runs while the host builds the batch
+and the device runs the layers below the first Engram layer, and that layer waits for the rows
+(`EngramRows.rows`). A decode row's address arrives as a partial hash. The lookup thread completes it
+with the token the previous step sampled (`sampled`), waiting for that token's copy to the host. With
+prefetch off, the fetch runs only when the first Engram layer asks for it."""
 
 from __future__ import annotations
 
