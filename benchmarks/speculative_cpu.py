@@ -1,10 +1,11 @@
 """N-gram speculation against plain decoding on the CPU, side by side in one run (docs/PERF.md,
 "Speculative decoding (CPU)").
 
-For each round, each variant in turn (A B A B ...): starts `conduit serve` on the embedded
-SmolLM2-135M-Instruct (one torch thread), then runs two workloads at 1 and 8 concurrent streams through
-loadgen (chat endpoint, greedy, the answers' natural lengths, which are the same for both variants: the
-speculation is lossless): `repetitive` (prompts whose answers repeat what the prompt holds: lists, code,
+Both variants' servers run at once (`conduit serve` on the embedded SmolLM2-135M-Instruct, one torch
+thread each); every (workload, streams) point runs on one and then the other, back to back, in an order
+swapped every round, so a machine whose load drifts weighs on both alike. Two workloads at 1 and 8
+concurrent streams through loadgen (chat endpoint, greedy, the answers' natural lengths, which are the
+same for both variants: the speculation is lossless): `repetitive` (prompts whose answers repeat what the prompt holds: lists, code,
 a sentence to copy) and `chat` (ordinary questions). Per run: output tok/s, TPOT, and from the server's
 /metrics the drafts verified and accepted and the mean accepted length. Everything lands under
 --out-dir (loadgen JSON per run, server logs, summary.json).
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
 import json
 import os
@@ -95,17 +97,24 @@ def main() -> None:
     write_dataset(data["repetitive"], REPETITIVE, a.output_len)
     write_dataset(data["chat"], CHAT, a.output_len)
     results = []
-    for r in range(a.rounds):
-        for variant, flags in VARIANTS.items():
+    with contextlib.ExitStack() as stack:
+        urls = {}
+        for variant, flags in VARIANTS.items():  # both servers up at once, each on one torch thread
             port = free_port()
             cmd = conduit_serve(port, "--cpu-threads", "1", *flags)
-            with launch(cmd, port, out / f"{variant}-r{r}.server.log", timeout=600) as s:
-                for workload, path in data.items():
-                    for conc in (1, 8):
+            urls[variant] = stack.enter_context(
+                launch(cmd, port, out / f"{variant}.server.log", timeout=600)
+            ).url
+        for r in range(a.rounds):
+            for workload, path in data.items():
+                for conc in (1, 8):
+                    # the variants back to back, their order swapped every round (A B, B A, ...): a
+                    # machine whose load drifts over minutes weighs on both alike
+                    order = list(VARIANTS) if r % 2 == 0 else list(reversed(VARIANTS))
+                    for variant in order:
                         name = f"{variant}-{workload}-c{conc}-r{r}"
-                        row = bench(
-                            s.url, path, 2 * len(REPETITIVE) if conc == 8 else 4, conc, out / f"{name}.json"
-                        )
+                        n = 2 * len(REPETITIVE) if conc == 8 else 4
+                        row = bench(urls[variant], path, n, conc, out / f"{name}.json")
                         row |= {"variant": variant, "workload": workload, "concurrency": conc, "round": r}
                         print(json.dumps(row), flush=True)
                         results.append(row)

@@ -29,7 +29,9 @@ compression rate) starts at position 0 with meaningless values."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -81,6 +83,13 @@ def add_args(p) -> None:
                    "64-token tiles through a page table when it is a multiple of 64)")  # fmt: skip
     p.add_argument("--cuda-graph", choices=("on", "off", "both"), default="on",
                    help="decode with CUDA graphs, eagerly, or both side by side (rows `decode-e`: eager)")  # fmt: skip
+    p.add_argument("--dp-size", type=int, default=1,
+                   help="DP attention ranks (one process, and one GPU, each); with --ep-size the same: DEP. "
+                   "Every rank runs the same steps; figures are per GPU, plus the all-to-all time")  # fmt: skip
+    p.add_argument("--ep-size", type=int, default=1, help="experts split over this many ranks (= --dp-size)")
+    p.add_argument("--moe-a2a-backend", choices=("auto", "all_to_all"), default="auto",
+                   help="all_to_all: MoE layers through the expert-parallel exchange even on one GPU "
+                   "(what the EP path costs; as conduit serve)")  # fmt: skip
     p.add_argument("--overlap", choices=("on", "off", "both"), default="on",
                    help="decode steps pipelined two deep as the worker runs them, or each waited for "
                    "(rows `decode-s`), or both")  # fmt: skip
@@ -181,6 +190,7 @@ class Row:
     tokens_per_s: float
     mbu: float
     mfu: float
+    a2a_s: float = 0.0  # with several ranks: the step's all-to-all time (one more eager step, synced)
 
 
 def measure_ceilings(torch, device, dtype) -> Ceilings:
@@ -223,6 +233,8 @@ class _Bench:
 
         self.torch, self.args = torch, args
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if device == "cuda" and args.dp_size > 1:
+            device = f"cuda:{getattr(args, 'rank', 0)}"
         max_b = max(args.batch_sizes) if args.batch_sizes else 1
         k_max = max(args.draft_tokens) if args.draft_tokens else 0
         grow = (args.warmup_steps + args.steps + 1) * (k_max + 1)
@@ -238,6 +250,9 @@ class _Bench:
                            num_kv_slots=slots, max_reqs=max_b, max_model_len=self.max_len, seed=args.seed,
                            cuda_graph=args.cuda_graph != "off", page_size=page,
                            attention_backend=args.attention_backend,
+                           moe_a2a_backend=args.moe_a2a_backend, rank=getattr(args, "rank", 0),
+                           world_size=args.dp_size, ep_size=args.ep_size,
+                           dist_init_addr=getattr(args, "dist_init_addr", None),
                            **self._speculation(args, k_max))  # fmt: skip
         self.runner = ModelRunner(cfg)
         if self.runner.page_size != page:  # DeepSeek-V4: a page holds whole compression windows
@@ -332,7 +347,10 @@ class _Bench:
                 draft_lens=[k] * b if verify else [],
             ))  # fmt: skip
         t = self._time_pipelined(plans) if overlap else self._time(plans)
-        reached = expert_reach(self.runner, plans[-1])  # (the last step once more, untimed)
+        from runtime.gpu.layers.expert_parallel import timed_exchanges
+
+        with timed_exchanges() as a2a:
+            reached = expert_reach(self.runner, plans[-1])  # (the last step once more, untimed)
         ctx = c + (self.args.warmup_steps + self.args.steps / 2) * n  # mean context over the timed steps
         kv_read = b * ctx * self.kv_per_token
         flops = 2 * self.weights.params_per_token * b * n + self._attn_flops(ctx, n) * b
@@ -340,7 +358,7 @@ class _Bench:
         phase = "decode" if graph or self.runner.graphs is None else "decode-e"
         phase += "" if overlap else "-s"
         weights = self.weights.bytes_read(b * n, reached)
-        return self._row(phase, b, b * n, c, k, t, weights + kv_read, flops, tok)
+        return self._row(phase, b, b * n, c, k, t, weights + kv_read, flops, tok, a2a.seconds)
 
     def prefill(self, n: int) -> Row:
         c, base = self.args.prefill_context, self.first_slot  # position p at slot base + p
@@ -351,20 +369,23 @@ class _Bench:
                                     input_ids=self._ids(n), out_loc=list(range(base + c, base + c + n)),
                                     sample=[True]))  # fmt: skip
         t = self._time(plans)
-        weights = self.weights.bytes_read(n, expert_reach(self.runner, plans[-1]))
+        from runtime.gpu.layers.expert_parallel import timed_exchanges
+
+        with timed_exchanges() as a2a:
+            weights = self.weights.bytes_read(n, expert_reach(self.runner, plans[-1]))
         kv_read = (c + n) * self.kv_per_token
         flops = 2 * self.weights.params_per_token * n + self._attn_flops(c, n)
-        return self._row("prefill", 1, n, c, 0, t, weights + kv_read, flops, n / t)
+        return self._row("prefill", 1, n, c, 0, t, weights + kv_read, flops, n / t, a2a.seconds)
 
     def _attn_flops(self, ctx: float, n: int) -> float:
         """n new tokens after ctx cached ones, causal: token i attends to ctx + i + 1 keys."""
         keys = n * ctx + n * (n + 1) / 2
         return 4 * self.layers * self.q_heads * self.head_dim * keys
 
-    def _row(self, phase, b, n, c, k, t, bytes_read, flops, tok) -> Row:
+    def _row(self, phase, b, n, c, k, t, bytes_read, flops, tok, a2a_s=0.0) -> Row:
         mbu = bytes_read / t / self.ceil.copy_bytes_per_s
         mfu = flops / t / self.ceil.matmul_flops_per_s
-        return Row(phase, b, n, c, k, t, tok, mbu, mfu)
+        return Row(phase, b, n, c, k, t, tok, mbu, mfu, a2a_s)
 
 
 def table(rows: list[Row], bench: _Bench) -> str:
@@ -376,10 +397,16 @@ def table(rows: list[Row], bench: _Bench) -> str:
         f"TFLOP/s; {bench.args.steps} timed steps per point (decode overlapped: mean period; else median)",
         f"{'phase':<11}{'B':>5}{'tok/step':>9}{'ctx':>8}{'k':>3}{'step ms':>10}{'tok/s':>12}{'MBU':>8}{'MFU':>8}",
     ]
+    ranks = bench.args.dp_size
+    if ranks > 1:
+        head.insert(0, f"DP={ranks} EP={bench.args.ep_size}: every figure is per GPU (rank 0's); a2a ms: the "
+                       "step's all-to-all time, from one more eager step synced around each exchange")  # fmt: skip
+        head[-1] += f"{'a2a ms':>9}"
     lines = [*head, "-" * len(head[-1])]
     for x in rows:
         lines.append(f"{x.phase:<11}{x.batch:>5}{x.new_tokens:>9}{x.context:>8}{x.k:>3}{x.step_s * 1e3:>10.3f}"
-                     f"{x.tokens_per_s:>12.1f}{x.mbu:>8.2%}{x.mfu:>8.2%}")  # fmt: skip
+                     f"{x.tokens_per_s:>12.1f}{x.mbu:>8.2%}{x.mfu:>8.2%}"
+                     + (f"{x.a2a_s * 1e3:>9.3f}" if ranks > 1 else ""))  # fmt: skip
     if any(x.phase == "decode-e" for x in rows):
         lines.append("decode-e: the same decode steps run eagerly (CUDA graphs off)")
     if any(x.phase.endswith("-s") for x in rows):
@@ -395,11 +422,55 @@ def table(rows: list[Row], bench: _Bench) -> str:
 
 def main(args) -> int:
     try:
-        import torch
+        import torch  # noqa: F401 (present, or a clear error here)
     except ImportError:
         raise LoadgenError("loadgen steps needs torch") from None
     if args.steps < 1 or args.warmup_steps < 0:
         raise LoadgenError("--steps must be >= 1 and --warmup-steps >= 0")
+    if args.dp_size > 1 or args.ep_size > 1:
+        return _main_ranks(args)
+    return _main_rank(args)
+
+
+def _main_ranks(args) -> int:
+    """DEP: one process per rank (spawned; NCCL on CUDA, gloo on the CPU), each running the same steps so
+    their MoE exchanges line up; rank 0 prints the table."""
+    import multiprocessing as mp
+    import socket
+
+    if args.dp_size != args.ep_size:
+        raise LoadgenError("--dp-size and --ep-size must be equal (DP attention with expert parallelism)")
+    if args.model_path is None:
+        raise LoadgenError("--dp-size/--ep-size need a MoE --model-path (DeepSeek)")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    procs = []
+    for rank in range(args.dp_size):
+        rank_args = argparse.Namespace(**vars(args), rank=rank, dist_init_addr=f"127.0.0.1:{port}")
+        procs.append(ctx.Process(target=_rank_entry, args=(rank_args,)))
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    bad = [i for i, p in enumerate(procs) if p.exitcode != 0]
+    if bad:
+        raise LoadgenError(f"ranks {bad} failed (their errors are above)")
+    return 0
+
+
+def _rank_entry(args) -> None:
+    import sys
+
+    if args.rank != 0:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (the process ends with it)
+    _main_rank(args)
+
+
+def _main_rank(args) -> int:
+    import torch
+
     with tempfile.TemporaryDirectory() as tmp:
         if args.model_path is None:
             from runtime.gpu.testing import tiny_llama_config

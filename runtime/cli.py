@@ -221,6 +221,63 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         default=d.placement,
         help="actors in a frontend + an engine process, or all in this one",
     )
+    g = p.add_argument_group("parallelism (docs/parallelism.md)")
+    g.add_argument(
+        "--tp-size",
+        "--tp",
+        type=int,
+        default=d.tp_size,
+        help="engine ranks (one process and GPU each); dense layers split over them (tensor parallelism)",
+    )
+    g.add_argument(
+        "--dp-size",
+        "--dp",
+        type=int,
+        default=d.dp_size,
+        help="with --enable-dp-attention: data-parallel attention groups, each with its own scheduler and KV",
+    )
+    g.add_argument(
+        "--enable-dp-attention", action="store_true", help="attention data-parallel over --dp-size groups"
+    )
+    g.add_argument(
+        "--ep-size", "--ep", type=int, default=d.ep_size, help="MoE experts split over this many ranks"
+    )
+    g.add_argument(
+        "--ep-num-redundant-experts",
+        type=int,
+        default=d.ep_num_redundant_experts,
+        help="extra expert slots holding copies of experts (placed by EPLB from an even load)",
+    )
+    g.add_argument(
+        "--expert-placement",
+        default=None,
+        metavar="JSON",
+        help="file of an expert placement (which rank holds which expert), e.g. from "
+        "`runtime.gpu.layers.expert_parallel.rebalance` on measured load",
+    )
+    g.add_argument(
+        "--moe-a2a-backend",
+        choices=["auto", "all_to_all"],
+        default=d.moe_a2a_backend,
+        help="`auto`: MoE tokens travel by all_to_all_single when experts split over ranks; `all_to_all`: "
+        "the exchange even on one rank (measures the EP path against the plain fused MoE)",
+    )
+    g.add_argument(
+        "--expert-load-out",
+        default=None,
+        metavar="DIR",
+        help="at shutdown each rank writes the tokens its MoE exchanges routed to each expert there; "
+        "`python -m runtime.gpu.layers.expert_parallel DIR --ep-size N --slots M` turns them into a "
+        "--expert-placement file (EPLB)",
+    )
+    g.add_argument("--nnodes", type=int, default=d.nnodes, help="machines the ranks span")
+    g.add_argument("--node-rank", type=int, default=d.node_rank, help="this machine's index (0: HTTP)")
+    g.add_argument(
+        "--dist-init-addr",
+        default=None,
+        metavar="HOST:PORT",
+        help="where rank 0 gathers the ranks (default: a free loopback port; needed with --nnodes > 1)",
+    )
     g.add_argument(
         "--max-engine-restarts",
         type=int,
@@ -386,8 +443,18 @@ def main(argv: list[str] | None = None) -> int:
 
         from runtime.server import PortInUse, serve
 
+        cfg = config_from_args(args)
+        if cfg.node_rank > 0:  # another machine's ranks: no HTTP here (runtime/actors/nodes.py)
+            from runtime.actors.nodes import run_node_agent
+
+            try:
+                uvloop.run(run_node_agent(cfg))
+            except (FileNotFoundError, ValueError) as e:
+                print(f"conduit: {e}", file=sys.stderr)
+                return 2
+            return 0
         try:
-            uvloop.run(serve(config_from_args(args)))
+            uvloop.run(serve(cfg))
         except (FileNotFoundError, PortInUse) as e:
             print(f"conduit: {e}", file=sys.stderr)
             return 2

@@ -75,6 +75,21 @@ class ServerConfig(msgspec.Struct, kw_only=True, frozen=True):
     host: str = "127.0.0.1"
     port: int = 30000
     placement: str = "multiprocess"  # "multiprocess" (frontend + engine process) | "single"
+    # many ranks (docs/parallelism.md; SGLang's names): one engine process per rank
+    tp_size: int = 1  # ranks of the engine; dense layers split over each attention group's ranks
+    dp_size: int = 1  # with enable_dp_attention: data-parallel attention groups, each its own scheduler
+    enable_dp_attention: bool = False
+    ep_size: int = 1  # MoE experts split over this many ranks (1 or the world size)
+    ep_num_redundant_experts: int = 0  # extra expert slots holding copies of hot experts
+    expert_placement: str | None = None  # a JSON ExpertPlacement file (e.g. from `rebalance`)
+    # "auto": MoE tokens travel by all-to-all when experts split over ranks; "all_to_all": always, even on
+    # one rank (to measure the EP path's cost against the plain fused MoE)
+    moe_a2a_backend: str = "auto"
+    # at shutdown each rank writes its measured expert load there (`expert_parallel.rebalance` input)
+    expert_load_out: str | None = None
+    nnodes: int = 1  # machines; each runs `conduit serve` with its --node-rank, node 0 the HTTP frontend
+    node_rank: int = 0
+    dist_init_addr: str | None = None  # host:port where rank 0 gathers the world (default: loopback)
     # what the OpenAI surface adds to the model (docs/serving.md)
     generation_config: str = "auto"  # sampling defaults: "auto" (the model's) | "vllm" (none) | a path
     override_generation_config: dict[str, Any] | None = None  # merged over them (vLLM's flag)
@@ -89,6 +104,42 @@ class ServerConfig(msgspec.Struct, kw_only=True, frozen=True):
     max_requests_per_websocket: int = 256
     shutdown_timeout: float = 10.0  # SIGTERM/SIGINT: seconds in-flight requests get to finish
     max_engine_restarts: int = 3  # engine process deaths restarted within 10 minutes
+
+    def world_size(self) -> int:
+        """Engine ranks: `tp_size` (SGLang: --tp 4 --dp 4 --enable-dp-attention is four ranks), or
+        `dp_size` / `ep_size` when only those were given."""
+        dp = self.dp_size if self.enable_dp_attention else 1
+        return max(self.tp_size, dp, self.ep_size)
+
+    def attention_tp_size(self) -> int:
+        """Ranks one DP group's dense layers split over (the world, without DP attention)."""
+        return self.world_size() // (self.dp_size if self.enable_dp_attention else 1)
+
+    def check_parallelism(self) -> None:
+        """Raise ValueError for a combination of parallelism flags that does not make a world."""
+        world, dp = self.world_size(), self.dp_size if self.enable_dp_attention else 1
+        for name, n in (
+            ("--tp-size", self.tp_size),
+            ("--dp-size", self.dp_size),
+            ("--ep-size", self.ep_size),
+        ):
+            if n < 1 or world % n:
+                raise ValueError(f"{name} {n} must be at least 1 and divide the world size {world}")
+        if self.dp_size > 1 and not self.enable_dp_attention:
+            raise ValueError("--dp-size needs --enable-dp-attention (replicas: run several servers)")
+        if self.ep_size not in (1, world):
+            raise ValueError(f"--ep-size {self.ep_size} must be 1 or the world size {world}")
+        if (dp > 1 or self.ep_size > 1) and not (dp == self.ep_size == world):
+            raise ValueError(
+                "data-parallel attention with expert parallelism runs over every rank: give --dp-size, "
+                f"--ep-size (and --tp-size) equal, with --enable-dp-attention (world size {world})"
+            )
+        if world % self.nnodes or not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(
+                f"{world} ranks do not split over --nnodes {self.nnodes} (node {self.node_rank})"
+            )
+        if self.nnodes > 1 and not self.dist_init_addr:
+            raise ValueError("--nnodes > 1 needs --dist-init-addr HOST:PORT (node 0's address)")
 
     def resolved_max_body_bytes(self, max_model_len: int) -> int:
         """The request body limit: room for a full context written out as JSON (64 bytes per token
@@ -176,6 +227,13 @@ class RunnerConfig(msgspec.Struct, frozen=True):
     max_prefill_tokens: int | None = None
     rank: int = 0
     world_size: int = 1
+    tp_size: int = 1  # ranks this rank's dense layers split over (its attention group)
+    ep_size: int = 1
+    ep_num_redundant_experts: int = 0
+    expert_placement: str | None = None  # path of a JSON ExpertPlacement
+    moe_a2a_backend: str = "auto"  # "auto" | "all_to_all" (ServerConfig)
+    expert_load_out: str | None = None
+    dist_init_addr: str | None = None  # host:port of rank 0's rendezvous (world_size > 1)
     speculative_algorithm: str | None = None  # ServerConfig's speculative settings
     speculative_num_draft_tokens: int = 3
     speculative_ngram_sizes: tuple[int, int] = (1, 4)
@@ -185,11 +243,20 @@ class RunnerConfig(msgspec.Struct, frozen=True):
 
     @classmethod
     def resolve(
-        cls, cfg: ServerConfig, model_path: str, max_model_len: int, rank: int = 0, world_size: int = 1
+        cls,
+        cfg: ServerConfig,
+        model_path: str,
+        max_model_len: int,
+        rank: int = 0,
+        world_size: int = 1,
+        dist_init_addr: str | None = None,
     ) -> RunnerConfig:
+        device = cfg.device
+        if device == "cuda" and world_size > 1:  # one GPU per rank of this node
+            device = f"cuda:{rank % (world_size // cfg.nnodes)}"
         return cls(
             model_path=model_path,
-            device=cfg.device,
+            device=device,
             dtype=cfg.resolved_dtype(),
             kv_cache_dtype=cfg.kv_cache_dtype,
             quantization=cfg.quantization,
@@ -210,6 +277,13 @@ class RunnerConfig(msgspec.Struct, frozen=True):
             max_prefill_tokens=cfg.resolved_chunked_prefill_size(),
             rank=rank,
             world_size=world_size,
+            tp_size=cfg.attention_tp_size() if world_size > 1 else 1,
+            ep_size=cfg.ep_size if world_size > 1 else 1,
+            ep_num_redundant_experts=cfg.ep_num_redundant_experts,
+            expert_placement=cfg.expert_placement,
+            moe_a2a_backend=cfg.moe_a2a_backend,
+            expert_load_out=cfg.expert_load_out,
+            dist_init_addr=dist_init_addr,
             speculative_algorithm=cfg.speculative_algorithm,
             speculative_num_draft_tokens=cfg.speculative_num_draft_tokens,
             speculative_ngram_sizes=(
@@ -241,6 +315,7 @@ class SchedulerConfig(msgspec.Struct, kw_only=True, frozen=True):
     max_queued_requests: int = 4096
     prefix_replay: int = 0  # tokens before a prefix hit the worker recomputes (DeepSeek-V4's state)
     max_draft: int = 0  # speculative decoding: the most draft tokens a row may verify (0: off)
+    compute_bound_tokens: int = 1024  # the step tokens at which verifying drafts stops being cheap
 
     @classmethod
     def resolve(cls, cfg: ServerConfig, caps: WorkerCapabilities) -> SchedulerConfig:
@@ -256,6 +331,7 @@ class SchedulerConfig(msgspec.Struct, kw_only=True, frozen=True):
             max_queued_requests=cfg.max_queued_requests,
             prefix_replay=caps.prefix_replay,
             max_draft=caps.max_draft,
+            compute_bound_tokens=caps.compute_bound_tokens,
         )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import socket
 import tempfile
 import threading
 from collections.abc import AsyncIterator, Sequence
@@ -19,19 +20,27 @@ from pathlib import Path
 import msgspec
 import structlog
 
-from runtime.actors import addresses
+from runtime.actors import addresses, nodes
 from runtime.actors.client import EngineClient
 from runtime.actors.detokenizer import DetokenizerActor
-from runtime.actors.engine_process import EngineArgs, spawn_engine_actors
+from runtime.actors.dp_controller import DpController
+from runtime.actors.engine_process import EngineArgs, dp_groups, spawn_engine_actors
 from runtime.actors.system import ActorSystem
 from runtime.actors.tokenizer import TokenizerActor
 from runtime.config import ServerConfig
-from runtime.mailbox.messages import ChatMessage, GenerateRequest, NodeFailed, SamplingParams, TextDelta
+from runtime.mailbox.messages import (
+    ChatMessage,
+    GenerateRequest,
+    NodeFailed,
+    NodeReady,
+    SamplingParams,
+    TextDelta,
+)
 from runtime.model_info import ModelInfo, load_model_info, resolve_model_path
 
 log = structlog.get_logger(__name__)
 
-FRONTEND_ACTORS = (addresses.CLIENT, addresses.TOKENIZER, addresses.DETOKENIZER)
+FRONTEND_ACTORS = (addresses.CLIENT, addresses.TOKENIZER, addresses.DETOKENIZER, addresses.DP_CONTROLLER)
 ENGINE_START_TIMEOUT_S = 600.0
 
 
@@ -59,23 +68,36 @@ async def _stop(system: ActorSystem) -> None:
 async def launch(cfg: ServerConfig) -> Running:
     model_path = resolve_model_path(cfg)
     info = load_model_info(cfg, model_path)
-    world_size = 1  # one engine rank; the same code addresses many
+    cfg.check_parallelism()
+    world_size = cfg.world_size()  # engine ranks: one is world size 1 through the same code
+    if world_size > 1 and cfg.placement == "single":
+        raise ValueError("many ranks run one engine process each: use --placement multiprocess")
+    dp_size = dp_groups(cfg, world_size)
     if cfg.placement == "single":
         system = ActorSystem(addresses.SINGLE_NODE, {})
     else:
         placement = {a: addresses.FRONTEND_NODE for a in FRONTEND_ACTORS}
         for rank in range(world_size):
-            placement |= {a: addresses.engine_node(rank) for a in addresses.engine_actors(rank, world_size)}
-        system = ActorSystem(addresses.FRONTEND_NODE, placement, Path(tempfile.mkdtemp(prefix="conduit-")))
+            node = addresses.engine_node(rank)
+            placement |= {a: node for a in addresses.engine_actors(rank, world_size, dp_size)}
+        known = nodes.node_addrs(cfg, world_size) if cfg.nnodes > 1 else {}
+        sock_dir = Path(tempfile.mkdtemp(prefix="conduit-"))
+        system = ActorSystem(addresses.FRONTEND_NODE, placement, sock_dir, known)
         await system.listen()
-    client = EngineClient(info.name, info.max_model_len)
+    # with DP attention the DP controller stands where the one scheduler would
+    schedulers = addresses.DP_CONTROLLER if dp_size > 1 else addresses.scheduler(0)
+    client = EngineClient(info.name, info.max_model_len, schedulers)
     try:
         await system.spawn(client)
-        await system.spawn(TokenizerActor(info))
-        await system.spawn(DetokenizerActor(info))
+        await system.spawn(TokenizerActor(info, schedulers))
+        await system.spawn(DetokenizerActor(info, schedulers))
+        if dp_size > 1:
+            await system.spawn(DpController(dp_size))
 
         def engine_died(msg: NodeFailed) -> None:
             client.fail_all(f"{msg.node}: {msg.error}")
+            if world_size > 1:  # the survivors' collectives would wait for it: stop every rank
+                system.stop_children(f"{msg.node} died")
             try:  # the detokenizer forgets the dead engine's requests (after the ones it is decoding)
                 system.actors[addresses.DETOKENIZER].mailbox.put_nowait(msg)
             except asyncio.QueueFull:
@@ -86,23 +108,50 @@ async def launch(cfg: ServerConfig) -> Running:
         if cfg.placement == "single":
             await spawn_engine_actors(system, cfg, model_path, info.max_model_len)
         else:
+            dist_addr = cfg.dist_init_addr or f"127.0.0.1:{_free_port()}"
+            # a rank cannot rejoin its world alone: with many, a death stops them all, none restarts
+            restarts = cfg.max_engine_restarts if world_size == 1 else 0
+            here = nodes.local_ranks(cfg, world_size) if cfg.nnodes > 1 else range(world_size)
             for rank in range(world_size):
+                node = addresses.engine_node(rank)
+                if rank not in here:  # another machine's agent starts it; it reports here
+                    system.expect(node)
+                    continue
+                addrs = {n: a for n, a in known.items() if n in (addresses.FRONTEND_NODE, node)}
                 args = EngineArgs(
                     cfg, system.placement, str(system.sock_dir), model_path, info.max_model_len, system.node,
-                    rank, world_size,
+                    rank, world_size, dist_addr, addrs,
                 )  # fmt: skip
-                node = addresses.engine_node(rank)
                 payload = msgspec.msgpack.encode(args)
                 await system.start_child(
-                    node, "runtime.actors.engine_process", payload, max_restarts=cfg.max_engine_restarts
+                    node, "runtime.actors.engine_process", payload, max_restarts=restarts
                 )
             for rank in range(world_size):
                 await system.wait_ready(addresses.engine_node(rank), ENGINE_START_TIMEOUT_S)
+            if cfg.nnodes > 1:
+                await _share_addresses(system, world_size)
     except BaseException:
         await _stop(system)
         raise
-    log.info("engine_ready", model=info.name, placement=cfg.placement, device=cfg.device)
+    log.info("engine_ready", model=info.name, placement=cfg.placement, device=cfg.device, ranks=world_size)
     return Running(system, client, info)
+
+
+async def _share_addresses(system: ActorSystem, world_size: int) -> None:
+    """Every rank learns every other rank's TCP address (schedulers reach workers of other machines)."""
+    engines = [addresses.engine_node(r) for r in range(world_size)]
+    for to in engines:
+        for other in engines:
+            if other != to:
+                ready = NodeReady(other, {"addr": system.node_addrs[other]})
+                await system.send_to_node(to, addresses.SYSTEM, ready)
+
+
+def _free_port() -> int:
+    """A free TCP port on the loopback for rank 0's rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @dataclass

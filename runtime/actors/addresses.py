@@ -8,6 +8,7 @@ from __future__ import annotations
 CLIENT = "client"
 TOKENIZER = "tokenizer"
 DETOKENIZER = "detokenizer"
+DP_CONTROLLER = "dp_controller"  # with DP attention: routes each request to a DP rank's scheduler
 SYSTEM = "system"  # each node's own endpoint for lifecycle messages (NodeReady, NodeFailed, Shutdown)
 
 FRONTEND_NODE = "frontend"

@@ -28,22 +28,37 @@ async def spawn_engine_actors(
     max_model_len: int,
     rank: int = 0,
     world_size: int = 1,
+    dist_init_addr: str | None = None,
 ) -> None:
     """Start rank `rank`'s actors in `system` (shared by every placement): the scheduler first (when this
     rank leads its DP group), which waits for its worker's capabilities, then the worker, which loads the
-    model and reports them. Returns once the scheduler is configured."""
+    model and reports them. Returns once the scheduler is configured. The group's scheduler sends every
+    plan to each of the group's workers (tensor parallelism: they run it together); its leader's worker
+    reports."""
     from runtime.actors.gpu_worker import GpuWorkerActor
     from runtime.actors.scheduler.actor import SchedulerActor
 
-    dp_rank, leads = addresses.dp_group(rank, world_size)
+    dp_size = dp_groups(cfg, world_size)
+    dp_rank, leads = addresses.dp_group(rank, world_size, dp_size)
     scheduler = None
     if leads:
-        workers = [addresses.worker(rank)]
-        scheduler = await system.spawn(SchedulerActor(cfg, dp_rank=dp_rank, workers=workers))
-    runner_cfg = RunnerConfig.resolve(cfg, model_path, max_model_len, rank, world_size)
-    await system.spawn(GpuWorkerActor(runner_cfg, rank=rank, scheduler=addresses.scheduler(dp_rank)))
+        group = world_size // dp_size
+        workers = [addresses.worker(r) for r in range(rank, rank + group)]
+        stats_to = addresses.DP_CONTROLLER if dp_size > 1 else addresses.CLIENT
+        scheduler = await system.spawn(SchedulerActor(cfg, dp_rank, workers, stats_to))
+    runner_cfg = RunnerConfig.resolve(cfg, model_path, max_model_len, rank, world_size, dist_init_addr)
+    lockstep = dp_size > 1  # DP attention: each rank plans alone, the MoE exchanges need them all
+    worker = GpuWorkerActor(
+        runner_cfg, rank=rank, scheduler=addresses.scheduler(dp_rank), reports=leads, lockstep=lockstep
+    )
+    await system.spawn(worker)
     if scheduler is not None:
         await scheduler.configured.wait()
+
+
+def dp_groups(cfg: ServerConfig, world_size: int) -> int:
+    """Schedulers of the engine: one per DP-attention group, else one for the whole world."""
+    return cfg.dp_size if cfg.enable_dp_attention and world_size > 1 else 1
 
 
 class EngineArgs(msgspec.Struct):
@@ -57,6 +72,9 @@ class EngineArgs(msgspec.Struct):
     parent_node: str
     rank: int = 0
     world_size: int = 1
+    dist_init_addr: str | None = None
+    # with several machines: TCP addresses of the frontend and of this rank (runtime/actors/nodes.py)
+    node_addrs: dict[str, str] = {}
 
 
 def main() -> None:
@@ -73,10 +91,12 @@ def main() -> None:
 
 async def _engine(a: EngineArgs) -> None:
     node = addresses.engine_node(a.rank)
-    system = ActorSystem(node, a.placement, Path(a.sock_dir))
+    system = ActorSystem(node, a.placement, Path(a.sock_dir), a.node_addrs)
     await system.listen()
     try:
-        await spawn_engine_actors(system, a.cfg, a.model_path, a.max_model_len, a.rank, a.world_size)
+        await spawn_engine_actors(
+            system, a.cfg, a.model_path, a.max_model_len, a.rank, a.world_size, a.dist_init_addr
+        )
     except Exception as exc:
         log.error("engine_start_failed", rank=a.rank, error=str(exc), trace=traceback.format_exc())
         await system.send_to_node(
@@ -84,7 +104,8 @@ async def _engine(a: EngineArgs) -> None:
         )
         await asyncio.sleep(0.2)  # let the frame leave before the process exits
         return
-    await system.send_to_node(a.parent_node, addresses.SYSTEM, NodeReady(node))
+    info = {"addr": a.node_addrs[node]} if node in a.node_addrs else {}
+    await system.send_to_node(a.parent_node, addresses.SYSTEM, NodeReady(node, info))
     parent = os.getppid()
     while not system.shutdown_requested.is_set():
         try:

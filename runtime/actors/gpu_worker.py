@@ -12,6 +12,9 @@ scheduling safe."""
 from __future__ import annotations
 
 import asyncio
+import os
+import queue
+import signal
 import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +38,9 @@ from runtime.mailbox.messages import (
 
 log = structlog.get_logger(__name__)
 
+IDLE_POLL_MIN_S = 0.0005  # lockstep ranks, all idle: the first wait for a plan between agreements
+IDLE_POLL_MAX_S = 0.02  # ... doubling up to this (the most an idle world adds to a request's start)
+
 
 class PendingResult(Protocol):
     def result(self) -> StepOutput:
@@ -48,6 +54,11 @@ class Runner(Protocol):
     def capabilities(self) -> WorkerCapabilities: ...
 
     def launch(self, plan: StepPlan) -> PendingResult: ...
+
+    # ranks that step together (DP attention with expert parallelism) also need:
+    def set_step_tokens(self, n: int) -> None: ...
+
+    def idle_step(self) -> None: ...
 
 
 def load_model_runner(cfg: RunnerConfig) -> Runner:
@@ -64,11 +75,21 @@ class GpuWorkerActor(Actor):
         rank: int = 0,
         scheduler: str = addresses.scheduler(0),
         runner_factory: Callable[[RunnerConfig | None], Runner] = load_model_runner,
+        reports: bool = True,
+        lockstep: bool = False,
     ) -> None:
         super().__init__(addresses.worker(rank))
         self.runner_config = runner_config
         self.scheduler = scheduler
         self.runner_factory = runner_factory
+        # The first rank of a tensor-parallel group speaks for it: every rank runs each plan (their
+        # collectives meet), and the others' outputs, equal to its own, stay here. Failures all report.
+        self.reports = reports
+        # Data-parallel ranks with expert parallelism step together (`_lockstep`): every MoE layer's
+        # exchange needs every rank, so a rank without a plan runs an idle step beside the others'.
+        self.lockstep = lockstep
+        self._plans: queue.Queue[StepPlan] = queue.Queue()
+        self._stop_flag = False
         self.runner: Runner | None = None
         self._launch = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpu-launch")
         self._collect = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpu-collect")
@@ -80,28 +101,89 @@ class GpuWorkerActor(Actor):
         loop = asyncio.get_running_loop()
         self.runner = await loop.run_in_executor(self._launch, self.runner_factory, self.runner_config)
         self._sender = asyncio.create_task(self._send_outputs(), name="worker-outputs")
-        await self.send(self.scheduler, self.runner.capabilities())
+        if self.reports:
+            await self.send(self.scheduler, self.runner.capabilities())
+        if self.lockstep:
+            self._launch.submit(self._lockstep, loop)
 
     async def on_stop(self) -> None:
+        self._stop_flag = True
         if self._sender is not None:
             self._sender.cancel()
         self._launch.shutdown(wait=True)
         self._collect.shutdown(wait=True)
+        save_load = getattr(self.runner, "save_expert_load", None)
+        if save_load is not None:
+            save_load()
 
     async def handle(self, msg: Message) -> None:
         if not isinstance(msg, StepPlan) or self.failed:
+            return
+        if self.lockstep:
+            self._plans.put(msg)
             return
         loop = asyncio.get_running_loop()
         try:
             pending = await loop.run_in_executor(self._launch, self.runner.launch, msg)
         except StepFailed as exc:  # the device is fine: only this step's requests fail
             log.error("step_aborted", step=msg.step, error=str(exc))
-            await self.send(self.scheduler, StepAborted(msg.step, str(exc)))
+            if self.reports:
+                await self.send(self.scheduler, StepAborted(msg.step, str(exc)))
             return
         except Exception as exc:
             await self._fail(msg.step, exc)
             return
         await self._outputs.put((msg.step, loop.run_in_executor(self._collect, pending.result)))
+
+    def _lockstep(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The launch thread's loop for ranks that step together. Each round the ranks agree (a max over
+        a gloo group, on the host) whether any has a plan, and on the most tokens any has; if one has, every rank steps: its own plan, or
+        an idle step that joins the collectives with no tokens. While all are idle each waits for a plan
+        a little longer each round (up to IDLE_POLL_MAX_S), so an idle world costs next to nothing. A rank
+        that stops says so in the same flag, and every rank leaves the loop at the same round."""
+        from runtime.gpu import distributed
+
+        pending: StepPlan | None = None
+        wait = IDLE_POLL_MIN_S
+        while True:
+            if pending is None:
+                try:
+                    pending = self._plans.get_nowait()
+                except queue.Empty:
+                    pending = None
+            flag = 2 if self._stop_flag else int(pending is not None)
+            tokens = sum(pending.extend_lens) if pending is not None else 0
+            agreed, most = distributed.agree_max(flag, tokens)
+            if agreed >= 2:
+                return
+            if agreed == 0:
+                try:
+                    pending = self._plans.get(timeout=wait)
+                except queue.Empty:
+                    pass
+                wait = min(2 * wait, IDLE_POLL_MAX_S)
+                continue
+            wait = IDLE_POLL_MIN_S
+            plan, pending = pending, None
+            try:
+                self.runner.set_step_tokens(most)  # every rank sizes its MoE exchanges alike
+                if plan is None or not plan.rows:
+                    self.runner.idle_step()
+                if plan is None:
+                    continue
+                result = self.runner.launch(plan)
+            except Exception as exc:
+                asyncio.run_coroutine_threadsafe(self._fail_world(plan.step if plan else -1, exc), loop)
+                return
+            fut = asyncio.wrap_future(self._collect.submit(result.result), loop=loop)
+            loop.call_soon_threadsafe(self._outputs.put_nowait, (plan.step, fut))
+
+    async def _fail_world(self, step: int, exc: Exception) -> None:
+        """A failed step leaves this rank's collectives out of line with the others': report it, then end
+        the process, which stops every rank (the frontend fails their requests with one error each)."""
+        await self._fail(step, exc)
+        log.error("rank_exiting_after_failed_step", rank=self.address)
+        os.kill(os.getpid(), signal.SIGTERM)
 
     async def _send_outputs(self) -> None:
         while True:
@@ -111,7 +193,7 @@ class GpuWorkerActor(Actor):
             except Exception as exc:
                 await self._fail(step, exc)
                 continue
-            if not self.failed:
+            if not self.failed and self.reports:
                 engram = getattr(self.runner, "engram", None)
                 if engram is not None:
                     out = msgspec.structs.replace(out, engram=engram.counters())
@@ -123,4 +205,16 @@ class GpuWorkerActor(Actor):
             return
         self.failed = f"{type(exc).__name__}: {exc}"
         log.error("step_failed", step=step, error=self.failed, trace=traceback.format_exc())
-        await self.send(self.scheduler, WorkerFailed(step, self.failed))
+        await self.send(self.scheduler, WorkerFailed(step, self._client_message(exc)))
+
+    def _client_message(self, exc: Exception) -> str:
+        """What a failed request's client reads. With many ranks, a step usually fails because another
+        rank died in the middle of a collective, whose own message is long and low-level: say that."""
+        cfg = self.runner_config
+        if cfg is None or cfg.world_size == 1:
+            return self.failed
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return (
+            f"rank {cfg.rank} of {cfg.world_size} failed a step (another rank may have died): "
+            f"{type(exc).__name__}: {first[:160]}"
+        )

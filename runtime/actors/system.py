@@ -36,10 +36,19 @@ RESTART_BACKOFF_S = (0.5, 2.0, 5.0, 10.0)
 
 
 class ActorSystem:
-    def __init__(self, node: str, placement: dict[str, str], sock_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        node: str,
+        placement: dict[str, str],
+        sock_dir: Path | None = None,
+        node_addrs: dict[str, str] | None = None,
+    ) -> None:
         self.node = node
         self.placement = placement  # actor address -> node name
         self.sock_dir = sock_dir
+        # nodes reached over TCP (`tcp://HOST:PORT`: other hosts); the rest by Unix socket in sock_dir.
+        # A NodeReady that carries an "addr" adds its node.
+        self.node_addrs = dict(node_addrs or {})
         self.actors: dict[str, Actor] = {}
         self._tasks: dict[str, asyncio.Task] = {}
         self._links: dict[str, transport.Link] = {}
@@ -54,6 +63,8 @@ class ActorSystem:
         self._down: set[str] = set()  # child nodes that died and are not ready again: sends are dropped
         self._restarting: set[asyncio.Task] = set()
         self.shutdown_requested = asyncio.Event()  # set when a parent asks this node to stop
+        # a node agent's children are stopped by the frontend of another host: a clean exit is no death
+        self.clean_exit_is_stop = False
         self._stopping = False
 
     # ------------------------------------------------------------------ local actors
@@ -133,7 +144,7 @@ class ActorSystem:
             async with self._link_locks.setdefault(node, asyncio.Lock()):
                 link = self._links.get(node)
                 if link is None or link.closed:
-                    link = await transport.connect(self._sock_path(node))
+                    link = await transport.connect(self._address(node))
                     self._links[node] = link
         try:
             await link.send(env)
@@ -145,6 +156,8 @@ class ActorSystem:
 
     def _system_message(self, msg: Message) -> None:
         if isinstance(msg, NodeReady):
+            if msg.info.get("addr"):
+                self.node_addrs[msg.node] = msg.info["addr"]
             self._down.discard(msg.node)
             fut = self.ready.setdefault(msg.node, asyncio.get_running_loop().create_future())
             if not fut.done():
@@ -152,6 +165,8 @@ class ActorSystem:
             for cb in self.on_node_ready:
                 cb(msg)
         elif isinstance(msg, NodeFailed):
+            if msg.node in self.node_addrs and msg.node not in self._children:
+                self._down.add(msg.node)  # a node of another host, reported by its host's agent
             fut = self.ready.get(msg.node)
             if fut is not None and not fut.done():
                 fut.set_exception(RuntimeError(f"node {msg.node} failed to start: {msg.error}"))
@@ -166,8 +181,11 @@ class ActorSystem:
         assert self.sock_dir is not None, "cross-process delivery needs a socket directory"
         return self.sock_dir / f"{node.replace('/', '-')}.sock"
 
+    def _address(self, node: str) -> Path | str:
+        return self.node_addrs.get(node) or self._sock_path(node)
+
     async def listen(self) -> None:
-        self._server = await transport.serve(self._sock_path(self.node), self._deliver)
+        self._server = await transport.serve(self._address(self.node), self._deliver)
 
     async def start_child(self, node: str, module: str, payload: bytes, max_restarts: int = 0) -> None:
         """Start `python -m module` as a child process, handing it `payload` (msgpack) on stdin. A fresh
@@ -189,7 +207,7 @@ class ActorSystem:
 
     async def _watch(self, node: str, proc: asyncio.subprocess.Process) -> None:
         code = await proc.wait()
-        if self._stopping:
+        if self._stopping or (code == 0 and self.clean_exit_is_stop):
             return
         log.error("node_died", node=node, exitcode=code)
         self._down.add(node)
@@ -212,6 +230,37 @@ class ActorSystem:
         if not self._stopping:
             await self.start_child(node, module, payload, max_restarts)
 
+    def stop_children(self, why: str) -> None:
+        """Terminate every child process still running (they are reported failed as each exits and
+        not restarted), and ask the nodes of other hosts to stop: one rank's death ends a world of many,
+        whose collectives would wait for it."""
+        for node, proc in self._children.items():
+            if proc.returncode is None and node not in self._down:
+                log.error("stopping_node", node=node, why=why)
+                self._child_specs[node] = (*self._child_specs[node][:2], 0)
+                proc.terminate()
+        for node in self.remote_nodes():
+            log.error("stopping_node", node=node, why=why)
+            task = asyncio.get_running_loop().create_task(self._ask_to_stop(node))
+            self._restarting.add(task)
+            task.add_done_callback(self._restarting.discard)
+
+    def remote_nodes(self) -> list[str]:
+        """Nodes of other hosts this one knows (not its children), still up."""
+        return [
+            n for n in self.node_addrs if n != self.node and n not in self._children and n not in self._down
+        ]
+
+    async def _ask_to_stop(self, node: str) -> None:
+        try:
+            await asyncio.wait_for(self.send_to_node(node, addresses.SYSTEM, Shutdown()), 2)
+        except (TimeoutError, OSError, ConnectionError):
+            pass
+
+    def expect(self, node: str) -> None:
+        """Wait for a node that another host starts (`wait_ready` then waits for its NodeReady)."""
+        self.ready.setdefault(node, asyncio.get_running_loop().create_future())
+
     async def wait_ready(self, node: str, timeout: float) -> NodeReady:
         return await asyncio.wait_for(asyncio.shield(self.ready[node]), timeout)
 
@@ -220,6 +269,8 @@ class ActorSystem:
     async def stop(self, child_timeout: float = 10.0) -> None:
         """Orderly shutdown: children first (asked, then terminated), then local actors in reverse order."""
         self._stopping = True
+        for node in self.remote_nodes():
+            await self._ask_to_stop(node)
         for node, proc in self._children.items():
             if node in self._down:
                 continue
@@ -248,5 +299,5 @@ class ActorSystem:
             await link.close()
         if self._server is not None:
             self._server.close()
-        if self.sock_dir is not None:
+        if self.sock_dir is not None and self.node not in self.node_addrs:
             self._sock_path(self.node).unlink(missing_ok=True)

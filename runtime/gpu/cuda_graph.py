@@ -43,9 +43,11 @@ IDS, POS, LOC, ROWS, SEQ_LENS, USE_LAST = range(6)
 _PAD = (0, 0, 0, 0, 1, 0)
 # The verify graphs' buffer: per token place (row b's places b * q_len ..), then per row (the first
 # max_bs entries), then the real positions' logits rows and each one's request row.
-V_POS, V_LOC, V_TOKEN_ROW, V_FED, V_ROWS, V_SEQ_LENS, V_SAMPLE, V_POS_ROWS, V_BLOCK_START, V_DRAFTS = range(
-    10
-)
+V_POS, V_LOC, V_TOKEN_ROW, V_FED, V_ROWS, V_SEQ_LENS, V_SAMPLE, V_POS_ROWS = range(8)
+# per row: its first sampled position, its drafts; per sampled position: its index in its row's block,
+# its row's index
+V_BLOCK_START, V_DRAFTS, V_OFFSET, V_OWNER = range(8, 12)
+_V_FIELDS = 12
 
 
 def graph_buckets(max_bs: int) -> list[int]:
@@ -91,8 +93,10 @@ class GraphRunner:
         self.verify_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         if self.q_len > 1:
             width = max_bs * self.q_len
-            self.v_hosts = [torch.zeros(10, width, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
-            self.v_inputs = torch.zeros(10, width, dtype=torch.int64, device=dev)
+            self.v_hosts = [
+                torch.zeros(_V_FIELDS, width, dtype=torch.int64, pin_memory=pinned) for _ in range(2)
+            ]
+            self.v_inputs = torch.zeros(_V_FIELDS, width, dtype=torch.int64, device=dev)
             self.v_logits = torch.zeros(width, vocab_size, dtype=model.logits_dtype, device=dev)
         if self.capture_graphs:
             self._capture()
@@ -150,7 +154,7 @@ class GraphRunner:
         v = self.v_inputs
         return VerifyOut(
             self.v_logits[v[V_SAMPLE, :num_pos]], v[V_ROWS, :n], v[V_POS_ROWS, :num_pos],
-            v[V_BLOCK_START, :n], v[V_DRAFTS, :n],
+            v[V_BLOCK_START, :n], v[V_DRAFTS, :n], v[V_OFFSET, :num_pos], v[V_OWNER, :num_pos],
         )  # fmt: skip
 
     def context_of(self, longest: int) -> int:
@@ -175,6 +179,8 @@ class GraphRunner:
             h[V_FED, places] = range(k + 1)
             h[V_SAMPLE, sampled : sampled + k + 1] = range(i * q, i * q + k + 1)
             h[V_POS_ROWS, sampled : sampled + k + 1] = row
+            h[V_OFFSET, sampled : sampled + k + 1] = range(k + 1)
+            h[V_OWNER, sampled : sampled + k + 1] = i
             h[V_BLOCK_START, i] = sampled
             sampled += k + 1
         h[V_ROWS, :n] = plan.rows
@@ -267,3 +273,5 @@ class VerifyOut:
     pos_rows: torch.Tensor  # [P] each position's request row
     block_start: torch.Tensor  # [B] each row's first position among the P
     draft_lens: torch.Tensor  # [B]
+    offsets: torch.Tensor  # [P] each position's index in its row's block
+    owner: torch.Tensor  # [P] each position's row index among the B

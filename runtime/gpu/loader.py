@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import structlog
@@ -57,13 +57,49 @@ def safetensors_files(model_path: str | os.PathLike) -> list[Path]:
     return files
 
 
-def iter_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+Slice = tuple[int, int, int]  # (dim, start, size) of a checkpoint tensor
+
+
+def iter_tensors(
+    files: list[Path],
+    select: Callable[[str], Slice | None] | None = None,
+    skip: Callable[[str], bool] | None = None,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Checkpoint tensors one at a time. With `select`, a tensor it names a slice of is read as that
+    slice only (a tensor-parallel rank reads its part of each weight, never the whole checkpoint); a
+    tensor `skip` names is not read at all (an expert-parallel rank skips other ranks' experts)."""
     from safetensors import safe_open
 
     for f in files:
         with safe_open(str(f), framework="pt") as sf:
             for name in sf.keys():
-                yield name, sf.get_tensor(name)
+                if skip is not None and skip(name):
+                    continue
+                part = select(name) if select is not None else None
+                if part is None:
+                    yield name, sf.get_tensor(name)
+                    continue
+                dim, start, size = part
+                lazy = sf.get_slice(name)
+                index = [slice(None)] * len(lazy.get_shape())
+                index[dim] = slice(start, start + size)
+                yield name, lazy[tuple(index)]
+
+
+def checkpoint_slice(model: nn.Module, name: str) -> Slice | None:
+    """The slice of checkpoint tensor `name` that `model` (one tensor-parallel rank) holds; None: all."""
+    if name.endswith(_IGNORED_SUFFIXES):
+        return None
+    target, shard = _target(model, name)
+    module_name, _, leaf = target.rpartition(".")
+    try:
+        module = model.get_submodule(module_name)
+    except AttributeError:
+        return None
+    if shard is not None:
+        rows = module.shard_source(shard)
+        return None if rows is None else (0, *rows)
+    return getattr(module, "tp_slices", {}).get(leaf)
 
 
 def _target(model: nn.Module, name: str) -> tuple[str, str | None]:
@@ -99,9 +135,12 @@ def load_weights(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor]]) 
             unknown.append(name)
             continue
         dst = params[target].data
+        module = model.get_submodule(target.rpartition(".")[0])
+        if getattr(module, "tp_padded", False):  # the last vocabulary part: rows past V stay zero
+            dst.zero_()
+            dst = dst.narrow(0, 0, tensor.shape[0])
         if shard is not None:
-            merged = model.get_submodule(target.rpartition(".")[0])
-            off, size = merged.shard_offset(shard)
+            off, size = module.shard_offset(shard)
             dst = dst.narrow(0, off, size)
         if dst.shape != tensor.shape:
             raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(dst.shape)}")

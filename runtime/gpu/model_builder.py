@@ -4,13 +4,14 @@ checkpoint (or dummy) weights, ready to serve."""
 from __future__ import annotations
 
 import time
+from functools import partial
 from pathlib import Path
 
 import structlog
 import torch
 
 from runtime.config import RunnerConfig
-from runtime.gpu import loader
+from runtime.gpu import distributed, loader
 from runtime.gpu.kernels.fp8_gemm.linear import precompile as precompile_fp8_gemms
 from runtime.gpu.layers import RotaryEmbedding
 from runtime.gpu.layers.fp8_linear import weight_shapes as fp8_weight_shapes
@@ -62,7 +63,10 @@ def build_model(
         if getattr(m, "weights_optional", False):
             m.init_from_seed()
     if cfg.load_format == "auto":
-        model.load_weights(loader.iter_tensors(loader.safetensors_files(path)))
+        # a tensor-parallel rank reads only its slice of each weight it splits
+        select = partial(loader.checkpoint_slice, model) if distributed.tp().size > 1 else None
+        skip = model.skips_checkpoint_tensor if distributed.ep().size > 1 else None
+        model.load_weights(loader.iter_tensors(loader.safetensors_files(path), select, skip))
     model.prepare_for_serving()
     _precompile_fp8_gemms(model, dtype, device)
     return model.eval().requires_grad_(False)

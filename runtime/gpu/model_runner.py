@@ -25,12 +25,14 @@ import torch
 from runtime.config import RunnerConfig
 from runtime.engram.layer import slot_bytes
 from runtime.engram.runtime import make_engram_runtime
-from runtime.gpu import compile_watch, loader, presets
+from runtime.gpu import compile_watch, distributed, loader, presets
 from runtime.gpu.attention import default_backend
 from runtime.gpu.cuda_graph import GraphRunner
 from runtime.gpu.forward_batch import ForwardBatch, StepTables, columns_to_device, make_batch, token_positions
 from runtime.gpu.grammar import GrammarTable
 from runtime.gpu.kv_pool import KVPoolSpec
+from runtime.gpu.layers import expert_parallel
+from runtime.gpu.layers.expert_parallel import ExpertParallelMoE, ExpertPlacement
 from runtime.gpu.model_builder import build_model, resolve_dtype, resolve_kv_dtype
 from runtime.gpu.pending import Copies, PendingStep
 from runtime.gpu.sampler import Sampler
@@ -67,12 +69,21 @@ class ModelRunner:
             torch.set_num_threads(cfg.cpu_threads)
         if self.device.type == "cuda":
             compile_watch.install()
+        if cfg.world_size > 1:  # before the model is built: its parallel layers read their rank's place
+            distributed.init(
+                cfg.rank, cfg.world_size, cfg.tp_size, cfg.dist_init_addr, self.device, cfg.ep_size
+            )
+        if cfg.moe_a2a_backend not in ("auto", "all_to_all"):
+            raise ValueError(f"--moe-a2a-backend {cfg.moe_a2a_backend!r}: auto | all_to_all")
+        placement = ExpertPlacement.load(cfg.expert_placement) if cfg.expert_placement else None
+        expert_parallel.use(placement, cfg.ep_num_redundant_experts, cfg.moe_a2a_backend == "all_to_all")
         path = Path(presets.resolve(cfg.model_path))
         self.config = loader.load_config(path, cfg.hf_overrides)
         self.vocab_size: int = self.config.vocab_size
         self.eos_token_ids: list[int] = _eos_ids(path, self.config)
         self.model = build_model(cfg, self.config, path, self.device, self.dtype)
         self.engram = make_engram_runtime(cfg, path, self.device, self.dtype)  # None without Engram
+        self._exchanges: list[ExpertParallelMoE] | None = None  # the MoE layers' EP exchanges
 
         self.kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, self.dtype)
         if self.kv_dtype != self.dtype and not self.model.abilities.fp8_kv_cache:
@@ -81,7 +92,8 @@ class ModelRunner:
                 f" models, not {type(self.model).__name__}"
             )
         rows = cfg.max_reqs + 1  # row 0 is padding
-        spec = KVPoolSpec(self._pool_slots(rows), rows, self.kv_dtype, self.device, cfg.max_model_len)
+        slots = distributed.world_min(self._pool_slots(rows), self.device)  # one size on every rank
+        spec = KVPoolSpec(slots, rows, self.kv_dtype, self.device, cfg.max_model_len)
         self.kv_pool = self.model.make_kv_pool(spec)
         self.page_size = _page_size(cfg.page_size, self.kv_pool.page_multiple)
         self.attn = self.model.make_attention_backend(
@@ -110,6 +122,8 @@ class ModelRunner:
         graphs_ok = self.attn.supports_cuda_graph and self.engram is None  # Engram steps run eager
         if cfg.cuda_graph and self.device.type == "cuda" and graphs_ok:
             self.graphs = self.make_graphs(min(cfg.cuda_graph_max_bs or cfg.max_reqs, cfg.max_reqs))
+            if self.spec is not None:
+                self.spec.capture_observe(self.graphs.buckets)
         if self.device.type == "cuda" and self.attn.wants_warm_up:
             warm_up(cfg, self.kv_pool.num_slots, self.forward_logits)
             torch.cuda.synchronize(self.device)
@@ -185,6 +199,7 @@ class ModelRunner:
             vocab_size=self.vocab_size,
             max_draft=self.spec.max_draft if self.spec is not None else 0,
             engram=self.engram is not None,
+            compute_bound_tokens=_compute_bound_tokens(self.device),
         )
 
     # ------------------------------------------------------------------ step
@@ -239,6 +254,32 @@ class ModelRunner:
             on_counts=Speculation.advance(self.sampler, verify) if verify is not None else None, draft=draft,
         )  # fmt: skip
 
+    def set_step_tokens(self, n: int) -> None:
+        """The next step's most tokens on any DP rank (they agreed on it): MoE exchanges size by it."""
+        if self._exchanges is None:
+            self._exchanges = [m for m in self.model.modules() if isinstance(m, ExpertParallelMoE)]
+        for m in self._exchanges:
+            m.step_tokens = n
+
+    def save_expert_load(self) -> None:
+        """With `expert_load_out`: this rank's measured expert load (tokens routed to each logical
+        expert, summed over MoE layers) as `expert_load.rank{r}.json` there, for `rebalance`."""
+        if not self.cfg.expert_load_out:
+            return
+        self.set_step_tokens(0)  # finds the exchanges
+        loads = [m.load for m in self._exchanges or [] if m.load is not None]
+        if not loads:
+            return
+        total = torch.stack(loads).sum(0).tolist()
+        out = Path(self.cfg.expert_load_out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"expert_load.rank{self.cfg.rank}.json").write_text(json.dumps(total))
+
+    def idle_step(self) -> None:
+        """Join one step's collectives without tokens (a DP rank idle while others run a step)."""
+        with torch.inference_mode():
+            self.model.idle_forward()
+
     def _timing_event(self) -> torch.cuda.Event | None:
         """A recorded CUDA event (None on CPU). The first one is the reference the step times count from,
         so the scheduler can see the device's idle gaps between steps."""
@@ -287,9 +328,8 @@ class ModelRunner:
             v = self.graphs.run_verify(plan)
             ks = list(plan.draft_lens)
             pos_rows = [r for r, k in zip(rows, ks, strict=True) for _ in range(k + 1)]
-            return Sampled(
-                v.logits, rows, v.rows, pos_rows, v.pos_rows, VerifyRows(ks, v.block_start, v.draft_lens)
-            )
+            verify = VerifyRows(ks, v.block_start, v.draft_lens, v.offsets, v.owner)
+            return Sampled(v.logits, rows, v.rows, pos_rows, v.pos_rows, verify)
         if self.graphs is not None and self.graphs.fits(plan) and not any(plan.draft_lens):
             logits, rows_t = self.graphs.run(plan)
             return Sampled(logits, rows, rows_t)
@@ -343,10 +383,11 @@ class ModelRunner:
         block_start = torch.cumsum(k + 1, 0) - (k + 1)
         sample_rows = rows[sample]
         pos_rows = torch.repeat_interleave(sample_rows, k + 1)
+        owner = torch.repeat_interleave(torch.arange(len(k)), k + 1)
         # aligned columns: with them packed end to end, an odd token count shifted the positions the
         # RoPE kernel reads and compiled a new variant mid-run
         cols = [ids, positions, plan.out_loc, token_rows, fed_col, sample_idx, sample_rows, rows]
-        cols += [pos_rows, block_start, k] if any(drafts) else []
+        cols += [pos_rows, block_start, k, _ranges(k + 1), owner] if any(drafts) else []
         dev = columns_to_device(cols, self.device)
         host = (list(plan.rows), list(plan.prefix_lens), list(plan.extend_lens), list(plan.replay))
         batch = make_batch(self.tables, self.kv_pool, *dev[:5], dev[7], host)
@@ -359,7 +400,7 @@ class ModelRunner:
             ks = k.tolist()
             sampled.pos_rows = [r for r, kk in zip(rows_list, ks, strict=True) for _ in range(kk + 1)]
             sampled.pos_rows_t = dev[8]
-            sampled.verify = VerifyRows(ks, dev[9], dev[10])
+            sampled.verify = VerifyRows(ks, dev[9], dev[10], dev[11], dev[12])
         return batch, sampled
 
 
@@ -402,6 +443,16 @@ def _per_emitted(t: torch.Tensor | None, emitted: Emitted) -> torch.Tensor | Non
     if emitted.index is None:
         return t[:, None]
     return t[emitted.index]
+
+
+def _compute_bound_tokens(device: torch.device) -> int:
+    """Step tokens at which a forward stops being bound by reading the weights: on an H200 a bf16
+    weight's 2 flops per token reach the copy bandwidth's ridge (765 TFLOP/s over 4.25 TB/s, 180 flops
+    per byte) near 200 tokens, and a Llama-8B verify step of 256 tokens took 1.7x a 64-token decode step
+    (docs/PERF.md); one CPU thread's ridge is near 10 flops per byte, a few tokens of float32."""
+    if device.type == "cuda":
+        return 256
+    return 4 * torch.get_num_threads()
 
 
 def _page_size(asked: int, multiple: int) -> int:

@@ -235,6 +235,9 @@ class WorkerCapabilities(Struct, frozen=True, tag=True, array_like=True, kw_only
     vocab_size: int
     max_draft: int = 0  # speculative decoding: drafts a row may verify per step (0: no drafter)
     engram: bool = False  # the model has Engram layers: plans carry their addresses (StepPlan.engram_addr)
+    # step tokens from which more positions cost compute rather than riding on the weight reads: where
+    # speculation's draft-length threshold reaches its maximum (the device's ridge point, roughly)
+    compute_bound_tokens: int = 1024
 
 
 class WorkerFailed(Struct, frozen=True, tag=True, array_like=True):
@@ -343,6 +346,7 @@ class EngineStats(Struct, frozen=True, tag=True, array_like=True, kw_only=True):
     swa_replay_tokens: int = 0  # cumulative tokens replayed to rebuild per-request state on prefix hits
     spec: SpecCounters | None = None  # speculative decoding, when it is on
     engram: EngramCounters | None = None  # Engram models
+    dp_rank: int = 0  # the DP rank whose scheduler sent it (the DP controller sums them)
 
 
 class FlushCache(Struct, frozen=True, tag=True, array_like=True):

@@ -1,8 +1,9 @@
-"""Cross-process delivery: length-prefixed msgpack frames of `Envelope` over Unix-domain sockets.
+"""Cross-process delivery: length-prefixed msgpack frames of `Envelope` over Unix-domain sockets on one
+host, and over TCP between hosts (`tcp://HOST:PORT` addresses: engines of several nodes).
 
 One connection per (sender process, receiver process) pair and writes in call order, so delivery is
-FIFO per sender, as it is for in-process mailboxes. TCP for other hosts would be the same framing over
-`asyncio.open_connection`; nothing here depends on the socket family.
+FIFO per sender, as it is for in-process mailboxes. Nothing but the connect and listen calls depends on
+the socket family.
 """
 
 from __future__ import annotations
@@ -65,8 +66,17 @@ class Link:
             pass
 
 
-async def serve(path: Path, deliver: Callable[[Envelope], Awaitable[None]]) -> asyncio.AbstractServer:
-    """Accept connections on `path` and hand every decoded envelope to `deliver`."""
+def tcp_address(addr: str) -> tuple[str, int] | None:
+    """(host, port) of a `tcp://HOST:PORT` address; None for a Unix socket path."""
+    if not addr.startswith("tcp://"):
+        return None
+    host, _, port = addr.removeprefix("tcp://").rpartition(":")
+    return host, int(port)
+
+
+async def serve(path: Path | str, deliver: Callable[[Envelope], Awaitable[None]]) -> asyncio.AbstractServer:
+    """Accept connections on `path` (a Unix socket, or `tcp://HOST:PORT`) and hand every decoded envelope
+    to `deliver`."""
 
     async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -76,16 +86,24 @@ async def serve(path: Path, deliver: Callable[[Envelope], Awaitable[None]]) -> a
         finally:
             writer.close()
 
-    path.unlink(missing_ok=True)
+    tcp = tcp_address(str(path))
+    if tcp is not None:
+        return await asyncio.start_server(on_connect, tcp[0], tcp[1], limit=1 << 24, reuse_address=True)
+    Path(path).unlink(missing_ok=True)
     return await asyncio.start_unix_server(on_connect, path=str(path), limit=1 << 24)
 
 
-async def connect(path: Path, timeout: float = 60.0) -> Link:
-    """Connect to a peer's socket, waiting for it to appear (the peer may still be starting)."""
+async def connect(path: Path | str, timeout: float = 60.0) -> Link:
+    """Connect to a peer's socket (a Unix path or `tcp://HOST:PORT`), waiting for it to appear (the peer
+    may still be starting)."""
     deadline = asyncio.get_running_loop().time() + timeout
+    tcp = tcp_address(str(path))
     while True:
         try:
-            _, writer = await asyncio.open_unix_connection(str(path), limit=1 << 24)
+            if tcp is None:
+                _, writer = await asyncio.open_unix_connection(str(path), limit=1 << 24)
+            else:
+                _, writer = await asyncio.open_connection(tcp[0], tcp[1], limit=1 << 24)
             return Link(writer)
         except (FileNotFoundError, ConnectionRefusedError):
             if asyncio.get_running_loop().time() > deadline:

@@ -61,6 +61,10 @@ class TokenHistory:
 
 
 class Drafter(ABC):
+    # True when `observe` is device work of fixed shapes for fixed input shapes (no host reads, no
+    # allocation that depends on values): it may then run as a CUDA graph (observe_graph.py)
+    graph_safe: bool = False
+
     def __init__(self, max_draft: int) -> None:
         self.max_draft = max_draft
 

@@ -16,6 +16,8 @@ from runtime.speculative.drafter import Drafter, Drafts, StepTokens, TokenHistor
 
 
 class NgramDrafter(Drafter):
+    graph_safe = True
+
     def __init__(
         self,
         max_draft: int,

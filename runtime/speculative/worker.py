@@ -11,6 +11,7 @@ from runtime.gpu.forward_batch import StepTables
 from runtime.gpu.sampler import Block, Sampler, SampleResult
 from runtime.mailbox.messages import SeqStart, StepPlan
 from runtime.speculative.drafter import Drafter, Drafts, StepTokens
+from runtime.speculative.observe_graph import ObserveGraphs
 from runtime.speculative.verify import accept
 
 
@@ -22,6 +23,10 @@ class VerifyRows:
     draft_lens: list[int]  # per sampled row
     block_start: torch.Tensor  # [B] each row's first position among the sampled ones
     draft_lens_t: torch.Tensor  # [B]
+    # per sampled position, on the device (made on the host and moved with the step's columns: built
+    # here from draft_lens_t they would wait for the step to finish)
+    offsets_t: torch.Tensor  # [P] its index in its row's block
+    owner_t: torch.Tensor  # [P] its row's index among the sampled rows
 
     @property
     def offsets(self) -> list[int]:
@@ -38,6 +43,12 @@ class Emitted:
 class Speculation:
     def __init__(self, drafter: Drafter, tables: StepTables) -> None:
         self.drafter, self.tables = drafter, tables
+        self.observe_graphs: ObserveGraphs | None = None
+
+    def capture_observe(self, buckets: list[int], capture: bool = True) -> None:
+        """Run the drafter's `observe` as CUDA graphs over these batch buckets, if it can."""
+        if self.drafter.graph_safe:
+            self.observe_graphs = ObserveGraphs(self.drafter, buckets, self.tables.fed.device, capture)
 
     @property
     def max_draft(self) -> int:
@@ -53,12 +64,8 @@ class Speculation:
         """Each sampled position's earlier drafts in its block (-1 past them), for the sampler."""
         k = self.max_draft
         drafts = self.tables.fed[rows_t, 1:]  # [B, K]
-        offsets = torch.tensor(verify.offsets, device=rows_t.device)
-        owner = torch.repeat_interleave(
-            torch.arange(len(verify.draft_lens), device=rows_t.device), verify.draft_lens_t + 1
-        )
         cols = torch.arange(k, device=rows_t.device)
-        prior = torch.where(cols[None, :] < offsets[:, None], drafts[owner], -1)
+        prior = torch.where(cols[None, :] < verify.offsets_t[:, None], drafts[verify.owner_t], -1)
         plain = [r for r, k in zip(rows, verify.draft_lens, strict=True) if not k]
         return Block(verify.offsets, prior, plain)
 
@@ -84,7 +91,9 @@ class Speculation:
         """After a step: the drafter sees the rows' emitted tokens; drafts it makes now go into their `fed`
         columns 1..K."""
         counts = emitted.counts if emitted.counts is not None else torch.ones_like(rows_t)
-        drafts = self.drafter.observe(StepTokens(rows_t, emitted.tokens, counts))
+        step = StepTokens(rows_t, emitted.tokens, counts)
+        graphs = self.observe_graphs
+        drafts = graphs.observe(step) if graphs and graphs.fits(len(rows_t)) else self.drafter.observe(step)
         if drafts.tokens is not None:
             self.tables.fed[rows_t, 1:] = drafts.tokens
         return drafts

@@ -34,6 +34,7 @@ def test_greedy_outputs_equal_plain_decoding_on_cuda(tmp_path, family):
 
     plain, spec = runner(), runner(speculative_algorithm="ngram", speculative_num_draft_tokens=3)
     assert spec.graphs is not None and spec.graphs.verify_graphs and spec.graphs.q_len == 4
+    assert spec.spec.observe_graphs is not None and spec.spec.observe_graphs.graphs  # the n-gram lookup
     replays = []
     run_verify = spec.graphs.run_verify
     spec.graphs.run_verify = lambda plan: replays.append(len(plan.rows)) or run_verify(plan)

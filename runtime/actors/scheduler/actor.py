@@ -62,9 +62,17 @@ class SchedulerActor(Actor):
     cache: PrefixCache
     planner: BatchPlanner
 
-    def __init__(self, server: ServerConfig, dp_rank: int = 0, workers: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        server: ServerConfig,
+        dp_rank: int = 0,
+        workers: list[str] | None = None,
+        stats_to: str = addresses.CLIENT,
+    ) -> None:
         super().__init__(addresses.scheduler(dp_rank))
         self.server = server
+        self.dp_rank = dp_rank
+        self.stats_to = stats_to  # the client, or with DP attention the DP controller that sums ranks
         self.workers = workers or [addresses.worker(dp_rank)]  # plans go to each; outputs come from the first
         self.configured = asyncio.Event()
         self.outputs = OutputProcessor()
@@ -115,7 +123,9 @@ class SchedulerActor(Actor):
             max_model_len=cfg.max_model_len,
             policy=cfg.schedule_policy,
             prefix_replay=cfg.prefix_replay,
-            draft_policy=DraftPolicy(cfg.max_draft) if cfg.max_draft else None,
+            draft_policy=DraftPolicy(cfg.max_draft, full_load_tokens=cfg.compute_bound_tokens)
+            if cfg.max_draft
+            else None,
         )
         self.spec_stats = SpecStats(cfg.max_draft)
         if caps.engram:  # plans carry Engram addresses (runtime/engram/addresses.py)
@@ -148,7 +158,7 @@ class SchedulerActor(Actor):
             ok = not self.planner.running and not self.planner.waiting and self.cache.flush()
             log.info("flush_cache", ok=ok)
             await self._send_stats(force=True)  # before the answer: /metrics right after it is current
-            await self.send(addresses.CLIENT, CacheFlushed(msg.id, ok))
+            await self.send(self.stats_to, CacheFlushed(msg.id, ok))
         await self._pump()
         self._idle_from = time.perf_counter() if self.inflight else None
 
@@ -159,7 +169,7 @@ class SchedulerActor(Actor):
         if isinstance(msg, TokenizedRequest):
             await self._fail(msg.rid, 503, "the engine is still starting", "server_error")
         elif isinstance(msg, FlushCache):
-            await self.send(addresses.CLIENT, CacheFlushed(msg.id, False))
+            await self.send(self.stats_to, CacheFlushed(msg.id, False))
 
     async def _on_request(self, msg: TokenizedRequest) -> None:
         if not self.healthy:
@@ -413,8 +423,9 @@ class SchedulerActor(Actor):
             swa_replay_tokens=self.replayed_tokens,
             spec=self.spec_stats.snapshot() if self.spec_stats.max_draft else None,
             engram=self.engram_counters,
+            dp_rank=self.dp_rank,
         )
-        await self.send(addresses.CLIENT, stats)
+        await self.send(self.stats_to, stats)
 
 
 def make_prefix_cache(cfg: SchedulerConfig, allocator: PageAllocator) -> PrefixCache:

@@ -32,10 +32,10 @@ class _Meta:
     seq_lens: torch.Tensor  # [B] prefix + extend
     num_splits: int
     num_decode: int = 0  # mixed steps: the leading rows of one token, which run the decode kernel
-    q_len: int = 1  # decode steps: query tokens per row (verify steps: draft tokens + 1)
     # the non-decode rows: (rows, prefix_lens, extend_lens, q_starts (first token of each row in the
     # flattened step), longest new part, any prefix)
     prefill: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, bool] | None = None
+    q_len: int = 1  # decode steps: query tokens per row (verify steps under graphs: draft tokens + 1)
 
 
 class TritonAttentionBackend(MHABackend):

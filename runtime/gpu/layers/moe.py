@@ -82,9 +82,12 @@ class RoutedExperts(nn.Module):
         intermediate: int,
         swiglu_limit: float | None = None,
         fp8_weights: bool = False,
+        logical: list[int] | None = None,
     ) -> None:
         super().__init__()
         self.num_experts, self.intermediate = num_experts, intermediate
+        # under expert parallelism: the logical expert of each local one (ExpertPlacement.local)
+        self.logical = logical
         self.swiglu_limit = swiglu_limit  # V4: silu(min(gate, L)) * clamp(up, -L, L)
         self.fp8_weights = fp8_weights
         w13, w2 = (num_experts, 2 * intermediate, hidden), (num_experts, hidden, intermediate)
@@ -105,6 +108,10 @@ class RoutedExperts(nn.Module):
     def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202
         return keep_dtypes(self, fn, self._FP8_NAMES) if self.fp8_weights else super()._apply(fn, recurse)
 
+    def logical_ids(self) -> list[int]:
+        """The checkpoint's expert ids this module holds, in local order."""
+        return self.logical if self.logical is not None else list(range(self.num_experts))
+
     def checkpoint_slice(
         self, expert: int, part: str, scale: bool = False
     ) -> tuple[str, torch.Tensor] | None:
@@ -112,6 +119,10 @@ class RoutedExperts(nn.Module):
         `scale` the view its `weight_scale_inv` fills (None without FP8 weights)."""
         if scale and not self.fp8_weights:
             return None
+        if self.logical is not None:  # a logical expert this rank does not hold: nothing to fill
+            if expert not in self.logical:
+                return None
+            expert = self.logical.index(expert)
         suffix, rows = "", self.intermediate
         if scale:
             suffix, rows = fp8.SCALE_SUFFIX, rows // fp8.BLOCK[0]

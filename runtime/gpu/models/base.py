@@ -84,6 +84,15 @@ class CausalLM(nn.Module, ABC):
         """Checkpoint tensors by Hugging Face name (families with other names or formats override)."""
         loader.load_weights(self, tensors)
 
+    def skips_checkpoint_tensor(self, name: str) -> bool:
+        """Whether this rank never reads checkpoint tensor `name` (another expert-parallel rank's
+        experts); the loader then skips it unread."""
+        return False
+
+    def idle_forward(self) -> None:
+        """Take part in one step's collectives with no tokens: a data-parallel rank with nothing to run
+        while others step (families with expert parallelism; nothing otherwise)."""
+
     def init_dummy_weights(self, seed: int) -> None:
         """Random weights for `--load-format dummy` (families with index tables override)."""
         loader.init_dummy_weights(self, seed)

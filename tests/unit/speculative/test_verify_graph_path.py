@@ -1,5 +1,6 @@
 """Verify steps through the graph path (static buffers, padded batch buckets, q_len token places per
-row with padding places for rows of fewer drafts) give plain decoding's tokens. On the CPU the path runs
+row with padding places for rows of fewer drafts), and the drafter's lookup on its padded graph
+buffers, give plain decoding's tokens. On the CPU the path runs
 eagerly over the same buffers with the PyTorch backend's masked multi-query decode; the Triton kernel's
 q_len > 1 tiles are checked in tests/unit/gpu/test_kernels_interpret.py, real graph replays in
 tests/gpu/test_speculative_cuda.py."""
@@ -39,6 +40,8 @@ def test_verify_steps_on_the_graph_path_equal_plain_decoding(tiny, sampled):
     spec = _runner(tiny, speculative_algorithm="ngram", speculative_num_draft_tokens=3)
     spec.graphs = spec.make_graphs(8, capture=False)  # buckets 1, 2, 4, 8: 3 rows pad to 4, 5 to 8
     assert spec.graphs.q_len == 4
+    spec.spec.capture_observe(spec.graphs.buckets, capture=False)  # the n-gram lookup on padded buffers too
+    assert spec.spec.observe_graphs is not None
     used = []
     run_verify = spec.graphs.run_verify
 
@@ -56,3 +59,16 @@ def test_verify_steps_on_the_graph_path_equal_plain_decoding(tiny, sampled):
     assert used, "no verify step took the graph path"
     assert any(min(k) < 3 for _, k in used), used
     assert any(n not in (1, 2, 4, 8) for n, _ in used), used
+
+
+def test_the_lookup_on_padded_graph_buffers_drafts_what_the_plain_lookup_drafts(tiny):
+    """Same requests, same drafts: the speculation counters agree with and without the observe graphs
+    (wrong drafts would stay lossless, only less accepted: this is what catches them)."""
+    stats = []
+    for graphed in (False, True):
+        spec = _runner(tiny, speculative_algorithm="ngram", speculative_num_draft_tokens=3)
+        if graphed:
+            spec.spec.capture_observe([1, 2, 4, 8], capture=False)
+        s = run(spec, batch(False)).stats.spec
+        stats.append((s.steps, s.drafted, s.accepted, list(s.lengths)))
+    assert stats[0] == stats[1] and stats[0][2] > 0, stats

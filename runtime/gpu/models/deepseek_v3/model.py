@@ -29,19 +29,27 @@ import structlog
 import torch
 from torch import nn
 
+from runtime.gpu import distributed
 from runtime.gpu.forward_batch import ForwardBatch
 from runtime.gpu.kernels.fused_moe import FUSED_MOE
 from runtime.gpu.kernels.silu_and_mul import SILU_AND_MUL
 from runtime.gpu.kv_pool import KVPoolSpec
-from runtime.gpu.layers import MergedLinear, RMSNorm, RotaryEmbedding
+from runtime.gpu.layers import MergedLinear, RMSNorm, RotaryEmbedding, expert_parallel
 from runtime.gpu.layers.fp8_linear import Fp8Linear, MergedFp8Linear
 from runtime.gpu.layers.moe import RoutedExperts, TopkRouter
+from runtime.gpu.layers.parallel import (
+    ColumnParallelLinear,
+    ParallelLMHead,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    split,
+)
 from runtime.gpu.layers.rotary import rope_parameters
 from runtime.gpu.models.base import CausalLM, ModelAbilities
 from runtime.gpu.models.deepseek_v3.attention_kernel import MLAKernelBackend
 from runtime.gpu.models.deepseek_v3.attention_ref import TorchMLABackend
 from runtime.gpu.models.deepseek_v3.kv_pool import LatentKVPool
-from runtime.gpu.models.deepseek_v3.weights import load_deepseek_checkpoint
+from runtime.gpu.models.deepseek_v3.weights import load_deepseek_checkpoint, skips_tensor
 from runtime.gpu.quant import fp8
 
 log = structlog.get_logger(__name__)
@@ -62,19 +70,47 @@ def _linear(in_features: int, out_features: int, bias: bool = False, fp8_weights
     return (Fp8Linear if fp8_weights else nn.Linear)(in_features, out_features, bias=bias)
 
 
+def _column(
+    in_features: int, out_features: int, rows: tuple[int, int], fp8_weights: bool = False
+) -> nn.Module:
+    """A projection whose output features split over the TP ranks (whole on one rank)."""
+    if distributed.tp().size == 1:
+        return _linear(in_features, out_features, fp8_weights=fp8_weights)
+    return ColumnParallelLinear(in_features, out_features, False, rows)
+
+
+def _row(
+    in_features: int, out_features: int, bias: bool, cols: tuple[int, int], fp8_weights: bool
+) -> nn.Module:
+    """A projection whose input features split over the TP ranks, summed by all-reduce."""
+    if distributed.tp().size == 1:
+        return _linear(in_features, out_features, bias, fp8_weights)
+    return RowParallelLinear(in_features, out_features, bias, cols)
+
+
 def _deinterleave(x: torch.Tensor) -> torch.Tensor:
     """Pairs (x0, x1), (x2, x3)... -> [x0, x2, ... | x1, x3, ...]: interleaved RoPE becomes rotate-half.
     q and k get the same permutation, so their dot products (all attention sees) are unchanged."""
     return torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)
 
 
+def _check_tp(fp8_weights: bool) -> None:
+    if fp8_weights and distributed.tp().size > 1:
+        raise ValueError("FP8 weights under tensor parallelism are not supported yet (--quantization none)")
+
+
 class DeepseekV3Attention(nn.Module):
-    """MLA: q from a low-rank (or direct) projection; one latent c and one roped key k_pe per token."""
+    """MLA: q from a low-rank (or direct) projection; one latent c and one roped key k_pe per token.
+    Under tensor parallelism a rank holds a share of the heads (`split`): their rows of q_b_proj (or
+    q_proj) and kv_b_proj, their columns of o_proj (row-parallel); the latent projection is whole."""
 
     def __init__(self, config, layer_id: int, rotary: RotaryEmbedding, fp8_weights: bool = False) -> None:
         super().__init__()
+        _check_tp(fp8_weights)
+        tp = distributed.tp()
         self.layer_id = layer_id
-        self.num_heads = config.num_attention_heads
+        h_start, self.num_heads = split(config.num_attention_heads, tp.size, tp.rank)
+        heads = config.num_attention_heads
         self.nope_dim, self.rope_dim = config.qk_nope_head_dim, config.qk_rope_head_dim
         self.v_dim, self.kv_lora_rank = config.v_head_dim, config.kv_lora_rank
         self.interleave = getattr(config, "rope_interleave", True)
@@ -82,19 +118,22 @@ class DeepseekV3Attention(nn.Module):
         bias = getattr(config, "attention_bias", False)
         self.q_lora_rank = config.q_lora_rank
         f8 = fp8_weights
+        q_rows = (h_start * qk_dim, self.num_heads * qk_dim)
         if self.q_lora_rank is None:
-            self.q_proj = _linear(hidden, self.num_heads * qk_dim, fp8_weights=f8)
+            self.q_proj = _column(hidden, heads * qk_dim, q_rows, fp8_weights=f8)
         else:
             self.q_a_proj = _linear(hidden, self.q_lora_rank, bias, f8)
             self.q_a_layernorm = RMSNorm(self.q_lora_rank)  # eps 1e-6 in the reference, not rms_norm_eps
-            self.q_b_proj = _linear(self.q_lora_rank, self.num_heads * qk_dim, fp8_weights=f8)
+            self.q_b_proj = _column(self.q_lora_rank, heads * qk_dim, q_rows, fp8_weights=f8)
         self.kv_a_proj_with_mqa = _linear(hidden, self.kv_lora_rank + self.rope_dim, bias, f8)
         self.kv_a_layernorm = RMSNorm(self.kv_lora_rank)
         # always in the model dtype: MLA reads it as W_UK / W_UV (absorbed into q and the output)
-        self.kv_b_proj = nn.Linear(
-            self.kv_lora_rank, self.num_heads * (self.nope_dim + self.v_dim), bias=False
+        kv_dim = self.nope_dim + self.v_dim
+        self.kv_b_proj = ColumnParallelLinear(
+            self.kv_lora_rank, heads * kv_dim, False, (h_start * kv_dim, self.num_heads * kv_dim)
         )
-        self.o_proj = _linear(self.num_heads * self.v_dim, hidden, bias, f8)
+        o_cols = (h_start * self.v_dim, self.num_heads * self.v_dim)
+        self.o_proj = _row(heads * self.v_dim, hidden, bias, o_cols, f8)
         self.rotary = rotary
 
     def forward(
@@ -130,10 +169,17 @@ class DeepseekV3MLP(nn.Module):
 
     def __init__(self, hidden: int, intermediate: int, fp8_weights: bool = False) -> None:
         super().__init__()
-        sizes, names = [intermediate, intermediate], ["gate_proj", "up_proj"]
-        merged = MergedFp8Linear if fp8_weights and MergedFp8Linear.fits(sizes) else MergedLinear
-        self.gate_up_proj = merged(hidden, sizes, names)
-        self.down_proj = _linear(intermediate, hidden, fp8_weights=fp8_weights)
+        _check_tp(fp8_weights)
+        tp = distributed.tp()
+        start, inter = split(intermediate, tp.size, tp.rank)  # TP: a slice of the hidden features
+        sizes, names = [inter, inter], ["gate_proj", "up_proj"]
+        if fp8_weights and MergedFp8Linear.fits(sizes):
+            self.gate_up_proj = MergedFp8Linear(hidden, sizes, names)
+        else:
+            self.gate_up_proj = MergedLinear(
+                hidden, sizes, names, starts=[start, start] if tp.size > 1 else None
+            )
+        self.down_proj = _row(intermediate, hidden, False, (start, inter), fp8_weights)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x)
@@ -149,13 +195,19 @@ class DeepseekV3MoE(nn.Module):
         self.gate = TopkRouter(config)
         # gate|up stack their scale blocks: I in whole 128-row blocks (V3's 2048, V2-Lite's 1408)
         fp8_experts = fp8_weights and inter % fp8.BLOCK[0] == 0
-        self.experts = RoutedExperts(config.n_routed_experts, d, inter, fp8_weights=fp8_experts)
+        # expert parallelism: this rank holds its placement's experts; tokens travel to theirs
+        self.ep = expert_parallel.for_rank(config.n_routed_experts)
+        n_experts, logical = config.n_routed_experts, None
+        if self.ep is not None:
+            logical = self.ep.placement.local(distributed.ep().rank)
+            n_experts = len(logical)
+        self.experts = RoutedExperts(n_experts, d, inter, fp8_weights=fp8_experts, logical=logical)
         n_shared = getattr(config, "n_shared_experts", 0) or 0
         self.shared_experts = DeepseekV3MLP(d, inter * n_shared, fp8_weights) if n_shared else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate(x)
-        out = self.experts(x, weights, ids)
+        out = self.experts(x, weights, ids) if self.ep is None else self.ep(x, weights, ids, self.experts)
         return out if self.shared_experts is None else out + self.shared_experts(x)
 
 
@@ -225,7 +277,7 @@ class DeepseekV3Model(nn.Module):
     def __init__(self, config, max_positions: int, fp8_weights: bool = False) -> None:
         super().__init__()
         self.num_layers = config.num_hidden_layers
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         rotary = RotaryEmbedding(config, config.qk_rope_head_dim, max_positions)
         n_mtp = getattr(config, "num_nextn_predict_layers", 0) or 0
         layers = [DeepseekV3DecoderLayer(config, i, rotary, fp8_weights) for i in range(self.num_layers)]
@@ -252,7 +304,7 @@ class DeepseekV3ForCausalLM(CausalLM):
         self.config = config
         self.fp8_weights = fp8_weights
         self.model = DeepseekV3Model(config, max_positions or config.max_position_embeddings, fp8_weights)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = ParallelLMHead(config.hidden_size, config.vocab_size)
         self.tie_weights()
 
     @property
@@ -300,7 +352,7 @@ class DeepseekV3ForCausalLM(CausalLM):
         c = self.config
         cls = TorchMLABackend if name == "torch" else MLAKernelBackend
         backend = cls(
-            c.num_attention_heads, c.kv_lora_rank, c.qk_rope_head_dim, softmax_scale(c),
+            self.model.layers[0].self_attn.num_heads, c.kv_lora_rank, c.qk_rope_head_dim, softmax_scale(c),
             qk_nope_dim=c.qk_nope_head_dim, v_dim=c.v_head_dim,
         )  # fmt: skip
         backend.page_size = page_size
@@ -315,3 +367,16 @@ class DeepseekV3ForCausalLM(CausalLM):
 
     def load_weights(self, tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
         load_deepseek_checkpoint(self, tensors)
+
+    def skips_checkpoint_tensor(self, name: str) -> bool:
+        return skips_tensor(self, name)
+
+    def idle_forward(self) -> None:
+        """A DP rank with no tokens this step still joins every MoE layer's exchange, in layer order."""
+        c = self.config
+        empty = torch.empty(
+            0, c.hidden_size, dtype=self.lm_head.weight.dtype, device=self.lm_head.weight.device
+        )
+        for layer in self.model.layers[: self.model.num_layers]:
+            if isinstance(layer.mlp, DeepseekV3MoE):
+                layer.mlp(empty)

@@ -54,7 +54,8 @@ def load_named(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor]]) ->
             continue
         found = _destination(model, params, name)
         if found is None:
-            unknown.append(name)
+            if not _other_ranks_expert(model, name):
+                unknown.append(name)
             continue
         dst, key = found
         if dst.dtype == fp8.FP8 and tensor.dtype != fp8.FP8:
@@ -62,6 +63,9 @@ def load_named(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor]]) ->
             load_float(dst, scale_dst, tensor)
             pending -= {key, scale_key}
             continue
+        if getattr(_module_of(model, key[0]), "tp_padded", False):  # the last vocabulary part
+            dst.zero_()
+            dst = dst.narrow(0, 0, tensor.shape[0])
         if dst.shape != tensor.shape:
             raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(dst.shape)}")
         dst.copy_(tensor)
@@ -128,10 +132,34 @@ def _keys_of(model: nn.Module, param_name: str) -> list[tuple[str, object]]:
     if isinstance(module, RoutedExperts):
         leaf = param_name.rpartition(".")[2]
         parts = ("down_proj",) if leaf.startswith("down_proj") else ("gate_proj", "up_proj")
-        return [(param_name, (e, p)) for e in range(module.num_experts) for p in parts]
+        return [(param_name, (e, p)) for e in module.logical_ids() for p in parts]
     if isinstance(module, (MergedLinear, MergedFp8Linear)):
         return [(param_name, s) for s in module.shard_names]
     return [(param_name, None)]
+
+
+def _module_of(model: nn.Module, param_name: str) -> nn.Module | None:
+    try:
+        return model.get_submodule(param_name.rpartition(".")[0])
+    except AttributeError:
+        return None
+
+
+def _other_ranks_expert(model: nn.Module, name: str) -> bool:
+    """Whether `name` is a routed expert's tensor that another expert-parallel rank holds."""
+    m = _EXPERT_TENSOR.match(name.removesuffix(fp8.SCALE_SUFFIX))
+    if m is None:
+        return False
+    try:
+        experts = model.get_submodule(m[1])
+    except AttributeError:
+        return False
+    return int(m[2]) not in experts.logical_ids()
+
+
+def skips_tensor(model: nn.Module, name: str) -> bool:
+    """Checkpoint tensors this rank never reads (the experts other EP ranks hold)."""
+    return _other_ranks_expert(model, name)
 
 
 def _layer_of(name: str) -> int:

@@ -22,13 +22,14 @@ import torch
 from torch import nn
 
 from runtime.engram.layer import engram_layer
+from runtime.gpu import distributed
 from runtime.gpu.forward_batch import ForwardBatch
 from runtime.gpu.kernels.rms_norm.reference import unit_rms
 from runtime.gpu.kv_pool import KVPoolSpec
-from runtime.gpu.layers import MergedLinear, RMSNorm
+from runtime.gpu.layers import MergedLinear, RMSNorm, expert_parallel
 from runtime.gpu.layers.moe import HashRouter, RoutedExperts, TopkRouter, swiglu
 from runtime.gpu.models.base import CausalLM, ModelAbilities
-from runtime.gpu.models.deepseek_v3.weights import load_named
+from runtime.gpu.models.deepseek_v3.weights import load_named, skips_tensor
 from runtime.gpu.models.deepseek_v4.attention import TorchV4Backend
 from runtime.gpu.models.deepseek_v4.compressor import Compressor, Indexer
 from runtime.gpu.models.deepseek_v4.kv_pool import V4KVPool
@@ -123,12 +124,17 @@ class DeepseekV4MoE(nn.Module):
         self.hashed = hashed
         self.gate = HashRouter(config) if self.hashed else TopkRouter(config)
         limit, inter = config.swiglu_limit, config.moe_intermediate_size
-        self.experts = RoutedExperts(config.n_routed_experts, config.hidden_size, inter, limit)
+        # expert parallelism: this rank holds its placement's experts; tokens travel to theirs
+        self.ep = expert_parallel.for_rank(config.n_routed_experts)
+        logical = self.ep.placement.local(distributed.ep().rank) if self.ep is not None else None
+        n_experts = len(logical) if logical is not None else config.n_routed_experts
+        self.experts = RoutedExperts(n_experts, config.hidden_size, inter, limit, logical=logical)
         self.shared_experts = DeepseekV4MLP(config.hidden_size, inter * (config.n_shared_experts or 1), limit)
 
     def forward(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate(x, input_ids) if self.hashed else self.gate(x)
-        return self.experts(x, weights, ids) + self.shared_experts(x)
+        routed = self.experts(x, weights, ids) if self.ep is None else self.ep(x, weights, ids, self.experts)
+        return routed + self.shared_experts(x)
 
 
 class DeepseekV4DecoderLayer(nn.Module):
@@ -252,6 +258,11 @@ class DeepseekV4ForCausalLM(CausalLM):
 
     def __init__(self, config, max_positions: int | None = None) -> None:
         super().__init__()
+        if distributed.tp().size > 1:
+            raise ValueError(
+                "DeepSeek-V4 is not split by tensor parallelism yet: serve it with --enable-dp-attention "
+                "--dp-size N --ep-size N (each rank its own attention, experts split)"
+            )
         self.config = config
         self.max_positions = max_positions or config.max_position_embeddings
         self.model = DeepseekV4Model(config)
@@ -294,6 +305,17 @@ class DeepseekV4ForCausalLM(CausalLM):
     def load_weights(self, tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
         """Hugging Face or upstream DeepSeek names, float or FP8/FP4 (weights.py)."""
         load_named(self, checkpoint_tensors(tensors, self.config, self.model.num_layers))
+
+    def skips_checkpoint_tensor(self, name: str) -> bool:
+        return skips_tensor(self, name)
+
+    def idle_forward(self) -> None:
+        """A DP rank with no tokens this step still joins every MoE layer's exchange, in layer order."""
+        w = self.lm_head.weight
+        empty = torch.empty(0, self.config.hidden_size, dtype=w.dtype, device=w.device)
+        no_ids = torch.empty(0, dtype=torch.int64, device=w.device)
+        for layer in self.model.layers[: self.model.num_layers]:
+            layer.mlp(empty, no_ids)
 
     def init_dummy_weights(self, seed: int) -> None:
         """Random weights, and hash-routing tables with k distinct experts per token id from a random start

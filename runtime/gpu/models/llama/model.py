@@ -17,12 +17,20 @@ import torch
 from torch import nn
 
 from runtime.engram.layer import engram_layer
+from runtime.gpu import distributed
 from runtime.gpu.attention import get_attention_backend
 from runtime.gpu.attention.base import MHABackend, Rope
 from runtime.gpu.forward_batch import ForwardBatch
 from runtime.gpu.kernels.silu_and_mul import SILU_AND_MUL
 from runtime.gpu.kv_pool import KVPoolSpec, MHAKVPool
 from runtime.gpu.layers import MergedLinear, RMSNorm, RotaryEmbedding
+from runtime.gpu.layers.parallel import (
+    ParallelLMHead,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    head_split,
+    split,
+)
 from runtime.gpu.models.base import CausalLM, ModelAbilities
 
 # Steps up to this many tokens take the folded path; bigger ones (prefill chunks) run the norm kernels,
@@ -36,17 +44,32 @@ def head_dim_of(config) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
+def local_heads(config) -> tuple[int, int, int, int]:
+    """(q_start, q_heads, kv_start, kv_heads) this tensor-parallel rank attends with."""
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    tp = distributed.tp()
+    return head_split(heads, kv_heads, tp.size, tp.rank)
+
+
 class LlamaAttention(nn.Module):
+    """Under tensor parallelism a rank holds whole KV groups (`head_split`): its slice of q/k/v
+    (column-parallel) and of o_proj's input (row-parallel, summed over the group)."""
+
     def __init__(self, config, layer_id: int, rotary: RotaryEmbedding) -> None:
         super().__init__()
         self.layer_id = layer_id
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
-        self.head_dim = head_dim_of(config)
-        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q_start, self.num_heads, kv_start, self.num_kv_heads = local_heads(config)
+        self.head_dim = hd = head_dim_of(config)
+        q, kv = self.num_heads * hd, self.num_kv_heads * hd
         bias = getattr(config, "attention_bias", False)
-        self.qkv_proj = MergedLinear(config.hidden_size, [q, kv, kv], ["q_proj", "k_proj", "v_proj"], bias)
-        self.o_proj = nn.Linear(q, config.hidden_size, bias=bias)
+        starts = [q_start * hd, kv_start * hd, kv_start * hd] if distributed.tp().size > 1 else None
+        self.qkv_proj = MergedLinear(
+            config.hidden_size, [q, kv, kv], ["q_proj", "k_proj", "v_proj"], bias, starts
+        )
+        self.o_proj = RowParallelLinear(
+            config.num_attention_heads * hd, config.hidden_size, bias, (q_start * hd, q)
+        )
         self.rotary = rotary
 
     def forward(
@@ -84,9 +107,13 @@ class LlamaMLP(nn.Module):
 
     def __init__(self, config) -> None:
         super().__init__()
-        inter, bias = config.intermediate_size, getattr(config, "mlp_bias", False)
-        self.gate_up_proj = MergedLinear(config.hidden_size, [inter, inter], ["gate_proj", "up_proj"], bias)
-        self.down_proj = nn.Linear(inter, config.hidden_size, bias=bias)
+        bias, tp = getattr(config, "mlp_bias", False), distributed.tp()
+        start, inter = split(config.intermediate_size, tp.size, tp.rank)
+        starts = [start, start] if tp.size > 1 else None
+        self.gate_up_proj = MergedLinear(
+            config.hidden_size, [inter, inter], ["gate_proj", "up_proj"], bias, starts
+        )
+        self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, bias, (start, inter))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x)
@@ -153,7 +180,7 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, config, max_positions: int) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         # One table for all layers; excluded from the state dict (it is derived, not learned).
         rotary = RotaryEmbedding(config, head_dim_of(config), max_positions)
         self.layers = nn.ModuleList(
@@ -183,14 +210,17 @@ class LlamaForCausalLM(CausalLM):
         super().__init__()
         self.config = config
         self.model = LlamaModel(config, max_positions or config.max_position_embeddings)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = ParallelLMHead(config.hidden_size, config.vocab_size)
         self.tie_weights()
 
     def prepare_for_serving(self) -> None:
         """Fold each layer's two RMSNorm gains into the projections after them (module docstring), once;
-        nothing when a projection has a bias."""
+        nothing when a projection has a bias, or under tensor parallelism (the folded path adds each rank's
+        partial output projection into the residual in place, before any all-reduce could sum them)."""
         model = self.model
         if model.norms_folded or not all(layer.can_fold_norms() for layer in model.layers):
+            return
+        if distributed.tp().size > 1:
             return
         for layer in model.layers:
             layer.fold_norms()
@@ -228,8 +258,7 @@ class LlamaForCausalLM(CausalLM):
 
     def make_attention_backend(self, name: str, page_size: int) -> MHABackend:
         hd = head_dim_of(self.config)
-        backend = get_attention_backend(name)(
-            self.config.num_attention_heads, self.num_kv_heads, hd, hd**-0.5
-        )
+        attn = self.model.layers[0].self_attn
+        backend = get_attention_backend(name)(attn.num_heads, self.num_kv_heads, hd, hd**-0.5)
         backend.page_size = page_size
         return backend
