@@ -20,6 +20,7 @@ from runtime.engram.config import EngramConfig, EngramOptions
 from runtime.engram.hashing import NgramHasher
 from runtime.engram.host import HostPlacement
 from runtime.engram.placement import DevicePlacement, EngramPlacement, EngramRows, SplitPlacement
+from runtime.errors import StepFailed
 from runtime.mailbox.messages import EngramCounters
 
 if TYPE_CHECKING:
@@ -103,10 +104,20 @@ class EngramRuntime:
         placement.stats.lookups += 1
         placement.stats.rows += addr.size
         # decode rows (one token each, fed from the device): the scheduler sent partial hashes
+        # Each row's record is used once: a step that fails leaves none, so a decode of the same row
+        # planned behind it (overlap) fails too instead of reading a stale token.
         starts = np.cumsum([0, *plan.extend_lens[:-1]])
-        fed = [
-            (int(s), self._last[row]) for s, row, u in zip(starts, plan.rows, plan.use_last, strict=True) if u
-        ]
+        for row in plan.released:
+            self._last.pop(row, None)
+        fed = []
+        for s, row, u in zip(starts, plan.rows, plan.use_last, strict=True):
+            last = self._last.pop(row, None)
+            if u:
+                if last is None:
+                    raise StepFailed(
+                        f"Engram: row {row}'s previous step failed, so its input token is unknown"
+                    )
+                fed.append((int(s), last))
 
         def fetch() -> torch.Tensor:
             t0 = time.perf_counter()
