@@ -124,6 +124,27 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--disable-radix-cache", action="store_true", help="no prefix caching across requests")
     g.add_argument(
+        "--engram-placement",
+        choices=("host", "device", "split"),
+        default=d.engram_placement,
+        help="Engram tables (models with an `engram` config block): host (EngramShardActor processes, "
+        "host memory), device (whole table on the GPU), split (rows sharded over engram ranks)",
+    )
+    g.add_argument(
+        "--engram-shards", type=int, default=d.engram_shards, help="host: shard processes; split: ranks"
+    )
+    g.add_argument(
+        "--disable-engram-prefetch",
+        action="store_true",
+        help="fetch Engram rows only when the first Engram layer needs them (benchmarks)",
+    )
+    g.add_argument(
+        "--engram-lookup-delay-ms",
+        type=float,
+        default=0.0,
+        help="injected latency per Engram lookup (benchmarks of the prefetch)",
+    )
+    g.add_argument(
         "--swa-replay-tokens",
         type=int,
         default=None,

@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from runtime.engram.config import EngramOptions
 from runtime.mailbox.messages import WorkerCapabilities
 
 
@@ -49,6 +50,11 @@ class ServerConfig(msgspec.Struct, kw_only=True, frozen=True):
     schedule_policy: str = "fcfs"
     disable_overlap: bool = False
     disable_radix_cache: bool = False
+    # Engram tables (runtime/engram, docs/engram.md): where they live, and the prefetch's switches
+    engram_placement: str = "host"  # host | device | split
+    engram_shards: int = 2  # host: EngramShardActor processes; split: ranks of the engram group
+    disable_engram_prefetch: bool = False
+    engram_lookup_delay_ms: float = 0.0  # injected per-lookup latency (benchmarks)
     # prefix hits on models with sliding-window state outside the pages (DeepSeek-V4): tokens before the
     # hit replayed to rebuild it (None: the model's sliding window), or replay from 0 (exact, for checks)
     swa_replay_tokens: int | None = None
@@ -238,6 +244,7 @@ class RunnerConfig(msgspec.Struct, frozen=True):
     speculative_ngram_sizes: tuple[int, int] = (1, 4)
     speculative_draft_model_path: str | None = None
     tokenizer: str | None = None  # --tokenizer: the vocabulary structured output compiles against
+    engram: EngramOptions | None = None  # None: defaults (runtime/engram/runtime.py)
 
     @classmethod
     def resolve(
@@ -290,6 +297,12 @@ class RunnerConfig(msgspec.Struct, frozen=True):
             ),
             speculative_draft_model_path=cfg.speculative_draft_model_path,
             tokenizer=cfg.tokenizer,
+            engram=EngramOptions(
+                cfg.engram_placement,
+                cfg.engram_shards,
+                not cfg.disable_engram_prefetch,
+                cfg.engram_lookup_delay_ms / 1000,
+            ),
         )
 
 

@@ -52,6 +52,14 @@ class EngineFailed(ConduitError):
     type = "server_error"
 
 
+class StepFailed(ConduitError):
+    """A step could not run for a reason outside the device (an Engram shard crashed): the step's
+    requests fail with a 503 (retry), and the engine keeps serving."""
+
+    status = 503
+    type = "server_error"
+
+
 class BadGateway(ConduitError):
     """The gateway's worker could not answer: unreachable, or lost mid-answer (`code` says which)."""
 

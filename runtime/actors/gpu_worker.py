@@ -20,15 +20,18 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Protocol
 
+import msgspec
 import structlog
 
 from runtime.actors import addresses
 from runtime.actors.base import Actor
 from runtime.config import RunnerConfig
+from runtime.errors import StepFailed
 from runtime.mailbox.messages import (
     KVCancel,
     KVReserve,
     Message,
+    StepAborted,
     StepOutput,
     StepPlan,
     WorkerCapabilities,
@@ -152,6 +155,11 @@ class GpuWorkerActor(Actor):
         loop = asyncio.get_running_loop()
         try:
             pending, exports = await loop.run_in_executor(self._launch, self._launch_step, msg)
+        except StepFailed as exc:  # the device is fine: only this step's requests fail
+            log.error("step_aborted", step=msg.step, error=str(exc))
+            if self.reports:
+                await self.send(self.scheduler, StepAborted(msg.step, str(exc)))
+            return
         except Exception as exc:
             await self._fail(msg.step, exc)
             return
@@ -221,6 +229,9 @@ class GpuWorkerActor(Actor):
                 await self._fail(step, exc)
                 continue
             if not self.failed and self.reports:
+                engram = getattr(self.runner, "engram", None)
+                if engram is not None:
+                    out = msgspec.structs.replace(out, engram=engram.counters())
                 await self.send(self.scheduler, out)
                 if exports:
                     self.prefill.step_done(out, exports)

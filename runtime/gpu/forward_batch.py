@@ -56,6 +56,7 @@ class ForwardBatch:
     # layer index -> that layer's output ([T, D]; DeepSeek-V4: its streams [T, n, D]), filled by the model
     # for the layers named here (the DSpark drafter's context features); None: no layer is tapped
     taps: dict[int, torch.Tensor | None] | None = None
+    engram: Any = field(default=None)  # the step's Engram rows (runtime/engram/placement.EngramRows)
 
     @property
     def num_tokens(self) -> int:

@@ -148,9 +148,22 @@ def load_weights(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor]]) 
         pending.discard((target, shard))
     if unknown:
         log.warning("checkpoint tensors not used by the model", names=unknown[:20], count=len(unknown))
+    optional = optional_params(model)
+    pending = {(n, s) for n, s in pending if n not in optional}
     if pending:
         missing = sorted(f"{n}[{s}]" if s else n for n, s in pending)
         raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:10]}")
+
+
+def optional_params(model: nn.Module) -> set[str]:
+    """Parameters a checkpoint may lack: those of modules marked `weights_optional` (the Engram add-on,
+    which initialises itself from its seed before loading)."""
+    return {
+        f"{prefix}.{name}"
+        for prefix, module in model.named_modules()
+        if getattr(module, "weights_optional", False)
+        for name, _ in module.named_parameters()
+    }
 
 
 def _shards_of(model: nn.Module, param_name: str) -> list[str | None]:

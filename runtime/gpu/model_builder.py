@@ -55,15 +55,18 @@ def build_model(
     for m in model.modules():
         if isinstance(m, RotaryEmbedding):  # derived tables: recompute (in float32) on the device
             m.build(device)
+    if cfg.load_format not in ("auto", "dummy"):
+        raise ValueError(f"unknown load_format {cfg.load_format!r} (auto | dummy)")
     if cfg.load_format == "dummy":
         model.init_dummy_weights(cfg.seed)
-    elif cfg.load_format == "auto":
+    for m in model.modules():  # add-ons (Engram): from their seed, unless the checkpoint has them
+        if getattr(m, "weights_optional", False):
+            m.init_from_seed()
+    if cfg.load_format == "auto":
         # a tensor-parallel rank reads only its slice of each weight it splits
         select = partial(loader.checkpoint_slice, model) if distributed.tp().size > 1 else None
         skip = model.skips_checkpoint_tensor if distributed.ep().size > 1 else None
         model.load_weights(loader.iter_tensors(loader.safetensors_files(path), select, skip))
-    else:
-        raise ValueError(f"unknown load_format {cfg.load_format!r} (auto | dummy)")
     model.prepare_for_serving()
     _precompile_fp8_gemms(model, dtype, device)
     return model.eval().requires_grad_(False)

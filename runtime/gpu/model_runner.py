@@ -23,6 +23,8 @@ import structlog
 import torch
 
 from runtime.config import RunnerConfig
+from runtime.engram.layer import slot_bytes
+from runtime.engram.runtime import make_engram_runtime
 from runtime.gpu import compile_watch, distributed, loader, presets
 from runtime.gpu.attention import default_backend
 from runtime.gpu.cuda_graph import GraphRunner
@@ -80,6 +82,7 @@ class ModelRunner:
         self.vocab_size: int = self.config.vocab_size
         self.eos_token_ids: list[int] = _eos_ids(path, self.config)
         self.model = build_model(cfg, self.config, path, self.device, self.dtype)
+        self.engram = make_engram_runtime(cfg, path, self.device, self.dtype)  # None without Engram
         self._exchanges: list[ExpertParallelMoE] | None = None  # the MoE layers' EP exchanges
 
         self.kv_dtype = resolve_kv_dtype(cfg.kv_cache_dtype, self.dtype)
@@ -122,7 +125,10 @@ class ModelRunner:
         self.grammar = GrammarTable(self._grammar_compiler, self.vocab_size, self.device)
         self._t_ref: torch.cuda.Event | None = None
         self.graphs: GraphRunner | None = None
-        if cfg.cuda_graph and self.device.type == "cuda" and self.attn.supports_cuda_graph:
+        if self.engram is not None and cfg.speculative_algorithm:
+            raise ValueError("speculative decoding is not supported with Engram (drafts live on the device)")
+        graphs_ok = self.attn.supports_cuda_graph and self.engram is None  # Engram steps run eager
+        if cfg.cuda_graph and self.device.type == "cuda" and graphs_ok:
             self.graphs = self.make_graphs(min(cfg.cuda_graph_max_bs or cfg.max_reqs, cfg.max_reqs))
             if self.spec is not None:
                 self.spec.capture_observe(self.graphs.buckets)
@@ -136,7 +142,11 @@ class ModelRunner:
         """The KV pool's token slots: what `mem_fraction_static` of the GPU's memory leaves after the
         weights (what is already allocated) and the per-request state, or `num_kv_slots` when that is
         less; the rest of the memory is for activations and CUDA graphs. A fixed `num_kv_slots` elsewhere."""
-        cfg, per_token = self.cfg, self.model.kv_bytes_per_token(self.kv_dtype)
+        # Engram layers keep a convolution input per KV slot (runtime/engram/layer.py)
+        cfg, per_token = (
+            self.cfg,
+            self.model.kv_bytes_per_token(self.kv_dtype) + slot_bytes(self.model, self.dtype),
+        )
         if self.device.type != "cuda":
             if cfg.num_kv_slots is None:
                 raise ValueError("the KV pool is sized from memory on CUDA only: give num_kv_slots")
@@ -196,6 +206,7 @@ class ModelRunner:
             kv_bytes_per_token=self.kv_pool.bytes_per_token,
             vocab_size=self.vocab_size,
             max_draft=self.spec.max_draft if self.spec is not None else 0,
+            engram=self.engram is not None,
             compute_bound_tokens=_compute_bound_tokens(self.device),
         )
 
@@ -245,6 +256,8 @@ class ModelRunner:
             )
             if self.grammar.rows:
                 self.grammar.sampled(s.rows, copies.tokens[:, 0])
+            if self.engram is not None:  # the next step's decode rows complete their addresses with these
+                self.engram.sampled(s.rows, copies.tokens)
         return PendingStep(
             plan.step, s.rows, copies, _per_row(result.top_counts, verify), start, self._timing_event(), t0,
             self._t_ref,
@@ -426,6 +439,8 @@ class ModelRunner:
         dev = columns_to_device(cols, self.device)
         host = (list(plan.rows), list(plan.prefix_lens), list(plan.extend_lens), list(plan.replay))
         batch = make_batch(self.tables, self.kv_pool, *dev[:5], dev[7], host)
+        if self.engram is not None:
+            batch.engram = self.engram.start(plan)
         self.attn.prepare(batch)
         rows_list = [r for r, s in zip(plan.rows, plan.sample, strict=True) if s]
         sampled = Sampled(dev[5], rows_list, dev[6])

@@ -16,7 +16,7 @@ from prometheus_client.registry import Collector
 
 from runtime.http.engine import Engine
 from runtime.http.generation import Choice
-from runtime.mailbox.messages import SpecCounters, TextDelta
+from runtime.mailbox.messages import EngramCounters, SpecCounters, TextDelta
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (
@@ -125,6 +125,21 @@ class _EngineCollector(Collector):
             yield CounterMetricFamily(name, doc, value=value)
         if s.spec is not None:
             yield from _speculation(s.spec)
+        if s.engram is not None:
+            yield from _engram(s.engram)
+
+
+def _engram(c: EngramCounters) -> Iterator:
+    """Engram lookups: steps that looked rows up, rows fetched, fetch time, and the time the forward
+    waited for rows (what the prefetch did not hide)."""
+    for name, doc, value in (
+        ("conduit_engram_lookups", "Engram lookups (one per step)", c.lookups),
+        ("conduit_engram_rows_fetched", "Engram table rows fetched", c.rows),
+        ("conduit_engram_fetch_seconds", "Time from an Engram fetch's start to its rows", c.fetch_s),
+        ("conduit_engram_wait_seconds", "Time the forward waited for Engram rows", c.wait_s),
+        ("conduit_engram_shard_restarts", "Engram shard processes restarted after a crash", c.shard_restarts),
+    ):
+        yield CounterMetricFamily(name, doc, value=value)
 
 
 def _speculation(c: SpecCounters) -> Iterator:

@@ -199,6 +199,19 @@ class StepPlan(Struct, frozen=True, tag=True, array_like=True):
     replay: list[int] = []
     # Per row (empty: all 0): draft tokens the row verifies (speculative decoding, see above).
     draft_lens: list[int] = []
+    # Engram models: every token's table rows, int64 little-endian [tokens, columns], computed by the
+    # scheduler from token ids (runtime/engram/addresses.py); empty otherwise
+    engram_addr: bytes = b""
+
+
+class EngramCounters(Struct, frozen=True, array_like=True):
+    """Engram lookups since start (cumulative, from the worker's placement)."""
+
+    lookups: int = 0  # one per step of an Engram model
+    rows: int = 0  # table rows fetched (tokens * tables)
+    fetch_s: float = 0.0  # time from a fetch's start to its rows being ready
+    wait_s: float = 0.0  # time the forward waited for rows (the part the prefetch did not hide)
+    shard_restarts: int = 0  # host placement: shard processes restarted after a crash
 
 
 class StepOutput(Struct, frozen=True, tag=True, array_like=True):
@@ -217,6 +230,7 @@ class StepOutput(Struct, frozen=True, tag=True, array_like=True):
     # per row, the drafter's proposals for the row's next step: how many, and its confidence in each
     draft_counts: list[int] = []
     draft_conf: list[list[float]] = []
+    engram: EngramCounters | None = None  # Engram models: the worker's lookup counters
 
 
 class WorkerCapabilities(Struct, frozen=True, tag=True, array_like=True, kw_only=True):
@@ -234,6 +248,7 @@ class WorkerCapabilities(Struct, frozen=True, tag=True, array_like=True, kw_only
     kv_bytes_per_token: int
     vocab_size: int
     max_draft: int = 0  # speculative decoding: drafts a row may verify per step (0: no drafter)
+    engram: bool = False  # the model has Engram layers: plans carry their addresses (StepPlan.engram_addr)
     # step tokens from which more positions cost compute rather than riding on the weight reads: where
     # speculation's draft-length threshold reaches its maximum (the device's ridge point, roughly)
     compute_bound_tokens: int = 1024
@@ -278,6 +293,14 @@ class KVSent(Struct, frozen=True, tag=True, array_like=True):
 
 class WorkerFailed(Struct, frozen=True, tag=True, array_like=True):
     """The worker could not run a step; the scheduler fails the step's requests and marks unhealthy."""
+
+    step: int
+    error: str
+
+
+class StepAborted(Struct, frozen=True, tag=True, array_like=True):
+    """The worker could not run a step for a reason outside the device (an Engram shard crashed,
+    runtime.errors.StepFailed): the scheduler fails that step's requests and keeps serving."""
 
     step: int
     error: str
@@ -373,6 +396,7 @@ class EngineStats(Struct, frozen=True, tag=True, array_like=True, kw_only=True):
     gpu_idle_s: float = 0.0  # cumulative device idle time between consecutive steps (CUDA)
     swa_replay_tokens: int = 0  # cumulative tokens replayed to rebuild per-request state on prefix hits
     spec: SpecCounters | None = None  # speculative decoding, when it is on
+    engram: EngramCounters | None = None  # Engram models
     dp_rank: int = 0  # the DP rank whose scheduler sent it (the DP controller sums them)
 
 
@@ -387,6 +411,29 @@ class CacheFlushed(Struct, frozen=True, tag=True, array_like=True):
 
     id: int
     ok: bool
+
+
+# ---------------------------------------------------------------- Engram client <-> shard servers
+
+
+class EngramLookup(Struct, frozen=True, tag=True, array_like=True):
+    """Worker's Engram client -> an EngramShardActor: gather the rows you own of `n` addresses. Both
+    sides map shared memory `segment`: n * columns int64 addresses first, then the output rows
+    [n, columns, head_dim], where each shard writes the entries it owns (no rows cross the socket)."""
+
+    id: int
+    n: int
+    columns: int
+    segment: str
+    reply_to: str
+
+
+class EngramLookupDone(Struct, frozen=True, tag=True, array_like=True):
+    """EngramShardActor -> the client: lookup `id`'s rows of this shard are in the segment."""
+
+    id: int
+    shard: int
+    rows: int  # entries this shard owned
 
 
 class NodeReady(Struct, frozen=True, tag=True, array_like=True):
@@ -418,12 +465,15 @@ Message = (
     | KVCancel
     | KVArrived
     | KVSent
+    | StepAborted
     | TokenBatch
     | TextDeltas
     | RequestFailed
     | EngineStats
     | FlushCache
     | CacheFlushed
+    | EngramLookup
+    | EngramLookupDone
     | NodeReady
     | NodeFailed
     | Shutdown

@@ -32,16 +32,20 @@ from runtime.actors.scheduler.prefix_cache import PrefixCache
 from runtime.actors.scheduler.request import Req
 from runtime.config import SchedulerConfig, ServerConfig
 from runtime.disaggregation.scheduler import DecodeReservations, PrefillHold
+from runtime.engram.addresses import hasher_for_server, plan_addresses
+from runtime.engram.hashing import NgramHasher
 from runtime.mailbox.messages import (
     AbortRequest,
     CacheFlushed,
     EngineStats,
+    EngramCounters,
     FlushCache,
     KVArrived,
     KVCancel,
     KVSent,
     Message,
     RequestFailed,
+    StepAborted,
     StepOutput,
     StepPlan,
     TokenizedRequest,
@@ -78,6 +82,8 @@ class SchedulerActor(Actor):
         self.configured = asyncio.Event()
         self.outputs = OutputProcessor()
         self.depth = 1 if server.disable_overlap else 2
+        self.engram: NgramHasher | None = None
+        self.engram_counters: EngramCounters | None = None
         self.inflight: deque[PlannedStep] = deque()
         self.reqs: dict[str, Req] = {}
         self.step = 0
@@ -130,6 +136,8 @@ class SchedulerActor(Actor):
             else None,
         )
         self.spec_stats = SpecStats(cfg.max_draft)
+        if caps.engram:  # plans carry Engram addresses (runtime/engram/addresses.py)
+            self.engram = hasher_for_server(self.server)
         self.configured.set()
 
     async def handle(self, msg: Message) -> None:
@@ -156,6 +164,8 @@ class SchedulerActor(Actor):
             await self._on_kv_arrived(msg)
         elif isinstance(msg, KVSent):
             await self._on_kv_sent(msg)
+        elif isinstance(msg, StepAborted):
+            await self._on_step_aborted(msg)
         elif isinstance(msg, FlushCache):
             ok = not self.planner.running and not self.planner.waiting and self.cache.flush()
             log.info("flush_cache", ok=ok)
@@ -262,6 +272,7 @@ class SchedulerActor(Actor):
 
     async def _on_output(self, out: StepOutput) -> None:
         self._account_device(out)
+        self.engram_counters = out.engram or self.engram_counters
         done = self.inflight.popleft()
         self._trace(done.plan, out)
         assert done.plan.step == out.step, f"step {out.step} came back, expected {done.plan.step}"
@@ -360,6 +371,21 @@ class SchedulerActor(Actor):
         self.outputs.add(req, kept, reason, lps)
         await self._flush_outputs()
 
+    async def _on_step_aborted(self, msg: StepAborted) -> None:
+        """The worker could not run the step (an Engram shard crashed): its requests fail with a 503 and
+        their KV from this step is dropped, not cached; the engine keeps serving."""
+        done = self.inflight.popleft()
+        assert done.plan.step == msg.step, f"step {msg.step} aborted, expected {done.plan.step}"
+        log.error("step_aborted", step=msg.step, error=msg.error, requests=len(done.reqs))
+        for req in done.reqs:
+            req.inflight -= 1
+            if not req.finished:
+                req.finished = "error"
+                self.planner.release(req, keep=False)
+                await self._fail(req.rid, 503, f"engine step failed: {msg.error}", "server_error")
+            if not req.inflight:
+                self.reqs.pop(req.rid, None)
+
     async def _on_worker_failed(self, msg: WorkerFailed) -> None:
         log.error("worker_failed", step=msg.step, error=msg.error)
         self.healthy = False
@@ -416,6 +442,8 @@ class SchedulerActor(Actor):
             self.plan_s += time.perf_counter() - t0
             if planned is None:
                 break
+            if self.engram is not None:
+                planned.plan = plan_addresses(self.engram, planned)
             self._count_admissions(planned)
             self.step += 1
             planned.t_planned = time.perf_counter()
@@ -468,6 +496,7 @@ class SchedulerActor(Actor):
             protected_tokens=self.cache.protected_tokens,
             swa_replay_tokens=self.replayed_tokens,
             spec=self.spec_stats.snapshot() if self.spec_stats.max_draft else None,
+            engram=self.engram_counters,
             dp_rank=self.dp_rank,
         )
         await self.send(self.stats_to, stats)

@@ -10,6 +10,7 @@ import structlog
 import torch
 from torch import nn
 
+from runtime.gpu import loader
 from runtime.gpu.layers import MergedLinear
 from runtime.gpu.layers.fp8_linear import MergedFp8Linear, load_float
 from runtime.gpu.layers.moe import RoutedExperts
@@ -75,6 +76,7 @@ def load_named(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor]]) ->
         log.info("checkpoint has no MTP layers; dropping them", count=len(model.mtp_layers))
         del model.model.layers[first_mtp:]
         pending -= mtp_keys
+    pending = {k for k in pending if k[0] not in loader.optional_params(model)}
     if pending:
         missing = sorted(f"{n}[{s}]" if s else n for n, s in pending)
         raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:10]}")

@@ -21,6 +21,7 @@ import structlog
 import torch
 from torch import nn
 
+from runtime.engram.layer import engram_layer
 from runtime.gpu import distributed
 from runtime.gpu.forward_batch import ForwardBatch
 from runtime.gpu.kernels.rms_norm.reference import unit_rms
@@ -155,6 +156,7 @@ class DeepseekV4DecoderLayer(nn.Module):
         self.self_attn = DeepseekV4Attention(config, layer_id, layer_type)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = DeepseekV4MoE(config, mlp_type == "hash_moe")
+        self.engram = engram_layer(config, layer_id, config.hidden_size, config.hc_mult)  # None without
 
     def forward(
         self,
@@ -165,6 +167,8 @@ class DeepseekV4DecoderLayer(nn.Module):
         attn: TorchV4Backend,
     ) -> torch.Tensor:
         """h: the residual streams [T, hc_mult, D]."""
+        if self.engram is not None:  # Engram (V4.1): gated per stream, added before attention
+            h = h + self.engram(h, batch)
         x, post, comb = self.attn_hc(h, norm=self.input_layernorm)  # x comes out normed
         h = HyperConnection.merge(h, self.self_attn(x, positions, batch, attn), post, comb)
         x, post, comb = self.ffn_hc(h, norm=self.post_attention_layernorm)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from runtime.engram.layer import engram_layer
 from runtime.gpu import distributed
 from runtime.gpu.attention import get_attention_backend
 from runtime.gpu.attention.base import MHABackend, Rope
@@ -132,6 +133,7 @@ class LlamaDecoderLayer(nn.Module):
         self.self_attn = LlamaAttention(config, layer_id, rotary)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config)
+        self.engram = engram_layer(config, layer_id, config.hidden_size)  # None without Engram
 
     def forward(
         self,
@@ -143,6 +145,9 @@ class LlamaDecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x: the last sublayer's output, not yet added to `residual` (None before the first layer); the
         add is fused into the norm that follows it. Returns (this layer's MLP output, residual)."""
+        if self.engram is not None:  # Engram adds to the residual stream before attention
+            x = x if residual is None else x + residual
+            x, residual = x + self.engram(x, batch), None
         h, residual = (self.input_layernorm(x), x) if residual is None else self.input_layernorm(x, residual)
         h = self.self_attn(h, positions, batch, attn)
         h, residual = self.post_attention_layernorm(h, residual)
@@ -152,6 +157,8 @@ class LlamaDecoderLayer(nn.Module):
         self, h: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch, attn: MHABackend
     ) -> None:
         """The same layer on folded weights: updates the residual stream h in place."""
+        if self.engram is not None:
+            h.add_(self.engram(h, batch))
         self.self_attn.forward_folded(h, positions, batch, attn, self.input_layernorm.eps)
         self.mlp.forward_folded(h, self.post_attention_layernorm.eps)
 

@@ -1,0 +1,167 @@
+"""The worker's half of Engram: the placement that holds the tables, and each step's lookup.
+
+`start(plan)` reads the step's addresses from the plan (computed by the scheduler, `addresses.py`) and
+starts the fetch at once on the lookup thread (prefetch). The fetch runs while the host builds the batch
+and the device runs the layers below the first Engram layer, and that layer waits for the rows
+(`EngramRows.rows`). A decode row's address arrives as a partial hash. The lookup thread completes it
+with the token the previous step sampled (`sampled`), waiting for that token's copy to the host. With
+prefetch off, the fetch runs only when the first Engram layer asks for it."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from runtime.engram.config import EngramConfig, EngramOptions
+from runtime.engram.hashing import NgramHasher
+from runtime.engram.host import HostPlacement
+from runtime.engram.placement import DevicePlacement, EngramPlacement, EngramRows, SplitPlacement
+from runtime.errors import StepFailed
+from runtime.mailbox.messages import EngramCounters
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from runtime.config import RunnerConfig
+    from runtime.mailbox.messages import StepPlan
+
+
+PLACEMENTS: dict[str, type[EngramPlacement]] = {
+    "device": DevicePlacement,
+    "host": HostPlacement,
+    "split": SplitPlacement,
+}
+
+
+def make_placement(
+    name: str, cfg: EngramConfig, hasher: NgramHasher, device: torch.device, dtype: torch.dtype, **kwargs
+) -> EngramPlacement:
+    """The placement `name` (`--engram-placement`) over the tables of `cfg`."""
+    if name not in PLACEMENTS:
+        raise ValueError(f"unknown Engram placement {name!r} ({' | '.join(PLACEMENTS)})")
+    return PLACEMENTS[name](cfg, hasher, device, dtype, **kwargs)
+
+
+class EngramRuntime:
+    def __init__(self, hasher: NgramHasher, placement: EngramPlacement, opts: EngramOptions) -> None:
+        self.hasher, self.placement, self.opts = hasher, placement, opts
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engram-lookup")
+        # per request row, where its last sampled token lands on the host: (tokens, index, copy event)
+        self._last: dict[int, tuple[torch.Tensor, int, torch.cuda.Event | None]] = {}
+
+    @classmethod
+    def create(
+        cls, hasher: NgramHasher | None, opts: EngramOptions, device: torch.device, dtype: torch.dtype
+    ) -> EngramRuntime | None:
+        if hasher is None:
+            return None
+        kwargs = {"shards": opts.shards} if opts.placement == "host" else {}
+        if opts.placement == "split":
+            kwargs = {"group": _split_group()}
+        return cls(hasher, make_placement(opts.placement, hasher.cfg, hasher, device, dtype, **kwargs), opts)
+
+    @property
+    def stats(self):  # noqa: ANN201
+        return self.placement.stats
+
+    def counters(self) -> EngramCounters:
+        s = self.placement.stats
+        restarts = getattr(self.placement, "restarts", 0)
+        return EngramCounters(s.lookups, s.rows, s.fetch_s, s.wait_s, restarts)
+
+    def addresses(self, plan: StepPlan) -> np.ndarray:
+        t = sum(plan.extend_lens)
+        if plan.engram_addr:
+            # one small copy (8 bytes per row fetched) into writable memory, which torch wants
+            addr = np.frombuffer(bytearray(plan.engram_addr), dtype="<i8")
+            return addr.reshape(t, self.hasher.columns)
+        # plans made outside a scheduler (warm-up, tools): whole prompts from position 0 only
+        if any(plan.use_last) or any(plan.prefix_lens):
+            raise ValueError("an Engram model's step plan needs the scheduler's addresses (engram_addr)")
+        ids, parts, off = plan.input_ids, [], 0
+        for n in plan.extend_lens:
+            parts.append(self.hasher.addresses(ids[off : off + n], 0, n))
+            off += n
+        return np.concatenate(parts) if parts else np.zeros((0, self.hasher.columns), dtype=np.int64)
+
+    def sampled(self, rows: list[int], tokens: torch.Tensor) -> None:
+        """`tokens` [rows, k] (a host tensor, its copy maybe still in flight) holds what `rows` just
+        sampled: the next step's decode rows complete their addresses with it."""
+        ready = None
+        if tokens.device.type == "cpu" and self.placement.device.type == "cuda":
+            ready = torch.cuda.Event()
+            ready.record()
+        for i, row in enumerate(rows):
+            self._last[row] = (tokens, i, ready)
+
+    def start(self, plan: StepPlan) -> EngramRows:
+        addr = self.addresses(plan)
+        placement, delay = self.placement, self.opts.lookup_delay_s
+        placement.stats.lookups += 1
+        placement.stats.rows += addr.size
+        # decode rows (one token each, fed from the device): the scheduler sent partial hashes
+        # Each row's record is used once: a step that fails leaves none, so a decode of the same row
+        # planned behind it (overlap) fails too instead of reading a stale token.
+        starts = np.cumsum([0, *plan.extend_lens[:-1]])
+        for row in plan.released:
+            self._last.pop(row, None)
+        fed = []
+        for s, row, u in zip(starts, plan.rows, plan.use_last, strict=True):
+            last = self._last.pop(row, None)
+            if u:
+                if last is None:
+                    raise StepFailed(
+                        f"Engram: row {row}'s previous step failed, so its input token is unknown"
+                    )
+                fed.append((int(s), last))
+
+        def fetch() -> torch.Tensor:
+            t0 = time.perf_counter()
+            if fed:  # wait for the step in flight's tokens, then finish these rows' hashes
+                for _, (_, _, ready) in fed:
+                    if ready is not None:
+                        ready.synchronize()
+                idx = np.array([i for i, _ in fed])
+                tokens = np.array([int(t[j, 0]) for _, (t, j, _) in fed], dtype=np.int64)
+                addr[idx] = self.hasher.complete(addr[idx], tokens)
+            if delay:
+                time.sleep(delay)
+            out = placement.fetch(addr)()
+            placement.stats.fetch_s += time.perf_counter() - t0
+            return out
+
+        if self.opts.prefetch:
+            fut = self._pool.submit(fetch)
+            return EngramRows(self.hasher, fut.result, placement.stats)
+        return EngramRows(self.hasher, fetch, placement.stats)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+        self.placement.close()
+
+
+def make_engram_runtime(
+    cfg: RunnerConfig, model_path: Path, device: torch.device, dtype: torch.dtype
+) -> EngramRuntime | None:
+    """The runner's Engram runtime when the model's config has an Engram block, else None."""
+    from runtime.engram.addresses import hasher_for_model
+    from runtime.model_info import tokenizer_dir
+
+    tok = tokenizer_dir(cfg.tokenizer, str(model_path), cfg.load_format)
+    hasher = hasher_for_model(str(model_path), tok, cfg.hf_overrides)
+    return EngramRuntime.create(hasher, cfg.engram or EngramOptions(), device, dtype)
+
+
+def _split_group():  # noqa: ANN202
+    """The process group `split` shards over: the server's group when ranks run (every rank runs every
+    step, as under tensor parallelism), else a one-rank gloo group of this process (the whole table
+    here; real multi-rank splitting is tested at the module level until multi-rank serving lands)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    return dist.group.WORLD
