@@ -24,9 +24,9 @@ from aiohttp import web
 
 from runtime.errors import BadGateway, InvalidRequest
 from runtime.http.formatting import DONE, sse
-from runtime.http.gateway.proxy import _REQUEST_HEADERS, _RESPONSE_HEADERS, _copy, _events, _Lost
 from runtime.http.gateway.request_text import request_text
 from runtime.http.gateway.router import Router
+from runtime.http.gateway.upstream import REQUEST_HEADERS, RESPONSE_HEADERS, Lost, copy_headers, sse_events
 from runtime.http.gateway.workers import Worker
 
 log = structlog.get_logger("conduit.gateway")
@@ -89,7 +89,7 @@ class PDProxy:
         to_prefill = {**payload, "bootstrap_room": room, "bootstrap_addr": addr, "stream": False}
         to_prefill.pop("stream_options", None)
         to_decode = {**payload, "bootstrap_room": room}
-        headers = _copy(request.headers, _REQUEST_HEADERS)
+        headers = copy_headers(request.headers, REQUEST_HEADERS)
         log.debug("pd_pair", prefill=prefill.url, decode=decode.url, room=room)
         state = _State()
         prefill_task = asyncio.create_task(self._prefill(prefill, request.path_qs, to_prefill, headers))
@@ -162,17 +162,19 @@ class PDProxy:
                 if not (upstream.status == 200 and upstream.content_type == "text/event-stream"):
                     data = await upstream.read()
                     return web.Response(
-                        status=upstream.status, body=data, headers=_copy(upstream.headers, _RESPONSE_HEADERS)
+                        status=upstream.status,
+                        body=data,
+                        headers=copy_headers(upstream.headers, RESPONSE_HEADERS),
                     )
                 try:
-                    async for chunk in _events(upstream):
+                    async for chunk in sse_events(upstream):
                         if state.resp is None:
                             state.resp = web.StreamResponse(
-                                headers=_copy(upstream.headers, _RESPONSE_HEADERS)
+                                headers=copy_headers(upstream.headers, RESPONSE_HEADERS)
                             )
                             await state.resp.prepare(request)
                         await state.resp.write(chunk)
-                except _Lost as e:
+                except Lost as e:
                     router.failed(worker, "midstream", str(e))
                     self.bootstrap.pop(worker.url, None)
                     err = BadGateway(f"The decode server failed mid-stream: {e}", code="worker_failed")

@@ -11,8 +11,6 @@ Non-2xx answers of a worker (bad input, overload) pass through unchanged.
 
 from __future__ import annotations
 
-import time
-from collections.abc import AsyncIterator
 from contextlib import aclosing
 
 import aiohttp
@@ -21,30 +19,17 @@ from aiohttp import web
 
 from runtime.errors import BadGateway
 from runtime.http.formatting import DONE, sse
+from runtime.http.gateway.pd import PDProxy
 from runtime.http.gateway.request_text import request_text
 from runtime.http.gateway.router import Router
+from runtime.http.gateway.upstream import REQUEST_HEADERS, RESPONSE_HEADERS, Lost, copy_headers, sse_events
 from runtime.http.gateway.workers import Worker
 
 log = structlog.get_logger("conduit.gateway")
 
-_REQUEST_HEADERS = ("Content-Type", "Authorization", "Accept", "X-Request-Id")
-_RESPONSE_HEADERS = ("Content-Type", "Cache-Control", "X-Request-Id", "Retry-After")
-
 
 class _Retry(Exception):
     """This attempt failed before any byte reached the client: try another worker."""
-
-
-class _Lost(Exception):
-    """The worker's answer broke off (`timed_out`: it ran past --request-timeout-secs)."""
-
-    def __init__(self, message: str, timed_out: bool = False) -> None:
-        super().__init__(message)
-        self.timed_out = timed_out
-
-
-def _copy(headers, names) -> dict[str, str]:
-    return {k: headers[k] for k in names if k in headers}
 
 
 class HttpProxy:
@@ -52,8 +37,6 @@ class HttpProxy:
         self.router = router
         self.pd = None
         if router.decode_pool is not None:
-            from runtime.http.gateway.pd import PDProxy
-
             self.pd = PDProxy(router)
 
     def add_to(self, app: web.Application) -> None:
@@ -106,7 +89,7 @@ class HttpProxy:
                     request.method,
                     worker.url + request.path_qs,
                     data=body,
-                    headers=_copy(request.headers, _REQUEST_HEADERS),
+                    headers=copy_headers(request.headers, REQUEST_HEADERS),
                     timeout=router.request_timeout,
                 )
             except aiohttp.ClientConnectionError as e:
@@ -124,7 +107,9 @@ class HttpProxy:
                 except aiohttp.ClientError as e:
                     raise _Retry(f"{type(e).__name__}: {e}") from None
                 return web.Response(
-                    status=upstream.status, body=data, headers=_copy(upstream.headers, _RESPONSE_HEADERS)
+                    status=upstream.status,
+                    body=data,
+                    headers=copy_headers(upstream.headers, RESPONSE_HEADERS),
                 )
         finally:
             worker.load -= 1
@@ -134,13 +119,13 @@ class HttpProxy:
     ) -> web.StreamResponse:
         resp: web.StreamResponse | None = None
         try:
-            async with aclosing(_events(upstream)) as events:
+            async with aclosing(sse_events(upstream)) as events:
                 async for chunk in events:
                     if resp is None:  # headers go out with the first event, so a failure before it retries
-                        resp = web.StreamResponse(headers=_copy(upstream.headers, _RESPONSE_HEADERS))
+                        resp = web.StreamResponse(headers=copy_headers(upstream.headers, RESPONSE_HEADERS))
                         await resp.prepare(request)
                     await resp.write(chunk)
-        except _Lost as e:
+        except Lost as e:
             if resp is None and e.timed_out:
                 raise BadGateway("The worker did not answer in time.", code="worker_timeout") from None
             if resp is None:
@@ -170,27 +155,3 @@ class HttpProxy:
         except ConnectionResetError:
             pass
         return resp
-
-
-async def _events(upstream: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-    """The worker's SSE bytes, each read cut after its last complete event; raises `_Lost` if the
-    stream breaks off or ends without `data: [DONE]`."""
-    pending = b""
-    done = False
-    started = time.monotonic()
-    try:
-        async for chunk in upstream.content.iter_any():
-            data = pending + chunk if pending else chunk
-            cut = data.rfind(b"\n\n") + 2
-            if cut < 2:
-                pending = data
-                continue
-            out, pending = data[:cut], data[cut:]
-            done = out.endswith(DONE)
-            yield out
-    except TimeoutError:
-        raise _Lost(f"timed out after {time.monotonic() - started:.1f}s", timed_out=True) from None
-    except aiohttp.ClientError as e:
-        raise _Lost(f"{type(e).__name__}: {e} after {time.monotonic() - started:.1f}s") from None
-    if not done:
-        raise _Lost("the stream ended without `data: [DONE]`")
