@@ -21,20 +21,26 @@ from runtime.engram.config import engram_config_of
 from runtime.engram.hashing import NgramHasher
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from runtime.actors.scheduler.batch_planner import PlannedStep
     from runtime.config import ServerConfig
     from runtime.mailbox.messages import StepPlan
 
 
-def hasher_for_model(model_path: str, tokenizer_path: str, hf_overrides: dict | None) -> NgramHasher | None:
-    """The model's hasher (its config.json's Engram block under the overrides), or None without one."""
+def hasher_for_model(
+    model_path: str, tokenizer_path: Callable[[], str], hf_overrides: dict | None
+) -> NgramHasher | None:
+    """The model's hasher (its config.json's Engram block under the overrides), or None without one.
+    `tokenizer_path` is asked only for a model with Engram: finding a tokenizer may mean converting the
+    embedded model, which a dummy preset on a GPU machine neither needs nor has."""
     from runtime.config import apply_hf_overrides
 
     config = apply_hf_overrides(json.loads((Path(model_path) / "config.json").read_text()), hf_overrides)
     cfg = engram_config_of(config.get("text_config", config))
     if cfg is None:
         return None
-    return NgramHasher(cfg, cached_compression_table(tokenizer_path, config.get("vocab_size")))
+    return NgramHasher(cfg, cached_compression_table(tokenizer_path(), config.get("vocab_size")))
 
 
 def hasher_for_server(server: ServerConfig) -> NgramHasher | None:
@@ -42,7 +48,7 @@ def hasher_for_server(server: ServerConfig) -> NgramHasher | None:
 
     path = resolve_model_path(server)
     return hasher_for_model(
-        path, tokenizer_dir(server.tokenizer, path, server.load_format), server.hf_overrides
+        path, lambda: tokenizer_dir(server.tokenizer, path, server.load_format), server.hf_overrides
     )
 
 

