@@ -28,6 +28,7 @@ from runtime.actors.base import Actor
 from runtime.config import RunnerConfig
 from runtime.errors import StepFailed
 from runtime.mailbox.messages import (
+    EngramCounters,
     KVCancel,
     KVReserve,
     Message,
@@ -56,9 +57,19 @@ class PendingResult(Protocol):
 class Runner(Protocol):
     """What the worker needs of a model runner (`runtime.gpu.model_runner.ModelRunner`; tests use fakes)."""
 
+    device: object  # the runner's torch device (disaggregation's transfers stage through it)
+
     def capabilities(self) -> WorkerCapabilities: ...
 
     def launch(self, plan: StepPlan) -> PendingResult: ...
+
+    def engram_counters(self) -> EngramCounters | None:
+        """Cumulative Engram lookup figures, reported with each step's output (None: no Engram)."""
+        ...
+
+    def save_expert_load(self) -> None:
+        """At shutdown: write the measured expert load where `--expert-load-out` asks (EPLB's input)."""
+        ...
 
     # ranks that step together (DP attention with expert parallelism) also need:
     def set_step_tokens(self, n: int) -> None: ...
@@ -119,7 +130,7 @@ class GpuWorkerActor(Actor):
     async def _start_disaggregation(self) -> None:
         from runtime.disaggregation.worker import DecodeSide, PrefillSide
 
-        device = getattr(self.runner, "device", "cpu")
+        device = self.runner.device
 
         async def to_scheduler(msg: Message) -> None:
             await self.send(self.scheduler, msg)
@@ -139,9 +150,7 @@ class GpuWorkerActor(Actor):
             self._sender.cancel()
         self._launch.shutdown(wait=True)
         self._collect.shutdown(wait=True)
-        save_load = getattr(self.runner, "save_expert_load", None)
-        if save_load is not None:
-            save_load()
+        self.runner.save_expert_load()
 
     async def handle(self, msg: Message) -> None:
         if isinstance(msg, (KVReserve, KVCancel)) and self.decode is not None and not self.failed:
@@ -229,9 +238,9 @@ class GpuWorkerActor(Actor):
                 await self._fail(step, exc)
                 continue
             if not self.failed and self.reports:
-                engram = getattr(self.runner, "engram", None)
+                engram = self.runner.engram_counters()
                 if engram is not None:
-                    out = msgspec.structs.replace(out, engram=engram.counters())
+                    out = msgspec.structs.replace(out, engram=engram)
                 await self.send(self.scheduler, out)
                 if exports:
                     self.prefill.step_done(out, exports)

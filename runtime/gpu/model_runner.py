@@ -37,7 +37,7 @@ from runtime.gpu.model_builder import build_model, resolve_dtype, resolve_kv_dty
 from runtime.gpu.pending import Copies, PendingStep
 from runtime.gpu.sampler import Sampler
 from runtime.gpu.warm_up import warm_up
-from runtime.mailbox.messages import StepOutput, StepPlan, WorkerCapabilities
+from runtime.mailbox.messages import EngramCounters, StepOutput, StepPlan, WorkerCapabilities
 from runtime.model_info import tokenizer_dir
 from runtime.speculative.drafters import make_drafter
 from runtime.speculative.worker import Emitted, Speculation, VerifyRows
@@ -270,6 +270,9 @@ class ModelRunner:
             self._exchanges = [m for m in self.model.modules() if isinstance(m, ExpertParallelMoE)]
         for m in self._exchanges:
             m.step_tokens = n
+
+    def engram_counters(self) -> EngramCounters | None:
+        return self.engram.counters() if self.engram is not None else None
 
     def save_expert_load(self) -> None:
         """With `expert_load_out`: this rank's measured expert load (tokens routed to each logical

@@ -78,6 +78,13 @@ class FakeRunner:
 
     prefix_replay = 0  # set > 0 to have the scheduler plan replays before prefix hits (as for V4)
     caps: WorkerCapabilities | None = None
+    device = "cpu"
+
+    def engram_counters(self) -> None:
+        return None
+
+    def save_expert_load(self) -> None:
+        return None
 
     def capabilities(self) -> WorkerCapabilities:
         assert self.caps is not None, "set caps (fake_capabilities) before the worker starts"
@@ -182,6 +189,16 @@ class Restricted:
 
     def launch(self, plan: StepPlan):  # noqa: ANN201 - the runner's pending step
         return self.runner.launch(plan)
+
+    @property
+    def device(self):  # noqa: ANN201 - the runner's device
+        return self.runner.device
+
+    def engram_counters(self):  # noqa: ANN201 - the runner's
+        return self.runner.engram_counters()
+
+    def save_expert_load(self) -> None:
+        self.runner.save_expert_load()
 
 
 class FakeWorker(GpuWorkerActor):
