@@ -45,7 +45,7 @@ class MTPDrafter(Drafter):
         dtype: torch.dtype,
     ) -> None:
         super().__init__(max_draft)
-        if not getattr(model, "mtp_layers", None):
+        if not model.mtp_layers:
             raise ValueError(
                 f"--speculative-algorithm mtp needs MTP (nextn) layers; {type(model).__name__} has none "
                 "(the checkpoint has no model.layers.{num_hidden_layers}.* tensors)"
@@ -59,7 +59,7 @@ class MTPDrafter(Drafter):
         self.history = TokenHistory(rows, max_len, device)
         # what the MTP layer reads of the target: its final hidden state (V3), or a tapped layer's output
         # (V4: the last layer's streams [n, D], before the hyper-head)
-        self.tap: int | None = getattr(model, "mtp_hidden_tap", None)
+        self.tap: int | None = model.mtp_hidden_tap
         self.taps = () if self.tap is None else (self.tap,)
         d = model.config.hidden_size
         shape = (num_slots, d) if self.tap is None else (num_slots, model.config.hc_mult, d)

@@ -99,3 +99,33 @@ class CausalLM(nn.Module, ABC):
 
     def prepare_for_serving(self) -> None:
         """Once, after the weights are loaded: weight transforms the serving path wants (none here)."""
+
+    # ------------------------------------------------------------------ multi-token prediction (MTP)
+    # DeepSeek's nextn layers, for the MTP drafter (runtime/speculative/mtp.py); none by default.
+
+    @property
+    def mtp_layers(self) -> list[nn.Module]:
+        """The model's MTP layers (empty: the model has none, and cannot draft with `mtp`)."""
+        return []
+
+    @property
+    def mtp_hidden_tap(self) -> int | None:
+        """The main layer whose output the MTP layers read (None: the final hidden state)."""
+        return None
+
+    def make_mtp_kv_pool(self, spec: KVPoolSpec) -> KVPool:
+        """The MTP drafter's own pool, for the MTP layers' attention."""
+        raise NotImplementedError(f"{type(self).__name__} has no MTP layers")
+
+    def mtp_forward(
+        self,
+        k: int,
+        next_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        batch: ForwardBatch,
+        attn: AttentionBackend,
+    ) -> torch.Tensor:
+        """MTP layer k on the previous stage's hidden states and the next tokens: its normed hidden
+        states (logits through `compute_logits`)."""
+        raise NotImplementedError(f"{type(self).__name__} has no MTP layers")
