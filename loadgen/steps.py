@@ -10,7 +10,9 @@ the device's copy bandwidth and matmul peak and reports
 
   MBU = (weight bytes + KV bytes read) / step time / copy bandwidth
   MFU = (2 * non-embedding params * tokens + attention flops) / step time / matmul peak
-  attention flops = 4 * layers * q_heads * head_dim * (keys each new token attends to)
+  attention flops = 4 * layers * q_heads * head_dim * (keys each new token attends to); for
+  DeepSeek-V4 only the keys it reads: the window, plus the selected (CSA) or all (HCA) compressed
+  entries, plus the CSA indexer's scoring (`attention_flops`)
 
 MoE models (`RoutedExperts` layers): a step reads only the experts its tokens route to, and each token
 multiplies by top_k of them, so the weight bytes count the distinct experts per layer that the point's
@@ -378,14 +380,41 @@ class _Bench:
         return self._row("prefill", 1, n, c, 0, t, weights + kv_read, flops, n / t, a2a.seconds)
 
     def _attn_flops(self, ctx: float, n: int) -> float:
-        """n new tokens after ctx cached ones, causal: token i attends to ctx + i + 1 keys."""
-        keys = n * ctx + n * (n + 1) / 2
-        return 4 * self.layers * self.q_heads * self.head_dim * keys
+        return attention_flops(self.runner.config, self.layers, self.q_heads, self.head_dim, ctx, n)
 
     def _row(self, phase, b, n, c, k, t, bytes_read, flops, tok, a2a_s=0.0) -> Row:
         mbu = bytes_read / t / self.ceil.copy_bytes_per_s
         mfu = flops / t / self.ceil.matmul_flops_per_s
         return Row(phase, b, n, c, k, t, tok, mbu, mfu, a2a_s)
+
+
+def attention_flops(config, layers: int, q_heads: int, head_dim: int, ctx: float, n: int) -> float:  # noqa: ANN001
+    """Attention FLOPs of n new tokens after ctx cached ones, causal: token i attends ctx + i + 1 keys
+    (QK^T and PV, 4 x heads x head_dim per key). DeepSeek-V4 (`layer_types`) counts only the entries a
+    token attends: its sliding window on every layer, plus on a CSA layer the `index_topk` compressed
+    entries the indexer picks (and the indexer's scoring of every compressed entry), on an HCA layer
+    every compressed entry; so MFU is not inflated by keys the model never reads."""
+    types = getattr(config, "layer_types", None)  # a transformers config: V4's has per-layer types
+    if not types or not hasattr(config, "compress_rates"):
+        keys = n * ctx + n * (n + 1) / 2
+        return 4 * layers * q_heads * head_dim * keys
+    import numpy as np
+
+    seen = ctx + np.arange(1, n + 1, dtype=np.float64)  # token i sees the positions before ctx + i + 1
+    window, rates = np.minimum(config.sliding_window, seen), config.compress_rates
+    total = 0.0
+    for layer_type in types[:layers]:
+        keys = window
+        rate = rates.get(layer_type)
+        if rate is not None:
+            entries = np.floor(seen / rate)
+            if layer_type == "compressed_sparse_attention":
+                keys = keys + np.minimum(config.index_topk, entries)
+                total += 2 * config.index_n_heads * config.index_head_dim * entries.sum()  # the indexer
+            else:
+                keys = keys + entries
+        total += 4 * q_heads * head_dim * keys.sum()
+    return float(total)
 
 
 def table(rows: list[Row], bench: _Bench) -> str:

@@ -124,3 +124,23 @@ def test_steps_times_deepseek_v4_decode_and_prefill_on_whole_window_pages(tmp_pa
     assert [r[0] for r in rows] == ["decode", "decode", "prefill"] and all(float(r[5]) > 0 for r in rows)
     assert main([*args, "--batch-sizes", "1"]) == 2
     assert "needs --page-size a multiple of 8" in capsys.readouterr().err
+
+
+def test_deepseek_v4_attention_flops_count_only_the_entries_a_token_reads():
+    """V4's MFU counts the window, the CSA's top-k selected entries plus its indexer's scoring, and the
+    HCA's compressed entries; not every cached key. Other models: every key, causally."""
+    from types import SimpleNamespace
+
+    from loadgen.steps import attention_flops
+
+    v4 = SimpleNamespace(
+        layer_types=["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"],
+        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 128},
+        sliding_window=128, index_topk=512, index_n_heads=64, index_head_dim=128,
+    )  # fmt: skip
+    per_key = 4 * 64 * 512
+    # one decode token at context 8191 (it sees 8192 positions): 128 + (128 + 512) + (128 + 64) keys
+    want = per_key * (128 + 128 + 512 + 128 + 64) + 2 * 64 * 128 * 2048
+    assert attention_flops(v4, 3, 64, 512, 8191, 1) == want
+    # a dense model attends every key: 8192 of them on each of 3 layers
+    assert attention_flops(SimpleNamespace(), 3, 64, 512, 8191, 1) == per_key * 3 * 8192
