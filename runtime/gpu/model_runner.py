@@ -15,7 +15,6 @@ import itertools
 import json
 import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,7 +27,7 @@ from runtime.engram.runtime import make_engram_runtime
 from runtime.gpu import compile_watch, distributed, loader, presets
 from runtime.gpu.attention import default_backend
 from runtime.gpu.cuda_graph import GraphRunner
-from runtime.gpu.forward_batch import ForwardBatch, StepTables, columns_to_device, make_batch, token_positions
+from runtime.gpu.forward_batch import ForwardBatch, StepTables, columns_to_device, make_batch
 from runtime.gpu.grammar import GrammarTable
 from runtime.gpu.kv_pool import KVPoolSpec
 from runtime.gpu.layers import expert_parallel
@@ -36,6 +35,7 @@ from runtime.gpu.layers.expert_parallel import ExpertParallelMoE, ExpertPlacemen
 from runtime.gpu.model_builder import build_model, resolve_dtype, resolve_kv_dtype
 from runtime.gpu.pending import Copies, PendingStep
 from runtime.gpu.sampler import Sampler
+from runtime.gpu.step_inputs import Sampled, check_plan, eager_inputs
 from runtime.gpu.warm_up import warm_up
 from runtime.mailbox.messages import EngramCounters, StepOutput, StepPlan, WorkerCapabilities
 from runtime.model_info import tokenizer_dir
@@ -325,7 +325,12 @@ class ModelRunner:
 
     def _accept(self, plan: StepPlan) -> None:
         """Check the plan, then apply its row changes (released and added requests)."""
-        _check_plan(plan, self.cfg, self.spec.max_draft if self.spec is not None else 0)
+        check_plan(
+            plan,
+            self.cfg.max_reqs,
+            self.cfg.max_model_len,
+            self.spec.max_draft if self.spec is not None else 0,
+        )
         self.kv_pool.check_plan(plan)
         self._update_rows(plan)
 
@@ -412,68 +417,13 @@ class ModelRunner:
                 self.grammar.add(start.row, start.params.grammar, start.output_ids)
 
     def _build_batch(self, plan: StepPlan) -> tuple[ForwardBatch, Sampled]:
-        """The eager batch, and what to sample: the last token of each sampled row, or every position of
-        a row that verifies drafts (`Sampled.logits` holds those token indices until the forward ran)."""
-        n = len(plan.rows)
-        ext = torch.tensor(plan.extend_lens, dtype=torch.int64)
-        rows = torch.tensor(plan.rows, dtype=torch.int64)
-        drafts = plan.draft_lens or [0] * n
-        positions, starts = token_positions(plan.prefix_lens, plan.extend_lens)
-        token_rows = torch.repeat_interleave(rows, ext)
-        use_last = torch.repeat_interleave(torch.tensor(plan.use_last, dtype=torch.bool), ext)
-        # a fed row's tokens read its fed table: column 0 (its last token), then its drafts 1..k
-        fed_col = torch.where(
-            use_last, torch.arange(len(positions)) - torch.repeat_interleave(starts, ext), -1
-        )
-        ids = torch.zeros(len(positions), dtype=torch.int64)
-        ids[~use_last] = torch.tensor(plan.input_ids, dtype=torch.int64)
-        sample = torch.tensor(plan.sample, dtype=torch.bool)
-        k = torch.tensor(drafts, dtype=torch.int64)[sample]
-        first = (starts + ext - 1)[sample] - k  # each sampled row's first sampled position
-        sample_idx = torch.repeat_interleave(first, k + 1) + _ranges(k + 1)
-        block_start = torch.cumsum(k + 1, 0) - (k + 1)
-        sample_rows = rows[sample]
-        pos_rows = torch.repeat_interleave(sample_rows, k + 1)
-        owner = torch.repeat_interleave(torch.arange(len(k)), k + 1)
-        # aligned columns: with them packed end to end, an odd token count shifted the positions the
-        # RoPE kernel reads and compiled a new variant mid-run
-        cols = [ids, positions, plan.out_loc, token_rows, fed_col, sample_idx, sample_rows, rows]
-        cols += [pos_rows, block_start, k, _ranges(k + 1), owner] if any(drafts) else []
-        dev = columns_to_device(cols, self.device)
-        host = (list(plan.rows), list(plan.prefix_lens), list(plan.extend_lens), list(plan.replay))
-        batch = make_batch(self.tables, self.kv_pool, *dev[:5], dev[7], host)
+        """The eager batch, backend metadata included, and what the step samples (`step_inputs.py`)."""
+        cols, host, sampled = eager_inputs(plan, self.device)
+        batch = make_batch(self.tables, self.kv_pool, *cols, host)
         if self.engram is not None:
             batch.engram = self.engram.start(plan)
         self.attn.prepare(batch)
-        rows_list = [r for r, s in zip(plan.rows, plan.sample, strict=True) if s]
-        sampled = Sampled(dev[5], rows_list, dev[6])
-        if any(drafts):
-            ks = k.tolist()
-            sampled.pos_rows = [r for r, kk in zip(rows_list, ks, strict=True) for _ in range(kk + 1)]
-            sampled.pos_rows_t = dev[8]
-            sampled.verify = VerifyRows(ks, dev[9], dev[10], dev[11], dev[12])
         return batch, sampled
-
-
-@dataclass
-class Sampled:
-    """What a step samples: `logits` at the sampled positions, the rows that sampled (host and device),
-    and for a step with verify rows, each sampled position's row and the rows' blocks."""
-
-    logits: torch.Tensor
-    rows: list[int]
-    rows_t: torch.Tensor
-    pos_rows: list[int] | None = None
-    pos_rows_t: torch.Tensor | None = None
-    verify: VerifyRows | None = None
-    saved: object | None = None  # the pool's saved per-row state of the verify rows' blocks
-    saved_rows: torch.Tensor | None = None  # those rows' index among the sampled rows
-
-
-def _ranges(lens: torch.Tensor) -> torch.Tensor:
-    """0..n-1 for each n of `lens`, concatenated."""
-    starts = torch.cumsum(lens, 0) - lens
-    return torch.arange(int(lens.sum())) - torch.repeat_interleave(starts, lens)
 
 
 def _per_row(per_position: list[int] | None, verify: VerifyRows | None) -> list[int] | None:
@@ -521,42 +471,3 @@ def _page_size(asked: int, multiple: int) -> int:
         reason=f"the model's paged state needs pages of a multiple of {multiple} tokens",
     )
     return page_size
-
-
-def _check_plan(plan: StepPlan, cfg: RunnerConfig, max_draft: int) -> None:
-    """Host-side checks that turn a malformed plan into a clear error instead of a device fault."""
-    n = len(plan.rows)
-    drafts = plan.draft_lens or [0] * n
-    if len(drafts) != n or any(not 0 <= k <= max_draft for k in drafts):
-        raise ValueError(f"step {plan.step}: draft_lens needs one count per row, each in 0..{max_draft}")
-    cols = (plan.prefix_lens, plan.extend_lens, plan.use_last, plan.sample)
-    if any(len(c) != n for c in cols):
-        raise ValueError(f"step {plan.step}: per-row columns differ in length from rows ({n})")
-    if len(plan.out_loc) != sum(plan.extend_lens):
-        raise ValueError(
-            f"step {plan.step}: {len(plan.out_loc)} out_loc for {sum(plan.extend_lens)} new tokens"
-        )
-    fed = sum(e for e, last in zip(plan.extend_lens, plan.use_last, strict=True) if not last)
-    if len(plan.input_ids) != fed:
-        raise ValueError(
-            f"step {plan.step}: {len(plan.input_ids)} input_ids for {fed} tokens without use_last"
-        )
-    cols = zip(plan.rows, plan.prefix_lens, plan.extend_lens, plan.use_last, drafts, plan.sample, strict=True)
-    for row, p, e, last, k, sample in cols:
-        if not 0 < row <= cfg.max_reqs:
-            raise ValueError(f"step {plan.step}: row {row} outside 1..{cfg.max_reqs}")
-        if last and e != k + 1:
-            raise ValueError(
-                f"step {plan.step}: row {row} feeds its last token and {k} drafts but extends by {e}"
-            )
-        if k and not (last and sample):
-            raise ValueError(f"step {plan.step}: row {row} verifies drafts, so it must feed them and sample")
-        if p + e > cfg.max_model_len:
-            raise ValueError(f"step {plan.step}: row {row} reaches {p + e} tokens > max_model_len")
-    if plan.replay:  # replayed tokens come first in a row and leave at least one new token
-        if len(plan.replay) != n or any(
-            not 0 <= r < e for r, e in zip(plan.replay, plan.extend_lens, strict=True)
-        ):
-            raise ValueError(
-                f"step {plan.step}: replay needs one count per row, each below its extend length"
-            )
