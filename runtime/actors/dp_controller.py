@@ -103,17 +103,18 @@ class DpController(Actor):
                 await self.send(addresses.CLIENT, CacheFlushed(msg.id, all(answers)))
 
     def _total(self) -> EngineStats:
-        """The ranks' stats as one: counts and times summed, healthy only if every rank is."""
+        """The ranks' stats as one: counts and times summed, healthy only if every rank is; the other
+        fields (an error's text, speculation's and Engram's counters) the first rank's that has one."""
         stats = [s for s in self.stats if s is not None]
         fields = {}
         for name in EngineStats.__struct_fields__:
             values = [getattr(s, name) for s in stats]
             if name == "healthy":
                 fields[name] = all(values)
-            elif name == "error":
-                fields[name] = next((v for v in values if v), None)
-            elif name == "spec" or name == "dp_rank":
-                fields[name] = values[0] if name == "spec" else 0
-            else:
+            elif name == "dp_rank":
+                fields[name] = 0
+            elif all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
                 fields[name] = sum(values)
+            else:
+                fields[name] = next((v for v in values if v), None)
         return msgspec.structs.replace(stats[0], **fields)
