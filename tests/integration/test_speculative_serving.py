@@ -46,7 +46,7 @@ def plain(server_runner, tmp_path_factory):
 
 @pytest.mark.parametrize(
     "flags",
-    [(), ("--disable-overlap", "--disable-radix-cache"), ("--max-total-tokens", "640")],
+    [(), ("--disable-overlap", "--disable-radix-cache"), ("--max-total-tokens", "400")],
     ids=["overlap-radix", "no-overlap-no-radix", "small-pool"],
 )
 def test_greedy_answers_equal_the_plain_servers(plain, server_runner, tmp_path, flags):

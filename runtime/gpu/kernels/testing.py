@@ -209,7 +209,11 @@ class InterpreterCases:
         # the subprocess imports this `runtime` (a script's sys.path starts at its own folder, so without
         # this an installed copy elsewhere, e.g. another checkout's editable install, would be tested)
         path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
-        env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=path)
+        # a clean environment: variables an earlier test of the same session left behind (thread counts,
+        # kernel choices) must not change what the interpreter computes
+        keep = ("PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "VIRTUAL_ENV", "SYSTEMROOT")
+        env = {k: os.environ[k] for k in keep if k in os.environ}
+        env |= {"TRITON_INTERPRET": "1", "PYTHONPATH": path}
         proc = subprocess.run(
             [sys.executable, test_file], env=env, cwd=root, capture_output=True, text=True, timeout=timeout
         )
