@@ -21,41 +21,11 @@ from runtime.gpu.testing import (
     save_tiny_deepseek_v3,
     seq_start,
 )
+from tests.gpu.test_deepseek_v3_cuda import V2_LITE_SHAPE  # DeepSeek-V2-Lite's shapes, V3 architecture
 
 pytestmark = pytest.mark.gpu
 
 BUDGET = 1.03  # the EP path's decode step against the plain one
-# DeepSeek-V2-Lite's shapes in the V3 architecture (as tests/gpu/test_deepseek_v3_cuda.py)
-V2_LITE_SHAPE = dict(
-    architectures=["DeepseekV3ForCausalLM"],
-    model_type="deepseek_v3",
-    vocab_size=102400,
-    hidden_size=2048,
-    intermediate_size=10944,
-    moe_intermediate_size=1408,
-    num_hidden_layers=27,
-    num_attention_heads=16,
-    num_key_value_heads=16,
-    q_lora_rank=None,
-    kv_lora_rank=512,
-    qk_nope_head_dim=128,
-    qk_rope_head_dim=64,
-    v_head_dim=128,
-    n_routed_experts=64,
-    n_shared_experts=2,
-    num_experts_per_tok=6,
-    n_group=1,
-    topk_group=1,
-    first_k_dense_replace=1,
-    routed_scaling_factor=1.0,
-    norm_topk_prob=False,
-    max_position_embeddings=4096,
-    rms_norm_eps=1e-6,
-    num_nextn_predict_layers=0,
-    bos_token_id=100000,
-    eos_token_id=100001,
-    tie_word_embeddings=False,
-)
 
 
 def test_ep_path_graphs_decode_as_the_plain_moe(tmp_path):
