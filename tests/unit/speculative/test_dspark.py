@@ -15,7 +15,14 @@ from runtime.config import RunnerConfig
 from runtime.gpu.model_runner import ModelRunner
 from runtime.gpu.testing import PlanBuilder, save_tiny_deepseek_v3, save_tiny_llama, seq_start
 from runtime.speculative.dspark import DSparkHead
-from tests.unit.speculative.test_lossless import CONFIGS, MAX_MODEL_LEN, SLOTS, batch, first_difference, run
+from tests.unit.speculative.test_lossless import (
+    MAX_MODEL_LEN,
+    SLOTS,
+    assert_lossless_in_every_configuration,
+    assert_lossless_under_retraction,
+    batch,
+    run,
+)
 
 DSPARK = {"speculative_algorithm": "dspark", "speculative_num_draft_tokens": 3}
 FAMILIES = {"llama": save_tiny_llama, "deepseek_v3": save_tiny_deepseek_v3}
@@ -41,23 +48,11 @@ def runners(checkpoint):
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])
 def test_dspark_speculation_equals_plain_decoding_in_every_configuration(runners, sampled):
-    plain, spec = runners
-    reqs = batch(sampled)
-    want = run(plain, reqs).tokens
-    for name, cfg in CONFIGS.items():
-        got = run(spec, reqs, **cfg)
-        diff = {r.rid: first_difference(got.tokens[r.rid], want[r.rid]) for r in reqs}
-        assert not {rid: i for rid, i in diff.items() if i is not None}, name
-        assert got.stats.spec.drafted > 0, name
+    assert_lossless_in_every_configuration(*runners, sampled)
 
 
 def test_dspark_speculation_survives_retraction(runners):
-    plain, spec = runners
-    reqs = batch(False, n=8, max_new=120, stem_len=0, eos=False)
-    want = run(plain, reqs).tokens
-    got = run(spec, reqs, max_total_tokens=300, chunked_prefill_size=64)
-    assert got.stats.retractions > 0 and got.stats.spec.drafted > 0
-    assert {r.rid: got.tokens[r.rid] for r in reqs} == {r.rid: want[r.rid] for r in reqs}
+    assert_lossless_under_retraction(*runners)
 
 
 def test_serving_drafts_equal_a_fresh_drafter_on_the_whole_sequence(checkpoint):

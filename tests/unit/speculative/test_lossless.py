@@ -70,6 +70,28 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
+def assert_lossless_in_every_configuration(plain: ModelRunner, spec: ModelRunner, sampled: bool) -> None:
+    """The speculating runner's tokens equal the plain runner's in every scheduler configuration, and
+    drafts were verified in each (the drafters' own tests call this)."""
+    reqs = batch(sampled)
+    want = run(plain, reqs).tokens
+    for name, cfg in CONFIGS.items():
+        got = run(spec, reqs, **cfg)
+        diff = {r.rid: first_difference(got.tokens[r.rid], want[r.rid]) for r in reqs}
+        assert not {rid: i for rid, i in diff.items() if i is not None}, name
+        assert got.stats.spec.drafted > 0, name
+
+
+def assert_lossless_under_retraction(plain: ModelRunner, spec: ModelRunner) -> None:
+    """Long greedy outputs in a pool too small for them: requests are retracted, drafts were verified,
+    and the tokens still equal plain decoding's."""
+    reqs = batch(False, n=8, max_new=120, stem_len=0, eos=False)
+    want = run(plain, reqs).tokens
+    got = run(spec, reqs, max_total_tokens=300, chunked_prefill_size=64)
+    assert got.stats.retractions > 0 and got.stats.spec.drafted > 0
+    assert {r.rid: got.tokens[r.rid] for r in reqs} == {r.rid: want[r.rid] for r in reqs}
+
+
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])
 def test_speculative_outputs_equal_plain_decoding_in_every_configuration(runners, sampled):
     plain, spec = runners

@@ -14,7 +14,14 @@ from safetensors.torch import load_file, save_file
 from runtime.config import RunnerConfig
 from runtime.gpu.model_runner import ModelRunner
 from runtime.gpu.testing import PagedPlanBuilder, save_tiny_deepseek_v3, save_tiny_deepseek_v4, seq_start
-from tests.unit.speculative.test_lossless import CONFIGS, MAX_MODEL_LEN, SLOTS, batch, first_difference, run
+from tests.unit.speculative.test_lossless import (
+    MAX_MODEL_LEN,
+    SLOTS,
+    assert_lossless_in_every_configuration,
+    assert_lossless_under_retraction,
+    batch,
+    run,
+)
 
 MTP = {"speculative_algorithm": "mtp", "speculative_num_draft_tokens": 3}
 
@@ -54,23 +61,11 @@ def record_drafts(runner: ModelRunner) -> list[tuple[list[int], list[int]]]:
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])
 def test_mtp_speculation_equals_plain_decoding_in_every_configuration(runners, sampled):
-    plain, spec = runners
-    reqs = batch(sampled)
-    want = run(plain, reqs).tokens
-    for name, cfg in CONFIGS.items():
-        got = run(spec, reqs, **cfg)
-        diff = {r.rid: first_difference(got.tokens[r.rid], want[r.rid]) for r in reqs}
-        assert not {rid: i for rid, i in diff.items() if i is not None}, name
-        assert got.stats.spec.drafted > 0, name
+    assert_lossless_in_every_configuration(*runners, sampled)
 
 
 def test_mtp_speculation_survives_retraction(runners):
-    plain, spec = runners
-    reqs = batch(False, n=8, max_new=120, stem_len=0, eos=False)
-    want = run(plain, reqs).tokens
-    got = run(spec, reqs, max_total_tokens=300, chunked_prefill_size=64)
-    assert got.stats.retractions > 0 and got.stats.spec.drafted > 0
-    assert {r.rid: got.tokens[r.rid] for r in reqs} == {r.rid: want[r.rid] for r in reqs}
+    assert_lossless_under_retraction(*runners)
 
 
 @pytest.fixture(scope="module")
