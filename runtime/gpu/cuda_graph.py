@@ -128,8 +128,8 @@ class GraphRunner:
         return next(b for b in self.buckets if b >= n)
 
     def context(self, plan: StepPlan) -> int:
-        longest = max(plan.prefix_lens) + 1
-        return next((c for c in self.contexts if c >= longest), self.contexts[-1])
+        """A decode step's context bucket: its longest row's length with the new token."""
+        return self.context_of(max(plan.prefix_lens) + 1)
 
     def run(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits [B, V] (a view of the static buffer: consume before the next step) and rows [B]."""
@@ -158,6 +158,7 @@ class GraphRunner:
         )  # fmt: skip
 
     def context_of(self, longest: int) -> int:
+        """The smallest context bucket that holds a row of `longest` tokens (the largest otherwise)."""
         return next((c for c in self.contexts if c >= longest), self.contexts[-1])
 
     def _fill_verify(self, plan: StepPlan, bs: int) -> int:
