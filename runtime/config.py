@@ -320,6 +320,7 @@ class SchedulerConfig(msgspec.Struct, kw_only=True, frozen=True):
     max_queued_requests: int = 4096
     prefix_replay: int = 0  # tokens before a prefix hit the worker recomputes (DeepSeek-V4's state)
     max_draft: int = 0  # speculative decoding: the most draft tokens a row may verify (0: off)
+    verify_ahead: bool = False  # rows may be planned before their verify step's counts are known
     compute_bound_tokens: int = 1024  # the step tokens at which verifying drafts stops being cheap
 
     @classmethod
@@ -336,6 +337,7 @@ class SchedulerConfig(msgspec.Struct, kw_only=True, frozen=True):
             max_queued_requests=cfg.max_queued_requests,
             prefix_replay=caps.prefix_replay,
             max_draft=caps.max_draft,
+            verify_ahead=caps.verify_ahead,
             compute_bound_tokens=caps.compute_bound_tokens,
         )
 

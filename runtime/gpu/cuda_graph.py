@@ -11,6 +11,10 @@ the logits into a static buffer (in the model's `logits_dtype`: bf16 for Llama).
 position 0, KV slot 0 and length 1: they write and read only the reserved padding slot, and their
 logits are sliced away. Mixed and prefill steps run eagerly.
 
+Rows planned ahead of their previous verify step's counts (`StepPlan.assume_accepted`) are moved back
+inside the graph: positions, lengths and KV slots come from the rejected counts the previous step left
+on the device (`StepTables.behind`, `make_batch(back=...)`), so nothing waits for the host.
+
 Verify steps (speculative decoding: every row feeds its last token and its drafts, and samples each) run
 graphs of their own when the backend can (`supports_verify_graph`), per (batch, context) bucket too:
 every row takes q_len = max_draft + 1 token places, consecutive, and a row with fewer drafts leaves its
@@ -38,16 +42,16 @@ from runtime.mailbox.messages import StepPlan
 
 log = structlog.get_logger(__name__)
 
-# Rows of the static input buffer, and what a padding row holds in each.
-IDS, POS, LOC, ROWS, SEQ_LENS, USE_LAST = range(6)
-_PAD = (0, 0, 0, 0, 1, 0)
+# Rows of the static input buffer, and what a padding row holds in each (AHEAD: StepPlan.assume_accepted).
+IDS, POS, LOC, ROWS, SEQ_LENS, USE_LAST, AHEAD = range(7)
+_PAD = (0, 0, 0, 0, 1, 0, 0)
 # The verify graphs' buffer: per token place (row b's places b * q_len ..), then per row (the first
 # max_bs entries), then the real positions' logits rows and each one's request row.
 V_POS, V_LOC, V_TOKEN_ROW, V_FED, V_ROWS, V_SEQ_LENS, V_SAMPLE, V_POS_ROWS = range(8)
 # per row: its first sampled position, its drafts; per sampled position: its index in its row's block,
-# its row's index
-V_BLOCK_START, V_DRAFTS, V_OFFSET, V_OWNER = range(8, 12)
-_V_FIELDS = 12
+# its row's index; per token place: its row's StepPlan.assume_accepted
+V_BLOCK_START, V_DRAFTS, V_OFFSET, V_OWNER, V_AHEAD = range(8, 13)
+_V_FIELDS = 13
 
 
 def graph_buckets(max_bs: int) -> list[int]:
@@ -172,8 +176,11 @@ class GraphRunner:
         h[V_SEQ_LENS, :bs] = q
         loc = iter(plan.out_loc)
         sampled = 0
-        for i, (row, prefix, k) in enumerate(zip(plan.rows, plan.prefix_lens, plan.draft_lens, strict=True)):
+        ahead = plan.assume_accepted or [False] * n
+        cols = zip(plan.rows, plan.prefix_lens, plan.draft_lens, ahead, strict=True)
+        for i, (row, prefix, k, assumed) in enumerate(cols):
             places = slice(i * q, i * q + k + 1)
+            h[V_AHEAD, places] = assumed
             h[V_POS, places] = range(prefix, prefix + k + 1)
             h[V_LOC, places] = [next(loc) for _ in range(k + 1)]
             h[V_TOKEN_ROW, places] = row
@@ -198,9 +205,11 @@ class GraphRunner:
         t = bs * self.q_len
         pos, loc, token_rows, fed = (self.v_inputs[f, :t] for f in (V_POS, V_LOC, V_TOKEN_ROW, V_FED))
         rows, seq_lens = self.v_inputs[V_ROWS, :bs], self.v_inputs[V_SEQ_LENS, :bs]
-        batch = make_batch(self.tables, self.pool, fed, pos, loc, token_rows, fed, rows)
+        back = self.tables.behind(token_rows, self.v_inputs[V_AHEAD, :t])
+        seq_lens = seq_lens - back.view(bs, self.q_len)[:, 0]  # a row's first place is always real
+        batch = make_batch(self.tables, self.pool, fed, pos, loc, token_rows, fed, rows, back=back)
         self.attn.prepare_decode_graph(batch, seq_lens, ctx, q_len=self.q_len)
-        hidden = self.model(batch.input_ids, pos, batch, self.attn)
+        hidden = self.model(batch.input_ids, batch.positions, batch, self.attn)
         self.v_logits[:t].copy_(self.model.compute_logits(hidden))
 
     def _fill(self, plan: StepPlan, bs: int) -> None:
@@ -222,16 +231,21 @@ class GraphRunner:
         h[SEQ_LENS, :n] = plan.prefix_lens
         h[SEQ_LENS, :n] += 1
         h[USE_LAST, :n] = plan.use_last
+        h[AHEAD, :n] = plan.assume_accepted or 0
         self.inputs.copy_(host, non_blocking=True)
         if self.capture_graphs:
             self.copied[self.turn] = torch.cuda.Event()
             self.copied[self.turn].record()
 
     def _forward(self, bs: int, ctx: int) -> None:
-        ids, pos, loc, rows, seq_lens, use_last = (self.inputs[f, :bs] for f in range(len(_PAD)))
-        batch = make_batch(self.tables, self.pool, ids, pos, loc, rows, use_last - 1, rows)
+        ids, pos, loc, rows, seq_lens, use_last, ahead = (self.inputs[f, :bs] for f in range(len(_PAD)))
+        back = None
+        if self.tables.rejected is not None:  # a speculating runner: rows may be planned ahead
+            back = self.tables.behind(rows, ahead)
+            seq_lens = seq_lens - back
+        batch = make_batch(self.tables, self.pool, ids, pos, loc, rows, use_last - 1, rows, back=back)
         self.attn.prepare_decode_graph(batch, seq_lens, ctx)
-        hidden = self.model(batch.input_ids, pos, batch, self.attn)
+        hidden = self.model(batch.input_ids, batch.positions, batch, self.attn)
         self.logits[:bs].copy_(self.model.compute_logits(hidden))
 
     def _capture(self) -> None:

@@ -20,6 +20,10 @@ class StepTables:
     # proposed for its next step (speculative decoding). Inputs read from here on the device, so a step
     # can be planned before the previous one's tokens reach the host.
     fed: torch.Tensor
+    # [rows] speculative decoding (None without): the positions each request's last verify step wrote and
+    # rejected. A step planned before those counts reached the host assumed them accepted
+    # (`StepPlan.assume_accepted`) and moves its row back by this many positions on the device.
+    rejected: torch.Tensor | None = None
 
     @property
     def last_token(self) -> torch.Tensor:
@@ -30,7 +34,13 @@ class StepTables:
         return cls(
             torch.zeros(rows, max_model_len, dtype=torch.int64, device=device),
             torch.zeros(rows, 1 + max_draft, dtype=torch.int64, device=device),
+            torch.zeros(rows, dtype=torch.int64, device=device) if max_draft else None,
         )
+
+    def behind(self, rows: torch.Tensor, ahead: torch.Tensor) -> torch.Tensor:
+        """Positions to move back, per entry of `rows`: its row's rejected drafts where `ahead` (1: the
+        entry's plan assumed them accepted), else 0. Device work only (graph-safe)."""
+        return self.rejected[rows] * ahead
 
 
 @dataclass
@@ -76,14 +86,22 @@ def make_batch(
     fed_col: torch.Tensor,
     rows: torch.Tensor,
     host: tuple[list[int], list[int], list[int], list[int]] | None = None,
+    back: torch.Tensor | None = None,
 ) -> ForwardBatch:
     """The step's batch from its device columns, for the eager and the graph paths alike: a token with
     `fed_col` c >= 0 reads column c of its row's `fed` table (0: the last sampled token, j: draft j), so
     a plan can be sent before the previous step's tokens reach the host; -1 keeps the plan's id. Every new
     token's KV slot is entered in its row's table. `token_rows` [T] is each token's request row; `host`:
-    (rows, prefix_lens, extend_lens, replay) lists."""
+    (rows, prefix_lens, extend_lens, replay) lists.
+
+    `back` [T] (graph steps of a speculating runner): positions each token moves back from its planned
+    one (`StepTables.behind`); its KV slot is then the one its row's table holds at the real position
+    (a rejected draft's, or one of the plan's entered just before)."""
     ids = torch.where(fed_col >= 0, tables.fed[token_rows, fed_col.clamp(min=0)], ids)
     tables.req_to_token[token_rows, positions] = out_loc
+    if back is not None:
+        positions = positions - back
+        out_loc = tables.req_to_token[token_rows, positions]
     rows_list, prefix, extend, replay = host or ([], [], [], [])
     return ForwardBatch(
         input_ids=ids,

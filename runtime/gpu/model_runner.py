@@ -35,7 +35,7 @@ from runtime.gpu.layers.expert_parallel import ExpertParallelMoE, ExpertPlacemen
 from runtime.gpu.model_builder import build_model, resolve_dtype, resolve_kv_dtype
 from runtime.gpu.pending import Copies, PendingStep
 from runtime.gpu.sampler import Sampler
-from runtime.gpu.step_inputs import Sampled, check_plan, eager_inputs
+from runtime.gpu.step_inputs import Sampled, check_plan, eager_inputs, settle
 from runtime.gpu.warm_up import warm_up
 from runtime.mailbox.messages import EngramCounters, StepOutput, StepPlan, WorkerCapabilities
 from runtime.model_info import tokenizer_dir
@@ -206,6 +206,7 @@ class ModelRunner:
             kv_bytes_per_token=self.kv_pool.bytes_per_token,
             vocab_size=self.vocab_size,
             max_draft=self.spec.max_draft if self.spec is not None else 0,
+            verify_ahead=self.verify_ahead,
             engram=self.engram is not None,
             compute_bound_tokens=_compute_bound_tokens(self.device),
         )
@@ -261,7 +262,8 @@ class ModelRunner:
         return PendingStep(
             plan.step, s.rows, copies, _per_row(result.top_counts, verify), start, self._timing_event(), t0,
             self._t_ref,
-            on_counts=Speculation.advance(self.sampler, verify) if verify is not None else None, draft=draft,
+            on_counts=Speculation.advance(self.sampler, s.rows, verify) if verify is not None else None,
+            draft=draft,
         )  # fmt: skip
 
     def set_step_tokens(self, n: int) -> None:
@@ -314,7 +316,7 @@ class ModelRunner:
         """Accept the plan and build its eager batch, backend metadata included, without running the model
         (for tests and tools that call the model's parts themselves)."""
         self._accept(plan)
-        return self._build_batch(plan)[0]
+        return self._build_batch(settle(plan, self.tables))[0]
 
     def token_logits(self, plan: StepPlan) -> torch.Tensor:
         """float32 logits of every new token of the step (eager; for tests and prompt scoring)."""
@@ -336,24 +338,22 @@ class ModelRunner:
 
     def _forward_plan(self, plan: StepPlan) -> Sampled:
         self._accept(plan)
-        if self.spec is not None and plan.draft_lens:
-            self.spec.prepare(plan)
-        rows = [r for r, s in zip(plan.rows, plan.sample, strict=True) if s]
         if not plan.rows:
             empty = self.tables.last_token[:0]
             return Sampled(torch.empty(0, self.vocab_size, device=self.device), [], empty)
-        # hidden-state drafters (mtp, dspark) read every step's hidden states or layer outputs, and a pool
-        # with per-row state written in place (V4) saves what a verify block overwrites: eager steps
-        eager = (self.spec is not None and self.spec.wants_hidden) or (
-            any(plan.draft_lens) and self.kv_pool.max_verify_block is not None
-        )
-        if self.graphs is not None and any(plan.draft_lens) and not eager and self.graphs.fits_verify(plan):
+        rows = [r for r, s in zip(plan.rows, plan.sample, strict=True) if s]
+        graph = self._graph_path(plan)
+        if graph is None:  # the eager path plans attention from host lengths: rows planned ahead settle
+            plan = settle(plan, self.tables)
+        if self.spec is not None and plan.draft_lens:
+            self.spec.prepare(plan)
+        if graph == "verify":
             v = self.graphs.run_verify(plan)
             ks = list(plan.draft_lens)
             pos_rows = [r for r, k in zip(rows, ks, strict=True) for _ in range(k + 1)]
             verify = VerifyRows(ks, v.block_start, v.draft_lens, v.offsets, v.owner)
             return Sampled(v.logits, rows, v.rows, pos_rows, v.pos_rows, verify)
-        if self.graphs is not None and self.graphs.fits(plan) and not any(plan.draft_lens) and not eager:
+        if graph == "decode":
             logits, rows_t = self.graphs.run(plan)
             return Sampled(logits, rows, rows_t)
         batch, sampled = self._build_batch(plan)
@@ -366,6 +366,33 @@ class ModelRunner:
             self.spec.capture(batch, hidden)
         sampled.logits = self.model.compute_logits(hidden[sampled.logits])
         return sampled
+
+    def _graph_path(self, plan: StepPlan) -> str | None:
+        """ "verify" or "decode" when the step replays one of those graphs, None when it runs eagerly."""
+        if self.graphs is None or self._eager_verify(any(plan.draft_lens)):
+            return None
+        if any(plan.draft_lens):
+            return "verify" if self.graphs.fits_verify(plan) else None
+        return "decode" if self.graphs.fits(plan) else None
+
+    def _eager_verify(self, verifies: bool = True) -> bool:
+        """Whether a step (a verify step: `verifies`) must run eagerly whatever its shape: hidden-state
+        drafters (mtp, dspark) read every step's hidden states or layer outputs, and a pool with per-row
+        state written in place (V4) saves what a verify block overwrites."""
+        return (self.spec is not None and self.spec.wants_hidden) or (
+            verifies and self.kv_pool.max_verify_block is not None
+        )
+
+    @property
+    def verify_ahead(self) -> bool:
+        """Whether the scheduler may plan a row before its previous verify step's counts reach the host
+        (`StepPlan.assume_accepted`): the drafter drafts on the device right after a step, and on CUDA
+        verify steps replay graphs, which move such rows back without waiting (an eager step would wait
+        for the previous one: `step_inputs.settle`). Drafters that draft just before a step from host
+        lengths (draft-model, mtp) keep their rows out of the step after a verify step."""
+        if self.spec is None or not self.spec.drafter.drafts_ahead:
+            return False
+        return self.device.type == "cpu" or (self.graphs is not None and not self._eager_verify())
 
     def _save_blocks(self, plan: StepPlan, sampled: Sampled) -> None:
         """Before a verify step: the pool keeps what the verify rows' blocks overwrite of its per-row

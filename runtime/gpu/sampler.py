@@ -16,13 +16,15 @@ Speculative verification samples several positions of one row (`Block`): positio
 its (n + j)-th output, with the block's earlier drafts counted among its outputs for penalties, so each
 position is drawn exactly as plain decoding would draw it there. Which of those samples the row keeps is
 only known on the device afterwards, so a block's draws change no state: `accept` then counts the kept
-tokens (penalty counts, on the device) and `advance` the host's output counts once they are known.
+tokens (penalty counts, on the device) and `advance_later` the host's output counts once they are
+known.
 
 Nothing here waits on the device: host-side choices (which paths a step needs) come from host state,
 host-to-device copies are non-blocking, and the runner copies the tokens back once per step."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -171,14 +173,21 @@ class Sampler:
         rows = rows_t[:, None].expand_as(tokens)
         self.counts.index_put_((rows[kept], tokens[kept]), kept[kept].int(), accumulate=True)
 
-    def advance(self, rows: list[int], counts: list[int]) -> None:
-        """The host learns how many tokens a verify step's verifying rows emitted (min_tokens progress,
-        draw index). A verifying row is not planned again before this (its length is unknown until then);
-        the step's plain rows advanced when they sampled (`Block.plain`)."""
-        for row, n in zip(rows, counts, strict=True):
-            state = self.rows.get(row)
-            if state is not None:
-                state.n_out += n
+    def advance_later(self, rows: list[int]) -> Callable[[list[int]], None]:
+        """For a verify step's verifying rows: the function through which the host learns, once they are
+        known, how many tokens each emitted (min_tokens progress, draw index); the step's plain rows
+        advanced when they sampled (`Block.plain`). It holds the rows' states as they are now, so a row
+        released and given to another request meanwhile does not advance the newcomer. A row may be in
+        the next step before then only when its draws do not read this count (not seeded, min_tokens
+        reached: the scheduler's `BatchPlanner` checks)."""
+        states = [self.rows.get(r) for r in rows]
+
+        def advance(counts: list[int]) -> None:
+            for state, n in zip(states, counts, strict=True):
+                if state is not None:
+                    state.n_out += n
+
+        return advance
 
     def _count(self, rows_t: torch.Tensor, tokens: torch.Tensor) -> None:
         if self.counts is not None:

@@ -1,15 +1,21 @@
 """A step's inputs on the eager path, from its plan: the packed device columns `make_batch` takes, and
 what the step samples (the last token of each sampled row, or every position of a row that verifies
 drafts); and the host-side checks a plan passes first, so a malformed one is a clear error instead of
-a device fault. The graph paths fill their static buffers from the same plan (`cuda_graph.py`)."""
+a device fault. The graph paths fill their static buffers from the same plan (`cuda_graph.py`).
+
+Rows planned ahead of their previous verify step's counts (`StepPlan.assume_accepted`): the graph
+paths move them back on the device; an eager step's attention metadata is built from host lengths, so
+`settle` reads the rejected counts first (one device read: free on the CPU, where the previous step has
+already run; on CUDA it waits for it, which only mixed steps and eager-only drafters' steps meet)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import msgspec
 import torch
 
-from runtime.gpu.forward_batch import columns_to_device, token_positions
+from runtime.gpu.forward_batch import StepTables, columns_to_device, token_positions
 from runtime.mailbox.messages import StepPlan
 from runtime.speculative.worker import VerifyRows
 
@@ -75,6 +81,31 @@ def eager_inputs(
     return [*dev[:5], dev[7]], host, sampled
 
 
+def settle(plan: StepPlan, tables: StepTables) -> StepPlan:
+    """The plan with its `assume_accepted` rows at their real places: each moved back by the positions
+    its previous verify step rejected, its tokens' KV slots those of its real positions (the rejected
+    drafts' slots from the row's table, then the plan's first ones; the plan's last ones go unused)."""
+    ahead = [i for i, a in enumerate(plan.assume_accepted) if a]
+    if not ahead:
+        return plan
+    width = tables.fed.shape[1]  # max_draft + 1: more than one verify step rejects
+    rows = [plan.rows[i] for i in ahead]
+    before = [plan.prefix_lens[i] - width + j for i in ahead for j in range(width)]
+    rows_t, before_t = columns_to_device([rows, before], tables.fed.device)
+    before_t = before_t.view(len(rows), width)
+    slots = tables.req_to_token[rows_t[:, None], before_t.clamp(min=0)]
+    read = torch.cat([tables.rejected[rows_t][:, None], slots], 1).tolist()
+    prefix, out_loc = list(plan.prefix_lens), list(plan.out_loc)
+    starts = [0]
+    for e in plan.extend_lens:
+        starts.append(starts[-1] + e)
+    for i, (back, *earlier) in zip(ahead, read, strict=True):
+        s, e = starts[i], plan.extend_lens[i]
+        prefix[i] -= back
+        out_loc[s : s + e] = (earlier[width - back :] + plan.out_loc[s : s + e])[:e]
+    return msgspec.structs.replace(plan, prefix_lens=prefix, out_loc=out_loc, assume_accepted=[])
+
+
 def check_plan(plan: StepPlan, max_reqs: int, max_model_len: int, max_draft: int) -> None:
     """Host-side checks that turn a malformed plan into a clear error instead of a device fault."""
     n = len(plan.rows)
@@ -105,6 +136,13 @@ def check_plan(plan: StepPlan, max_reqs: int, max_model_len: int, max_draft: int
             raise ValueError(f"step {plan.step}: row {row} verifies drafts, so it must feed them and sample")
         if p + e > max_model_len:
             raise ValueError(f"step {plan.step}: row {row} reaches {p + e} tokens > max_model_len")
+    if plan.assume_accepted and (
+        len(plan.assume_accepted) != n
+        or any(a and not last for a, last in zip(plan.assume_accepted, plan.use_last, strict=True))
+    ):
+        raise ValueError(
+            f"step {plan.step}: assume_accepted needs one flag per row, set only on use_last rows"
+        )
     if plan.replay:  # replayed tokens come first in a row and leave at least one new token
         if len(plan.replay) != n or any(
             not 0 <= r < e for r, e in zip(plan.replay, plan.extend_lens, strict=True)

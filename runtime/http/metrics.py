@@ -148,6 +148,11 @@ def _speculation(c: SpecCounters) -> Iterator:
     for name, doc, value in (
         ("conduit_spec_verify_steps", "Steps with a row verifying drafts", c.steps),
         ("conduit_spec_verify_rows", "Rows that verified drafts (one row in one step)", c.rows),
+        (
+            "conduit_spec_ahead_rows",
+            "Verify rows planned before their previous verify step came back",
+            c.ahead_rows,
+        ),
         ("conduit_spec_draft_tokens", "Draft tokens verified", c.drafted),
         ("conduit_spec_accepted_tokens", "Draft tokens accepted", c.accepted),
         ("conduit_spec_draft_seconds", "Time spent drafting (device time on CUDA)", c.draft_s),

@@ -181,7 +181,14 @@ class StepPlan(Struct, frozen=True, tag=True, array_like=True):
     Speculative decoding: a row with `draft_lens[i] = k > 0` verifies k draft tokens. Its inputs are its
     last token and the k drafts its worker's drafter proposed after the row's previous step (all on the
     device, so `use_last` is set and extend_lens[i] is k + 1); every one of its k + 1 positions is
-    sampled, and the row emits the accepted drafts plus one token (StepOutput.counts)."""
+    sampled, and the row emits the accepted drafts plus one token (StepOutput.counts).
+
+    Overlap with speculation: a row whose previous step verified drafts may be planned before that step's
+    counts reach the scheduler (`assume_accepted[i]`). Its prefix_lens[i] then assumes every one of
+    those drafts accepted, and its out_loc entries are the slots of positions prefix_lens[i] ..; the
+    worker moves the row back by the drafts that step rejected (kept on the device per row), and its new
+    tokens take the slots of the positions they really have: the rejected drafts' own first, then the
+    plan's. The scheduler reserved the worst case and trims what was not used when the counts arrive."""
 
     step: int
     added: list[SeqStart]
@@ -199,6 +206,8 @@ class StepPlan(Struct, frozen=True, tag=True, array_like=True):
     replay: list[int] = []
     # Per row (empty: all 0): draft tokens the row verifies (speculative decoding, see above).
     draft_lens: list[int] = []
+    # Per row (empty: all False): planned before its previous verify step's counts were known (see above).
+    assume_accepted: list[bool] = []
     # Engram models: every token's table rows, int64 little-endian [tokens, columns], computed by the
     # scheduler from token ids (runtime/engram/addresses.py); empty otherwise
     engram_addr: bytes = b""
@@ -248,6 +257,9 @@ class WorkerCapabilities(Struct, frozen=True, tag=True, array_like=True, kw_only
     kv_bytes_per_token: int
     vocab_size: int
     max_draft: int = 0  # speculative decoding: drafts a row may verify per step (0: no drafter)
+    # speculative decoding: rows may be planned before their previous verify step's counts are known
+    # (StepPlan.assume_accepted): the drafter drafts on the device right after a step
+    verify_ahead: bool = False
     engram: bool = False  # the model has Engram layers: plans carry their addresses (StepPlan.engram_addr)
     # step tokens from which more positions cost compute rather than riding on the weight reads: where
     # speculation's draft-length threshold reaches its maximum (the device's ridge point, roughly)
@@ -372,6 +384,7 @@ class SpecCounters(Struct, frozen=True, array_like=True, kw_only=True):
     lengths: list[int]  # [K+1]: verify rows that emitted 1 .. K+1 tokens
     draft_s: float  # time spent drafting (device time on CUDA)
     verify_s: float  # time of the steps with verify rows
+    ahead_rows: int = 0  # verify rows planned before their previous verify step's counts were known
 
 
 class EngineStats(Struct, frozen=True, tag=True, array_like=True, kw_only=True):

@@ -70,6 +70,10 @@ class Drafter(ABC):
     wants_hidden: bool = False
     # target layers whose outputs `capture` reads from `batch.taps` (DSpark's context features)
     taps: tuple[int, ...] = ()
+    # True when `observe` makes the drafts from the device's own record of each row (its emitted tokens,
+    # no host lengths): a row's next step may then be planned before this step's counts reach the host
+    # (overlap, `StepPlan.assume_accepted`), its drafts following whatever was accepted
+    drafts_ahead: bool = False
 
     def __init__(self, max_draft: int) -> None:
         self.max_draft = max_draft

@@ -110,6 +110,7 @@ class DSparkHead(nn.Module):
 
 class DSparkDrafter(Drafter):
     wants_hidden = True
+    drafts_ahead = True
 
     def __init__(
         self,

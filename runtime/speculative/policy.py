@@ -100,13 +100,15 @@ class SpecStats:
     lengths: list[int] = field(default_factory=list)  # [K+1]: rows that emitted 1..K+1 tokens
     draft_s: float = 0.0  # drafting time (device time on CUDA)
     verify_s: float = 0.0  # time of the steps with verify rows
+    ahead_rows: int = 0  # verify rows planned before their previous verify step's counts were known
 
     def __post_init__(self) -> None:
         k = self.max_draft
         self.per_position, self.reached, self.lengths = [0] * k, [0] * k, [0] * (k + 1)
 
-    def row(self, verified: int, accepted: int) -> None:
+    def row(self, verified: int, accepted: int, ahead: bool = False) -> None:
         self.rows += 1
+        self.ahead_rows += ahead
         self.drafted += verified
         self.accepted += accepted
         for j in range(verified):
@@ -124,5 +126,5 @@ class SpecStats:
         return SpecCounters(
             steps=self.steps, rows=self.rows, drafted=self.drafted, accepted=self.accepted,
             per_position=list(self.per_position), reached=list(self.reached), lengths=list(self.lengths),
-            draft_s=self.draft_s, verify_s=self.verify_s,
+            draft_s=self.draft_s, verify_s=self.verify_s, ahead_rows=self.ahead_rows,
         )  # fmt: skip

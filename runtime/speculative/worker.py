@@ -71,12 +71,14 @@ class Speculation:
         return Block(verify.offsets, prior, plain)
 
     @staticmethod
-    def advance(sampler: Sampler, verify: VerifyRows):  # noqa: ANN205 - the PendingStep's callback
-        """The callback that tells the sampler what a verify step's verifying rows emitted."""
+    def advance(sampler: Sampler, rows: list[int], verify: VerifyRows):  # noqa: ANN205 - PendingStep's callback
+        """The callback that tells the sampler what a verify step's verifying rows (of the sampled `rows`)
+        emitted, once the counts reach the host."""
+        verifying = [k > 0 for k in verify.draft_lens]
+        advance = sampler.advance_later([r for r, v in zip(rows, verifying, strict=True) if v])
 
         def on_counts(rows: list[int], counts: list[int]) -> None:
-            kept = [(r, n) for r, n, k in zip(rows, counts, verify.draft_lens, strict=True) if k]
-            sampler.advance([r for r, _ in kept], [n for _, n in kept])
+            advance([n for n, v in zip(counts, verifying, strict=True) if v])
 
         return on_counts
 
@@ -86,6 +88,8 @@ class Speculation:
         drafts = self.tables.fed[rows_t, 1:]
         tokens, counts, index = accept(result.tokens, verify.block_start, drafts, verify.draft_lens_t)
         sampler.accept(rows_t, tokens, counts)
+        # for the rows' next step, if it was planned before these counts reached the host
+        self.tables.rejected[rows_t] = verify.draft_lens_t + 1 - counts
         return Emitted(tokens, counts, index)
 
     def propose(self, rows_t: torch.Tensor, emitted: Emitted) -> Drafts:

@@ -7,6 +7,9 @@ the worker runs them back to back. When N's StepOutput arrives the scheduler doe
 checks, outputs, freeing) while N+1 runs, then plans N+2. A request that finished at N was already in
 N+1: that one wasted token is dropped here. Two prefill steps are never overlapped, so a new prompt's
 first token is not delayed behind another prefill. With `--disable-overlap` the depth is 1.
+Speculating requests overlap too: a request verifying drafts at N is planned into N+1 assuming every
+draft accepted, and the worker moves it back on the device by the drafts it rejected; N's counts then
+trim the slots reserved for the worst case (`batch_planner.py`).
 
 Start-up: the actor is spawned with the server's config and waits for its worker's
 `WorkerCapabilities`; from them it resolves its `SchedulerConfig` (pool size, page size, whether the
@@ -134,6 +137,7 @@ class SchedulerActor(Actor):
             draft_policy=DraftPolicy(cfg.max_draft, full_load_tokens=cfg.compute_bound_tokens)
             if cfg.max_draft
             else None,
+            verify_ahead=cfg.verify_ahead and self.depth > 1,
         )
         self.spec_stats = SpecStats(cfg.max_draft)
         if caps.engram:  # plans carry Engram addresses (runtime/engram/addresses.py)
@@ -278,17 +282,18 @@ class SchedulerActor(Actor):
         assert done.plan.step == out.step, f"step {out.step} came back, expected {done.plan.step}"
         plan = done.plan
         drafts = plan.draft_lens or [0] * len(plan.rows)
+        aheads = plan.assume_accepted or [False] * len(plan.rows)
         self.spec_stats.step(bool(plan.draft_lens), out)
         counts = out.counts or [1] * len(out.rows)
         i = j = 0  # the step's next token and next sampled row
         ended = []
-        for req, did_sample, prefix, k in zip(done.reqs, plan.sample, plan.prefix_lens, drafts, strict=True):
+        for req, did_sample, k, ahead in zip(done.reqs, plan.sample, drafts, aheads, strict=True):
             req.inflight -= 1
             n = counts[j] if did_sample else 0
             first, i, j = i, i + n, j + did_sample
             if k:
-                req.verifying = False
-                self.spec_stats.row(k, n - 1)
+                req.verifying -= 1
+                self.spec_stats.row(k, n - 1, ahead)
                 self.planner.draft_policy.observe(req.spec, k, n - 1)
                 req.planned_outputs -= k + 1 - n
             if did_sample and out.draft_counts:
@@ -298,7 +303,7 @@ class SchedulerActor(Actor):
                 continue
             if not did_sample:
                 continue
-            if self._take(req, out, first, n, prefix + n if k else None):
+            if self._take(req, out, first, n, k + 1 - n if k else None):
                 ended.append(req)
         assert i == len(out.tokens), f"step {out.step}: {len(out.tokens)} tokens for {i} sampled"
         for req in ended:
@@ -306,9 +311,9 @@ class SchedulerActor(Actor):
                 self.reqs.pop(req.rid, None)
         await self._flush_outputs()
 
-    def _take(self, req: Req, out: StepOutput, first: int, n: int, kv_len: int | None) -> bool:
+    def _take(self, req: Req, out: StepOutput, first: int, n: int, rejected: int | None) -> bool:
         """Append the request's tokens out.tokens[first : first + n] up to the first that ends it, trim a
-        verify step's rejected drafts (`kv_len`: positions whose KV the step wrote and kept; None for a
+        verify step's rejected drafts (`rejected`: positions the step wrote and did not keep; None for a
         plain step), queue the outputs; True when the request finished."""
         tokens, reason, kept = out.tokens[first : first + n], None, []
         for token in tokens:
@@ -317,8 +322,8 @@ class SchedulerActor(Actor):
             reason = self._stop_reason(req, token)
             if reason is not None:
                 break
-        if kv_len is not None:  # the last token has no KV yet; a stop inside the block leaves the rest unread
-            self.planner.trim(req, min(kv_len, len(req.seq_ids)))
+        if rejected is not None:  # the slots reserved for them, or a step planned ahead of this one uses them
+            self.planner.trim(req, req.kv_len - rejected)
         lps = None
         if out.logprobs is not None and req.params.logprobs is not None:
             lps = [self.outputs.logprob_of(out, first + t, req) for t in range(len(kept))]
@@ -377,8 +382,9 @@ class SchedulerActor(Actor):
         done = self.inflight.popleft()
         assert done.plan.step == msg.step, f"step {msg.step} aborted, expected {done.plan.step}"
         log.error("step_aborted", step=msg.step, error=msg.error, requests=len(done.reqs))
-        for req in done.reqs:
+        for req, k in zip(done.reqs, done.plan.draft_lens or [0] * len(done.reqs), strict=True):
             req.inflight -= 1
+            req.verifying -= k > 0
             if not req.finished:
                 req.finished = "error"
                 self.planner.release(req, keep=False)

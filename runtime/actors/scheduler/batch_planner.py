@@ -18,9 +18,15 @@ it on a prefix hit ending at H by recomputing tokens [H - prefix_replay, H) in t
 (`StepPlan.replay`; their slots are the cached prefix's). They count against the step's token budget.
 
 Speculative decoding (`draft_policy`): a decoding request may verify k drafts, k + 1 positions with their
-slots (`StepPlan.draft_lens`); its outputs are then only known when the step comes back, so a request with
-a verify step in flight waits for it before it is planned again (other requests keep overlapping). The
-scheduler trims the slots of rejected drafts when the step's counts arrive (`trim`).
+slots (`StepPlan.draft_lens`); how many it keeps is only known when the step comes back. With overlap the
+next step is planned while that one runs, and the request is in it too (`StepPlan.assume_accepted`): its
+slots reserve the worst case (every draft accepted), the worker moves the row back on the device by the
+drafts it really rejected, and when the counts arrive the scheduler trims what neither step used
+(`trim`). That needs at most one step in flight when a step is planned (overlap depth 2: the in-flight
+step is the row's previous one), a worker whose drafter drafts on the device after each step
+(`verify_ahead`), and a request whose sampling does not read its output count, which the worker learns
+only with the counts (a seeded draw's index, min_tokens' ban on stop tokens); other requests with a
+verify step in flight wait for it before they are planned again.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ class BatchPlanner:
     init_new_token_ratio: float = 0.7
     prefix_replay: int = 0  # tokens before a prefix hit the worker recomputes (see the module docstring)
     draft_policy: DraftPolicy | None = None  # speculative decoding (see the module docstring)
+    verify_ahead: bool = False  # the worker moves rows planned ahead of their verify step back itself
     waiting: deque[Req] = field(default_factory=deque)
     running: dict[Req, None] = field(default_factory=dict)  # an ordered set: admission order
     filling: dict[Req, None] = field(default_factory=dict)  # the running requests still prefilling
@@ -235,12 +242,12 @@ class BatchPlanner:
             for r in self.running
             if r.fill_len <= len(r.slots) < limit and r.planned_outputs < r.max_new_tokens and not r.finished
         ][:budget]
-        if self.draft_policy is not None:  # a row's length is unknown while its verify step is out
-            decoding = [r for r in decoding if not r.verifying]
+        decoding = [r for r in decoding if not r.verifying or self._plans_ahead(r)]
         if decoding:
             self._plan_decodes(decoding, rows, reqs, prefix_lens, out_loc)
             self.new_token_ratio = max(self.min_new_token_ratio, self.new_token_ratio - self.ratio_decay)
         n_dec = len(rows)
+        ahead = [r.verifying > 0 for r in reqs]  # before this step's own drafts count
         budget -= n_dec
         drafts = self._plan_drafts(reqs, out_loc, budget) if self.draft_policy is not None and reqs else []
         budget -= sum(drafts)
@@ -299,6 +306,7 @@ class BatchPlanner:
             sample,
             replay if any(replay) else [],
             drafts + [0] * (len(rows) - n_dec) if any(drafts) else [],
+            ahead + [False] * (len(rows) - n_dec) if any(ahead) else [],
         )
         self.released_rows = []
         return PlannedStep(plan, reqs, has_prefill)
@@ -350,14 +358,21 @@ class BatchPlanner:
             if k:
                 out_loc.extend(self._alloc_slots(r, k))
                 r.planned_outputs += k
-                r.verifying = True
+                r.verifying += 1
                 budget -= k
             drafts.append(k)
         return drafts
 
+    def _plans_ahead(self, r: Req) -> bool:
+        """Whether `r`, whose verify step is in flight, may be in the step planned now (see the module
+        docstring)."""
+        p = r.params
+        return self.verify_ahead and (p.seed is None or p.greedy) and len(r.output_ids) >= p.min_tokens
+
     def trim(self, req: Req, kv_len: int) -> None:
-        """A verify step came back: `req` keeps the KV of its first `kv_len` positions; the slots of its
-        rejected drafts go, with the pages of its own that no kept position is on."""
+        """A verify step came back: `req` keeps the slots of its first `kv_len` positions (what it kept,
+        and what a step planned ahead of it reserved); the slots of its rejected drafts go, with the pages
+        of its own that no kept position is on."""
         if not req.row or kv_len >= req.kv_len:
             return
         del req.slots[kv_len:]

@@ -29,7 +29,7 @@ class Req:
     fill_len: int = 0  # tokens that must be in KV before decoding resumes (prompt + outputs at admission)
     planned_outputs: int = 0  # outputs sampled or being sampled (in-flight steps included)
     inflight: int = 0  # planned steps that mention this request and have not come back
-    verifying: bool = False  # a step verifying its drafts is in flight: its length is unknown until then
+    verifying: int = 0  # planned steps verifying its drafts that have not come back: its length is unknown
     spec: SpecState = field(default_factory=SpecState)
     finished: str | None = None
     retractions: int = 0
