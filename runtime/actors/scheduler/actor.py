@@ -294,7 +294,10 @@ class SchedulerActor(Actor):
             if k:
                 req.verifying -= 1
                 self.spec_stats.row(k, n - 1, ahead)
-                self.planner.draft_policy.observe(req.spec, k, n - 1)
+                # a row planned ahead may verify more drafts than the drafter then made (the rest are
+                # padding, `available` is what it made for this step): the policy judges the real ones
+                offered = min(k, req.spec.available)
+                self.planner.draft_policy.observe(req.spec, offered, min(n - 1, offered))
                 req.planned_outputs -= k + 1 - n
             if did_sample and out.draft_counts:
                 req.spec.available, req.spec.confidence = out.draft_counts[j - 1], out.draft_conf[j - 1]

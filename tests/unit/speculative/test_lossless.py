@@ -1,7 +1,9 @@
 """Lossless speculation through the real scheduler and the real model runner: every request's tokens
 equal the non-speculative run's, token for token, greedy and seeded-sampled (penalties, min_tokens, stop
 ids), with overlap on and off, the radix cache on and off, and under retraction in a pool too small for
-the load; and the drafts were really used (accepted ones among them). Tiny random Llama and DeepSeek-V3
+the load; and the drafts were really used (accepted ones among them). With overlap on, greedy rows of a
+drafter that drafts on the device are planned into the step after a verify step before its counts are
+known (`StepPlan.assume_accepted`): the runs check that happened. Tiny random Llama and DeepSeek-V3
 checkpoints, float32 on the CPU (their greedy text loops, which the n-gram drafter finds)."""
 
 from __future__ import annotations
@@ -70,9 +72,16 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
+def planned_ahead(spec: ModelRunner, sampled: bool, cfg: dict) -> bool:
+    """Whether a run's verify rows are planned ahead of their previous verify step's counts: with
+    overlap, a drafter that drafts on the device, and requests whose draws do not read their output
+    count (the seeded batch's are seeded)."""
+    return spec.verify_ahead and not sampled and not cfg.get("disable_overlap")
+
+
 def assert_lossless_in_every_configuration(plain: ModelRunner, spec: ModelRunner, sampled: bool) -> None:
-    """The speculating runner's tokens equal the plain runner's in every scheduler configuration, and
-    drafts were verified in each (the drafters' own tests call this)."""
+    """The speculating runner's tokens equal the plain runner's in every scheduler configuration, drafts
+    were verified in each, and planned ahead where they can be (the drafters' own tests call this)."""
     reqs = batch(sampled)
     want = run(plain, reqs).tokens
     for name, cfg in CONFIGS.items():
@@ -80,6 +89,7 @@ def assert_lossless_in_every_configuration(plain: ModelRunner, spec: ModelRunner
         diff = {r.rid: first_difference(got.tokens[r.rid], want[r.rid]) for r in reqs}
         assert not {rid: i for rid, i in diff.items() if i is not None}, name
         assert got.stats.spec.drafted > 0, name
+        assert (got.stats.spec.ahead_rows > 0) == planned_ahead(spec, sampled, cfg), name
 
 
 def assert_lossless_under_retraction(plain: ModelRunner, spec: ModelRunner) -> None:
@@ -89,6 +99,7 @@ def assert_lossless_under_retraction(plain: ModelRunner, spec: ModelRunner) -> N
     want = run(plain, reqs).tokens
     got = run(spec, reqs, max_total_tokens=300, chunked_prefill_size=64)
     assert got.stats.retractions > 0 and got.stats.spec.drafted > 0
+    assert (got.stats.spec.ahead_rows > 0) == spec.verify_ahead
     assert {r.rid: got.tokens[r.rid] for r in reqs} == {r.rid: want[r.rid] for r in reqs}
 
 
@@ -106,6 +117,7 @@ def test_speculative_outputs_equal_plain_decoding_in_every_configuration(runners
         # drafts were verified; greedy loops accept some (sampled ones on a near-uniform random model
         # rarely do: tests/unit/speculative/test_distribution.py covers the accept path of sampling)
         assert s.drafted > 0 and (sampled or s.accepted > 0), f"{name}: {s}"
+        assert (s.ahead_rows > 0) == planned_ahead(spec, sampled, cfg), f"{name}: {s}"
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])
@@ -118,6 +130,7 @@ def test_speculative_outputs_survive_retraction(runners, sampled):
     want = run(plain, reqs).tokens
     got = run(spec, reqs, max_total_tokens=300, chunked_prefill_size=64)
     assert got.stats.retractions > 0
+    assert (got.stats.spec.ahead_rows > 0) == planned_ahead(spec, sampled, {})
     assert {r.rid: got.tokens[r.rid] for r in reqs} == {r.rid: want[r.rid] for r in reqs}
 
 

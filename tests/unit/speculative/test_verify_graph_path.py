@@ -3,7 +3,8 @@ row with padding places for rows of fewer drafts), and the drafter's lookup on i
 buffers, give plain decoding's tokens. On the CPU the path runs
 eagerly over the same buffers with the PyTorch backend's masked multi-query decode; the Triton kernel's
 q_len > 1 tiles are checked in tests/unit/gpu/test_kernels_interpret.py, real graph replays in
-tests/gpu/test_speculative_cuda.py."""
+tests/gpu/test_speculative_cuda.py. Greedy rows planned ahead of their previous verify step's counts
+(`StepPlan.assume_accepted`) are moved back inside the graphs, from the device's rejected counts."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def test_verify_steps_on_the_graph_path_equal_plain_decoding(tiny, sampled):
     run_verify = spec.graphs.run_verify
 
     def counted(plan):
-        used.append((len(plan.rows), list(plan.draft_lens)))
+        used.append((len(plan.rows), list(plan.draft_lens), any(plan.assume_accepted)))
         return run_verify(plan)
 
     spec.graphs.run_verify = counted
@@ -57,8 +58,10 @@ def test_verify_steps_on_the_graph_path_equal_plain_decoding(tiny, sampled):
     assert not {rid: i for rid, i in diff.items() if i is not None}
     # the graph path ran verify steps, padded batches and rows of fewer drafts (padding places) among them
     assert used, "no verify step took the graph path"
-    assert any(min(k) < 3 for _, k in used), used
-    assert any(n not in (1, 2, 4, 8) for n, _ in used), used
+    assert any(min(k) < 3 for _, k, _ in used), used
+    assert any(n not in (1, 2, 4, 8) for n, _, _ in used), used
+    # greedy rows were moved back on the device (test_plan_ahead.py checks the plain decode graphs too)
+    assert any(a for *_, a in used) == (not sampled), used
 
 
 def test_the_lookup_on_padded_graph_buffers_drafts_what_the_plain_lookup_drafts(tiny):
