@@ -130,6 +130,7 @@ def test_dspark_weights_from_the_checkpoint_and_a_markov_head_that_knows_the_tar
     assert {r.rid: got.tokens[r.rid] for r in reqs} == {r.rid: want[r.rid] for r in reqs}
     s = got.stats.spec
     assert s.accepted == s.drafted > 0 and s.lengths[-1] > 0
+    assert s.ahead_rows > 0  # planned ahead of their verify steps' counts (overlap), the drafts still right
 
 
 def test_the_confidence_head_decides_how_many_drafts_are_verified(v3, tmp_path):
