@@ -392,7 +392,8 @@ class ModelRunner:
         lengths (draft-model, mtp) keep their rows out of the step after a verify step."""
         if self.spec is None or not self.spec.drafter.drafts_ahead:
             return False
-        return self.device.type == "cpu" or (self.graphs is not None and not self._eager_verify())
+        graphs = self.graphs is not None and self.graphs.q_len > 1
+        return self.device.type == "cpu" or (graphs and not self._eager_verify())
 
     def _save_blocks(self, plan: StepPlan, sampled: Sampled) -> None:
         """Before a verify step: the pool keeps what the verify rows' blocks overwrite of its per-row

@@ -1,6 +1,8 @@
 """Speculative decoding on CUDA: verify steps replay their own CUDA graphs (the decode kernel with
 q_len = 4 query tokens per row), plain decode steps theirs, mixed steps run eagerly; greedy outputs
-equal plain decoding's through the real scheduler, float32."""
+equal plain decoding's through the real scheduler, float32. With overlap on, rows are planned into the
+step after their verify step before its counts reach the host, and the verify graphs move them back on
+the device (`StepPlan.assume_accepted`)."""
 
 from __future__ import annotations
 
@@ -35,9 +37,10 @@ def test_greedy_outputs_equal_plain_decoding_on_cuda(tmp_path, family):
     plain, spec = runner(), runner(speculative_algorithm="ngram", speculative_num_draft_tokens=3)
     assert spec.graphs is not None and spec.graphs.verify_graphs and spec.graphs.q_len == 4
     assert spec.spec.observe_graphs is not None and spec.spec.observe_graphs.graphs  # the n-gram lookup
+    assert spec.verify_ahead
     replays = []
     run_verify = spec.graphs.run_verify
-    spec.graphs.run_verify = lambda plan: replays.append(len(plan.rows)) or run_verify(plan)
+    spec.graphs.run_verify = lambda plan: replays.append(any(plan.assume_accepted)) or run_verify(plan)
     reqs = batch(False)
     cfg = ServerConfig(
         device="cuda", max_total_tokens=4096, max_running_requests=8, chunked_prefill_size=2048
@@ -47,3 +50,18 @@ def test_greedy_outputs_equal_plain_decoding_on_cuda(tmp_path, family):
     assert {r.rid: got.tokens[r.rid] for r in reqs} == {r.rid: want.tokens[r.rid] for r in reqs}
     assert got.stats.spec.accepted > 0
     assert replays, "no verify step replayed a graph"
+    assert any(replays) and got.stats.spec.ahead_rows > 0, "no verify graph moved a row planned ahead"
+
+
+def test_rows_planned_ahead_are_moved_back_inside_the_captured_graphs(tmp_path):
+    """The CPU test's verify steps keeping all, one and none of their drafts, then a verify step and a
+    plain step planned ahead of them: replayed graphs read the rejected counts on the device."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "unit" / "speculative"))
+    from test_plan_ahead import assert_rows_planned_ahead_emit_plain_tokens
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    save_tiny_llama(tmp_path)
+    assert_rows_planned_ahead_emit_plain_tokens(str(tmp_path), "cuda", graphs=True)

@@ -3,7 +3,8 @@ the host (`StepPlan.assume_accepted`: prefix lengths and fresh slots for the wor
 accepted) is moved back by the drafts that step rejected, on the device in the decode and verify graphs
 (their padded static-buffer path, run eagerly on the CPU) and by `settle` on the eager path, and emits
 exactly plain greedy decoding's tokens. Three rows whose verify step keeps all, one and none of their
-drafts, then a verify step and a plain step planned ahead, one after the other."""
+drafts, then a verify step and a plain step planned ahead, one after the other (tests/gpu/
+test_speculative_cuda.py runs the same on CUDA with captured graphs)."""
 
 from __future__ import annotations
 
@@ -28,10 +29,10 @@ def path(tmp_path_factory):
     return str(path)
 
 
-def _runner(path: str, **spec) -> ModelRunner:
-    return ModelRunner(
-        RunnerConfig(path, num_kv_slots=1024, max_reqs=4, max_model_len=LEN, cpu_threads=1, **spec)
-    )
+def _runner(path: str, device: str, **spec) -> ModelRunner:
+    cfg = RunnerConfig(path, device=device, dtype="float32", num_kv_slots=1024, max_reqs=4, max_model_len=LEN,
+                       cpu_threads=1, **spec)  # fmt: skip
+    return ModelRunner(cfg)
 
 
 def _prompts() -> list[list[int]]:
@@ -50,9 +51,9 @@ def _ahead(plan: StepPlan) -> StepPlan:
     return msgspec.structs.replace(plan, assume_accepted=[True] * len(plan.rows))
 
 
-def _continuations(path: str, prompts: list[list[int]], n: int) -> dict[int, list[int]]:
+def _continuations(path: str, device: str, prompts: list[list[int]], n: int) -> dict[int, list[int]]:
     """Plain greedy decoding's first `n` tokens of each prompt."""
-    runner, pb = _runner(path), PlanBuilder()
+    runner, pb = _runner(path, device), PlanBuilder()
     added = [SeqStart(r, GREEDY, p, [], []) for r, p in zip(ROWS, prompts, strict=True)]
     lens = [len(p) for p in prompts]
     out = runner.execute(pb.plan(ROWS, [0] * 3, lens, sum(prompts, []), added=added))
@@ -66,11 +67,19 @@ def _continuations(path: str, prompts: list[list[int]], n: int) -> dict[int, lis
 
 @pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
 def test_rows_planned_ahead_of_their_verify_step_emit_plain_decodings_tokens(path, graphs):
+    assert_rows_planned_ahead_emit_plain_tokens(path, "cpu", graphs)
+
+
+def assert_rows_planned_ahead_emit_plain_tokens(path: str, device: str, graphs: bool) -> None:
+    """The module docstring's steps; `graphs`: through the decode and verify graphs (on CUDA, the
+    runner's captured ones; on the CPU their static-buffer path), else eagerly."""
     prompts = _prompts()
-    cont = _continuations(path, prompts, 16)
-    runner = _runner(path, speculative_algorithm="ngram", speculative_num_draft_tokens=K)
-    if graphs:
+    cont = _continuations(path, device, prompts, 16)
+    runner = _runner(path, device, speculative_algorithm="ngram", speculative_num_draft_tokens=K)
+    if device == "cpu" and graphs:
         runner.graphs = runner.make_graphs(4, capture=False)
+    elif not graphs:
+        runner.graphs = None
     pb = PlanBuilder()
     added = [SeqStart(r, GREEDY, p, [], []) for r, p in zip(ROWS, prompts, strict=True)]
     lens = [len(p) for p in prompts]
