@@ -368,7 +368,7 @@ class ModelRunner:
         return sampled
 
     def _graph_path(self, plan: StepPlan) -> str | None:
-        """ "verify" or "decode" when the step replays one of those graphs, None when it runs eagerly."""
+        """The graph the step replays ("verify" or "decode"), None when it runs eagerly."""
         if self.graphs is None or self._eager_verify(any(plan.draft_lens)):
             return None
         if any(plan.draft_lens):

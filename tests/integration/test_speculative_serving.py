@@ -1,7 +1,8 @@
 """Speculative decoding through `conduit serve` with the real SmolLM2 and the real `openai` client:
 greedy answers equal the plain server's token for token with the n-gram drafter on, with overlap on
 and off, the radix cache on and off, and in a pool small enough to retract requests; /metrics shows the
-drafts verified and accepted."""
+drafts verified and accepted, and with overlap on the verify rows planned ahead of their previous verify
+step's counts."""
 
 from __future__ import annotations
 
@@ -60,6 +61,7 @@ def test_greedy_answers_equal_the_plain_servers(plain, server_runner, tmp_path, 
         assert have[:MAX_TOKENS] == want, f"prompt {i}: {have!r} != {want!r}"
     assert m["conduit_spec_draft_tokens_total"] > 0 and m["conduit_spec_accepted_tokens_total"] > 0
     assert m["conduit_spec_accept_length_mean"] > 1.0
+    assert (m["conduit_spec_ahead_rows_total"] > 0) == ("--disable-overlap" not in flags)
     if small:
         assert m["conduit_engine_retractions_total"] > 0
 
