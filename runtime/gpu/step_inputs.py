@@ -137,11 +137,12 @@ def check_plan(plan: StepPlan, max_reqs: int, max_model_len: int, max_draft: int
         if p + e > max_model_len:
             raise ValueError(f"step {plan.step}: row {row} reaches {p + e} tokens > max_model_len")
     if plan.assume_accepted and (
-        len(plan.assume_accepted) != n
+        not max_draft
+        or len(plan.assume_accepted) != n
         or any(a and not last for a, last in zip(plan.assume_accepted, plan.use_last, strict=True))
     ):
         raise ValueError(
-            f"step {plan.step}: assume_accepted needs one flag per row, set only on use_last rows"
+            f"step {plan.step}: assume_accepted needs a drafter and one flag per row, set only on use_last rows"
         )
     if plan.replay:  # replayed tokens come first in a row and leave at least one new token
         if len(plan.replay) != n or any(
