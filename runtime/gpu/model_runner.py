@@ -342,23 +342,21 @@ class ModelRunner:
         if not plan.rows:
             empty = self.tables.last_token[:0]
             return Sampled(torch.empty(0, self.vocab_size, device=self.device), [], empty)
-        # hidden-state drafters (mtp, dspark) read every step's hidden states or layer outputs, and a pool
-        # with per-row state written in place (V4) saves what a verify block overwrites: eager steps
-        eager = (self.spec is not None and self.spec.wants_hidden) or (
-            any(plan.draft_lens) and self.kv_pool.max_verify_block is not None
-        )
+        # hidden-state drafters (mtp, dspark) read every step's hidden states or layer outputs: eager steps
+        eager = self.spec is not None and self.spec.wants_hidden
         if self.graphs is not None and any(plan.draft_lens) and not eager and self.graphs.fits_verify(plan):
+            saved, saved_rows = self._save_blocks(plan)
             v = self.graphs.run_verify(plan)
             ks = list(plan.draft_lens)
             pos_rows = [r for r, k in zip(rows, ks, strict=True) for _ in range(k + 1)]
             verify = VerifyRows(ks, v.block_start, v.draft_lens, v.offsets, v.owner)
-            return Sampled(v.logits, rows, v.rows, pos_rows, v.pos_rows, verify)
+            return Sampled(v.logits, rows, v.rows, pos_rows, v.pos_rows, verify, saved, saved_rows)
         if self.graphs is not None and self.graphs.fits(plan) and not any(plan.draft_lens) and not eager:
             logits, rows_t = self.graphs.run(plan)
             return Sampled(logits, rows, rows_t)
         batch, sampled = self._build_batch(plan)
-        if sampled.verify is not None and self.kv_pool.max_verify_block is not None:
-            self._save_blocks(plan, sampled)
+        if sampled.verify is not None:
+            sampled.saved, sampled.saved_rows = self._save_blocks(plan)
         if self.spec is not None and self.spec.drafter.taps:
             batch.taps = dict.fromkeys(self.spec.drafter.taps)
         hidden = self.model(batch.input_ids, batch.positions, batch, self.attn)
@@ -367,16 +365,20 @@ class ModelRunner:
         sampled.logits = self.model.compute_logits(hidden[sampled.logits])
         return sampled
 
-    def _save_blocks(self, plan: StepPlan, sampled: Sampled) -> None:
-        """Before a verify step: the pool keeps what the verify rows' blocks overwrite of its per-row
-        state, to restore the rejected positions once the counts are known (nothing for paged pools)."""
-        verify = [(r, p) for r, p, k in zip(plan.rows, plan.prefix_lens, plan.draft_lens, strict=True) if k]
-        among = [i for i, k in enumerate(sampled.verify.draft_lens) if k]  # their index among sampled rows
-        rows, first, index = columns_to_device(
-            [[r for r, _ in verify], [p for _, p in verify], among], self.device
-        )
-        sampled.saved = self.kv_pool.save_blocks(rows, first, self.spec.max_draft + 1)
-        sampled.saved_rows = index
+    def _save_blocks(self, plan: StepPlan) -> tuple[object | None, torch.Tensor | None]:
+        """Before a verify step: what the verify rows' blocks overwrite of the pool's per-row state, to
+        restore the rejected positions once the counts are known, and those rows' index among the sampled
+        rows (None, None for paged pools)."""
+        if self.kv_pool.max_verify_block is None:
+            return None, None
+        among = itertools.accumulate(plan.sample, initial=0)  # sampled rows before each row
+        verify = [
+            (r, p, i)
+            for r, p, k, i in zip(plan.rows, plan.prefix_lens, plan.draft_lens, among, strict=False)
+            if k
+        ]
+        rows, first, index = columns_to_device([list(c) for c in zip(*verify, strict=True)], self.device)
+        return self.kv_pool.save_blocks(rows, first, self.spec.max_draft + 1), index
 
     def release_rows(self, rows: list[int]) -> None:
         for row in rows:

@@ -6,8 +6,8 @@ Per request and layer, each query t attends one shared K=V head over
   this step closes), gathered from the pool through req_to_token, and for CSA only the Lightning
   Indexer's top-k of those;
 plus a per-head sink logit that takes probability mass but has no value. Requests are attended one by
-one here (prefill, chunked prefill, replay); decode steps go to attention_decode.py, every row at once,
-the same math. On CUDA the
+one here (prefill, chunked prefill, replay); steps whose rows all add the same few tokens (decode, and
+verify steps of equal drafts) go to attention_decode.py, every row at once, the same math. On CUDA the
 attention itself runs the `sparse_attention` kernel op on each request's keys and mask
 (`attend_selected`); the rest is PyTorch.
 
@@ -103,23 +103,26 @@ def compress_step(
 
 @dataclass
 class _Meta:
-    rows: list[_Row]  # the rows with new tokens (none for a batched decode step)
-    decode: attention_decode.DecodeMeta | None  # a decode step, for the batched path
+    rows: list[_Row]  # the rows with new tokens (none for a batched step)
+    decode: attention_decode.DecodeMeta | None  # a decode or verify step, for the batched path
 
 
 class TorchV4Backend(AttentionBackend):
     def __init__(self, num_heads: int, head_dim: int, sliding_window: int) -> None:
         super().__init__(num_heads, 1, head_dim, head_dim**-0.5)
         self.window = sliding_window
-        # decode steps through attention_decode.py, every row at once; False sends them request by request
-        # (the same math in another order: the tests' oracle for the batched path)
+        # decode and verify steps through attention_decode.py, every row at once; False sends them request
+        # by request (the same math in another order: the tests' oracle for the batched path)
         self.batched_decode = True
 
     supports_cuda_graph = True
+    supports_verify_graph = True
 
-    def prepare_decode_graph(self, batch: ForwardBatch, seq_lens: torch.Tensor, max_seq_len: int) -> None:
-        """The batched decode path from device tensors alone (attention_decode.py)."""
-        meta = attention_decode.prepare(batch, batch.kv_pool, self.window, max_seq_len)
+    def prepare_decode_graph(
+        self, batch: ForwardBatch, seq_lens: torch.Tensor, max_seq_len: int, q_len: int = 1
+    ) -> None:
+        """The batched path from device tensors alone (attention_decode.py), q_len places per row."""
+        meta = attention_decode.prepare(batch, batch.kv_pool, self.window, q_len, max_seq_len)
         batch.attn_meta = _Meta([], meta)
 
     def graph_contexts(self, max_model_len: int) -> list[int]:
@@ -134,7 +137,8 @@ class TorchV4Backend(AttentionBackend):
 
     def prepare(self, batch: ForwardBatch) -> None:
         rows, start, cache = [], 0, batch.kv_pool
-        batched = self.batched_decode and attention_decode.is_decode(batch)
+        q_len = attention_decode.batched_len(batch, cache.max_verify_block) if self.batched_decode else 0
+        batched = q_len > 0
         replay = batch.replay_lens or [0] * len(batch.rows_list)
         for row, prefix, length, rp in zip(
             batch.rows_list, batch.prefix_lens, batch.extend_lens, replay, strict=True
@@ -148,7 +152,7 @@ class TorchV4Backend(AttentionBackend):
                     table = batch.req_to_token[row]
                     rows.append(_Row(row, start, length, prefix, prefix + rp, positions, table, state))
             start += length
-        decode = attention_decode.prepare(batch, cache, self.window) if batched else None
+        decode = attention_decode.prepare(batch, cache, self.window, q_len) if batched else None
         batch.attn_meta = _Meta(rows, decode)
 
     def narrow(self, batch: ForwardBatch, keep: list[int]) -> tuple[ForwardBatch, torch.Tensor]:
@@ -181,6 +185,7 @@ class TorchV4Backend(AttentionBackend):
             input_ids=batch.input_ids[idx_t],
             positions=batch.positions[idx_t],
             out_loc=batch.out_loc[idx_t],
+            token_rows=batch.token_rows[idx_t],
             prefix_lens=[p + c for p, c in zip(batch.prefix_lens, cuts, strict=True)],
             extend_lens=list(keep),
             replay_lens=replay,
