@@ -3,7 +3,9 @@ row with padding places for rows of fewer drafts), and the drafter's lookup on i
 buffers, give plain decoding's tokens. On the CPU the path runs
 eagerly over the same buffers with the PyTorch backend's masked multi-query decode; the Triton kernel's
 q_len > 1 tiles are checked in tests/unit/gpu/test_kernels_interpret.py, real graph replays in
-tests/gpu/test_speculative_cuda.py."""
+tests/gpu/test_speculative_cuda.py. DeepSeek-V4: the batched path (attention_decode.py) with q_len
+places per row, blocks that close compressor windows and rejected drafts rolled back (`save_blocks` /
+`restore_rejected` around the verify graph)."""
 
 from __future__ import annotations
 
@@ -11,12 +13,14 @@ import pytest
 
 from runtime.config import RunnerConfig
 from runtime.gpu.model_runner import ModelRunner
-from runtime.gpu.testing import save_tiny_deepseek_v3, save_tiny_llama
-from tests.unit.speculative.test_lossless import MAX_MODEL_LEN, SLOTS, batch, first_difference, run
+from runtime.gpu.testing import save_tiny_deepseek_v3, save_tiny_deepseek_v4, save_tiny_llama
+from tests.unit.speculative.test_lossless import MAX_MODEL_LEN, SLOTS, batch, first_difference
+from tests.unit.speculative.test_lossless import run as run_plain
 
 FAMILIES = {
     "llama": lambda path: save_tiny_llama(path, num_key_value_heads=2),
     "deepseek_v3": save_tiny_deepseek_v3,  # MLA: the absorbed multi-query decode
+    "deepseek_v4": save_tiny_deepseek_v4,  # window 8, CSA rate 4, HCA rate 8
 }
 
 
@@ -24,14 +28,22 @@ FAMILIES = {
 def tiny(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
     FAMILIES[request.param](path)
-    return str(path)
+    return request.param, str(path)
 
 
-def _runner(path: str, **spec) -> ModelRunner:
+def _runner(tiny: tuple[str, str], **spec) -> ModelRunner:
+    family, path = tiny
+    # V4: exact replay, so a prefix hit rebuilds the ring and tails from position 0 (as test_v4.py)
+    v4 = {"swa_replay_exact": True} if family == "deepseek_v4" else {}
     cfg = RunnerConfig(
-        path, num_kv_slots=SLOTS, max_reqs=8, max_model_len=MAX_MODEL_LEN, cpu_threads=1, **spec
+        path, num_kv_slots=SLOTS, max_reqs=8, max_model_len=MAX_MODEL_LEN, cpu_threads=1, **v4, **spec
     )
     return ModelRunner(cfg)
+
+
+def run(runner: ModelRunner, reqs: list):
+    """V4's pages hold whole compressor windows (rates 4 and 8: the runner's page size is 8)."""
+    return run_plain(runner, reqs, page_size=runner.page_size)
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])
