@@ -17,11 +17,11 @@ group with the same row at consecutive positions before it (its run; a CUDA grap
   at or past the row's state start) and its run's keys up to itself from the scratch; the keys go into
   the rings afterwards. (Written first, a later place's key would overwrite a slot an earlier place
   still reads once q_len > 1.)
-- a compressor reads each place's last `tail_len` raw tokens from its tail (positions before the run's
-  first) and from this step's projections (the rest), pools the window each place closes, writes it
-  where (p + 1) % rate == 0 (places whose window stays open write the padding page's entry 0 with its
-  own value: no host branch; a run closes 0, 1 or 2 windows of rate 4, each pooled at its position),
-  and then pushes the step's tokens into the tail;
+- a compressor pools the windows each row's run closes (0, 1 or 2 of rate 4 for q_len <= 8: the
+  positions p of the run with (p + 1) % rate == 0, each at its own window), reading their raw tokens from
+  the row's tail (positions before the run) and from this step's projections (the rest), and writes them
+  where a window closes (a window left open writes the padding page's entry 0 with its own value, so no
+  host branch); then it pushes every place's token into its tail;
 - the compressed entries are read in place from the paged pool through req_to_token (entry w of a row
   at `req_to_token[row, w * rate] // rate`), each place's those w < (p + 1) // rate; CSA's narrowed to the
   Lightning Indexer's top-k (its keys gathered once per group, scored per place);
@@ -54,11 +54,12 @@ class DecodeMeta:
     q_len: int
     rows: torch.Tensor  # [T] each place's state row
     positions: torch.Tensor  # [T]
-    first: torch.Tensor  # [T] the position of the first place of its run (its row's first this step)
     window_index: torch.Tensor  # [T, window + q_len] int32 rows of `window_keys` (ring, scratch) or -1
+    group_rows: torch.Tensor  # [B] the row of each group's place 0
+    in_run: torch.Tensor  # [B, q_len] bool: place j continues place 0's run (the group's row's new tokens)
     groups: dict[int, torch.Tensor]  # rate -> [B, W] entry-pool index of window w of group b's row
     entries: dict[int, torch.Tensor]  # rate -> [T, W] int32: groups' row for each place, -1 past its own
-    raw: dict[int, tuple[torch.Tensor, ...]] = field(default_factory=dict)  # `raw_tokens` by tail length
+    closing: dict[tuple[int, int], tuple[torch.Tensor, ...]] = field(default_factory=dict)  # `closing`
 
 
 def batched_len(batch: ForwardBatch, max_len: int) -> int:
@@ -98,8 +99,7 @@ def prepare(
     scratch = cache.scratch_start + torch.arange(t, device=device).view(-1, 1, q_len)
     new = torch.where(run, scratch, -1).view(t, q_len)
     window_index = torch.cat([ring, new], 1).int()
-    group_rows = grid_rows[:, 0]
-    own = (grid_rows == group_rows[:, None]).flatten()
+    group_rows, in_run = grid_rows[:, 0], run[:, :, 0]
     groups, entries = {}, {}
     for rate in cache.rates:
         if max_seq_len is None:
@@ -108,10 +108,10 @@ def prepare(
             width = max_seq_len // rate
         w = torch.arange(width, device=device)
         index = batch.req_to_token[group_rows[:, None], w * rate] // rate
-        visible = (w[None, :] < ((pos + 1) // rate)[:, None]) & own[:, None]
+        visible = (w[None, :] < ((pos + 1) // rate)[:, None]) & in_run.flatten()[:, None]
         groups[rate] = index
         entries[rate] = torch.where(visible, index.repeat_interleave(q_len, 0), -1).int()
-    return DecodeMeta(q_len, rows, pos, first, window_index, groups, entries)
+    return DecodeMeta(q_len, rows, pos, window_index, group_rows, in_run, groups, entries)
 
 
 def forward(
@@ -147,16 +147,23 @@ def forward(
     return out
 
 
-def raw_tokens(meta: DecodeMeta, span: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Where each place's last `span` raw tokens are ([T, span] each): their tail slots (positions
-    modulo span), and for those at or past the run's first, True and their place in the step."""
-    if span not in meta.raw:
-        pos = meta.positions
-        back = torch.arange(span - 1, -1, -1, device=pos.device)  # how far before the place
-        raw = pos[:, None] - back
-        place = torch.arange(pos.shape[0], device=pos.device)[:, None] - back
-        meta.raw[span] = (raw % span, raw >= meta.first[:, None], place.clamp(min=0))
-    return meta.raw[span]
+def closing(meta: DecodeMeta, rate: int, span: int) -> tuple[torch.Tensor, ...]:
+    """The windows each group's run may close, n = ceil(q_len / rate) of them ([B, n] each): whether it
+    does (its last position is a place of the run), the window, and ([B, n, span] each) where its last
+    `span` raw tokens are: their tail slots (positions modulo span) and, for those at or past the
+    group's first position, True and their place in the step."""
+    if (rate, span) not in meta.closing:
+        q_len, first = meta.q_len, meta.positions.view(-1, meta.q_len)[:, 0, None]
+        device = first.device
+        # the i-th position p >= first with (p + 1) % rate == 0
+        last = first + (rate - 1 - first) % rate + rate * torch.arange(-(-q_len // rate), device=device)
+        offset = last - first  # its place in the group
+        closes = (offset < q_len) & meta.in_run.gather(1, offset.clamp(max=q_len - 1))
+        raw = last[..., None] - torch.arange(span - 1, -1, -1, device=device)
+        group = q_len * torch.arange(first.shape[0], device=device)[:, None, None]
+        place = (group + raw - first[..., None]).clamp(0, meta.positions.shape[0] - 1)
+        meta.closing[rate, span] = (closes, last // rate, raw % span, raw >= first[..., None], place)
+    return meta.closing[rate, span]
 
 
 def push_and_pool(
@@ -168,30 +175,30 @@ def push_and_pool(
     table: torch.Tensor,
     rope: InterleavedRope,
 ) -> None:
-    """The window each place closes pooled into `pool`, then every place's token into its tail
-    (attention.compress_step for a run of places per row). Places whose window stays open rewrite entry 0,
-    of the padding page (never handed out), with its own value: no real row's entry is touched twice."""
+    """The windows each row's run of places closes pooled into `pool`, then every place's token into its
+    tail (attention.compress_step for a run per row). A window left open rewrites entry 0, of the
+    padding page (never handed out), with its own value: no host branch, and no real entry written
+    twice."""
     m, span = comp.rate, comp.tail_len
-    rows, pos = meta.rows, meta.positions
     kv, gate = comp.project(x)
-    slots, new, place = raw_tokens(meta, span)
-    rows_2d = rows[:, None]
-    raw_kv = torch.where(new[..., None], kv[place], tail.kv[rows_2d, slots])
-    raw_gate = torch.where(new[..., None], gate[place], tail.gate[rows_2d, slots])
-    window = (pos + 1) // m - 1  # the window this place closes, if it does
-    entry = pool_window(comp, raw_kv, raw_gate, window, rope)
-    closes = (pos + 1) % m == 0
-    dst = torch.where(closes, table[rows, window.clamp(min=0) * m] // m, 0)
-    pool[dst] = torch.where(closes[:, None], entry, pool[dst])
-    tail.kv[rows, pos % span] = kv
-    tail.gate[rows, pos % span] = gate
+    closes, window, slots, new, place = closing(meta, m, span)
+    rows = meta.group_rows[:, None, None]
+    raw_kv = torch.where(new[..., None], kv[place], tail.kv[rows, slots]).flatten(0, 1)
+    raw_gate = torch.where(new[..., None], gate[place], tail.gate[rows, slots]).flatten(0, 1)
+    entry = pool_window(comp, raw_kv, raw_gate, window.flatten(), rope)
+    dst = torch.where(closes, table[meta.group_rows[:, None], torch.where(closes, window, 0) * m] // m, 0)
+    dst = dst.flatten()
+    pool[dst] = torch.where(closes.flatten()[:, None], entry, pool[dst])
+    slot = meta.positions % span
+    tail.kv[meta.rows, slot] = kv
+    tail.gate[meta.rows, slot] = gate
 
 
 def pool_window(
     comp: Compressor, kv: torch.Tensor, gate: torch.Tensor, window: torch.Tensor, rope: InterleavedRope
 ) -> torch.Tensor:
-    """Raw kv / gate [T, tail_len, width] of each place's last tail_len tokens -> the entry [T, dim] of the
-    window they end, by `Compressor.pool`. With overlap the tail is the window before and this one (the
+    """Raw kv / gate [N, tail_len, width] of N windows' last tail_len tokens -> the entries [N, dim] of the
+    windows they end, by `Compressor.pool`. With overlap the tail is the window before and this one (the
     first entry, that window's, is dropped); window 0 has no window before it, so its gate is -inf."""
     if comp.overlap:
         gate = gate.clone()
