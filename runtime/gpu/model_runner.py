@@ -371,12 +371,9 @@ class ModelRunner:
         rows (None, None for paged pools)."""
         if self.kv_pool.max_verify_block is None:
             return None, None
-        among = itertools.accumulate(plan.sample, initial=0)  # sampled rows before each row
-        verify = [
-            (r, p, i)
-            for r, p, k, i in zip(plan.rows, plan.prefix_lens, plan.draft_lens, among, strict=False)
-            if k
-        ]
+        among = itertools.accumulate([0, *plan.sample[:-1]])  # sampled rows before each row
+        cols = zip(plan.rows, plan.prefix_lens, plan.draft_lens, among, strict=True)
+        verify = [(r, p, i) for r, p, k, i in cols if k]
         rows, first, index = columns_to_device([list(c) for c in zip(*verify, strict=True)], self.device)
         return self.kv_pool.save_blocks(rows, first, self.spec.max_draft + 1), index
 
