@@ -11,12 +11,12 @@ position) (`ForwardBatch.token_rows`). A place attends its own row's places up t
 group with the same row at consecutive positions before it (its run; a CUDA graph's padding places, row
 0 at position 0, are runs of one whose outputs are dropped; they write only row 0's slices and page 0):
 
-- the sliding window: the step's new keys wait in a scratch behind the pooled rings
-  (`V4KVPool.window_keys`) while the places attend, so a place reads its window's older positions from
-  the ring as it was before the step (the latest position congruent to the slot below the run's first,
-  at or past the row's state start) and its run's keys up to itself from the scratch; the keys go into
-  the rings afterwards. (Written first, a later place's key would overwrite a slot an earlier place
-  still reads once q_len > 1.)
+- the sliding window is read in place from the pooled rings (`V4KVPool.rings`): every place's key is
+  written at its ring slot first, then each place attends every slot whose position (the latest one
+  congruent to the slot up to its run's last place) is at or past the row's state start and at most its
+  own; a slot a later place of its run overwrote still holds, for this place, the key that slot held
+  before the step, which the step first copied to the scratch behind the rings (`window_keys`; q_len > 1
+  only: one token per row overwrites only a position out of its window);
 - a compressor pools the windows each row's run closes (0, 1 or 2 of rate 4 for q_len <= 8: the
   positions p of the run with (p + 1) % rate == 0, each at its own window), reading their raw tokens from
   the row's tail (positions before the run) and from this step's projections (the rest), and writes them
@@ -25,7 +25,8 @@ group with the same row at consecutive positions before it (its run; a CUDA grap
 - the compressed entries are read in place from the paged pool through req_to_token (entry w of a row
   at `req_to_token[row, w * rate] // rate`), each place's those w < (p + 1) // rate; CSA's narrowed to the
   Lightning Indexer's top-k (its keys gathered once per group, scored per place);
-- one `sparse_attention` call takes the window keys as its first source and the entry pool as its second.
+- one `sparse_attention` call takes the window keys (rings, scratch) as its first source and the entry
+  pool as its second.
 
 Rejected drafts: the model runner saves the ring and tail entries a verify block overwrites before the
 step and restores the rejected ones after it (`V4KVPool.save_blocks` / `restore_rejected`); an entry a
@@ -54,7 +55,7 @@ class DecodeMeta:
     q_len: int
     rows: torch.Tensor  # [T] each place's state row
     positions: torch.Tensor  # [T]
-    window_index: torch.Tensor  # [T, window + q_len] int32 rows of `window_keys` (ring, scratch) or -1
+    window_index: torch.Tensor  # [T, window] int32 rows of `window_keys` (ring slot or scratch) or -1
     group_rows: torch.Tensor  # [B] the row of each group's place 0
     in_run: torch.Tensor  # [B, q_len] bool: place j continues place 0's run (the group's row's new tokens)
     groups: dict[int, torch.Tensor]  # rate -> [B, W] entry-pool index of window w of group b's row
@@ -75,7 +76,8 @@ def batched_len(batch: ForwardBatch, max_len: int) -> int:
 def prepare(
     batch: ForwardBatch, cache: V4KVPool, window: int, q_len: int = 1, max_seq_len: int | None = None
 ) -> DecodeMeta:
-    """Once per step: each place's run, the window slots and scratch rows it sees and, per compression
+    """Once per step: each place's run, the window keys it sees (each ring slot's row in the ring or in
+    the scratch) and, per compression
     rate, its entries' pool indices. Entry widths: the step's largest (from the host's lengths), or with
     `max_seq_len` the most any row can have, for a CUDA graph (device tensors only, fixed shapes)."""
     device = batch.positions.device
@@ -90,15 +92,17 @@ def prepare(
         & (grid_rows[:, :, None] == grid_rows[:, None, :])
         & (grid_pos[:, None, :] == grid_pos[:, :, None] - lag)
     )
-    first = pos - torch.where(run, lag, -1).amax(-1).flatten()
-    # the ring as it was before the step: slot j holds the latest position congruent to j below `first`
+    last = pos + torch.where(run.transpose(1, 2), -lag, -1).amax(-1).flatten()  # the run's last place
+    # after the step's writes slot j holds the latest position congruent to j up to `last`; one past
+    # this place's position was written by a later place of its run, whose scratch row keeps the old key
     slot = torch.arange(window, device=device)
-    key_pos = (first - 1)[:, None] - torch.remainder((first - 1)[:, None] - slot, window)
+    key_pos = last[:, None] - torch.remainder(last[:, None] - slot, window)
+    later = key_pos > pos[:, None]
     lowest = torch.maximum(cache.starts[rows], pos - window + 1)
-    ring = torch.where(key_pos >= lowest[:, None], rows[:, None] * window + slot, -1)
-    scratch = cache.scratch_start + torch.arange(t, device=device).view(-1, 1, q_len)
-    new = torch.where(run, scratch, -1).view(t, q_len)
-    window_index = torch.cat([ring, new], 1).int()
+    ring = rows[:, None] * window + slot
+    scratch = cache.scratch_start + torch.arange(t, device=device)[:, None] + key_pos - pos[:, None]
+    key_pos = torch.where(later, key_pos - window, key_pos)
+    window_index = torch.where(key_pos >= lowest[:, None], torch.where(later, scratch, ring), -1).int()
     group_rows, in_run = grid_rows[:, 0], run[:, :, 0]
     groups, entries = {}, {}
     for rate in cache.rates:
@@ -128,7 +132,10 @@ def forward(
     Returns [T, H, d]."""
     cache, lid = batch.kv_pool, attn.layer_id
     keys, ring = cache.window_keys[lid], cache.rings[lid]
-    keys[cache.scratch_start : cache.scratch_start + kv.shape[0]] = kv
+    slots = meta.positions % ring.shape[1]
+    if meta.q_len > 1:  # what the places overwrite, for the earlier places of their runs
+        keys[cache.scratch_start : cache.scratch_start + kv.shape[0]] = ring[meta.rows, slots]
+    ring[meta.rows, slots] = kv
     extra = {}
     comp = attn.compressor
     if comp is not None:
@@ -142,9 +149,7 @@ def forward(
             index = select(comp.indexer, x, qr, meta, cache.index_keys[lid], comp.rate, attn.rope)
         if index.shape[1]:
             extra = {"extra_kv": cache.entries[lid], "extra_indices": index}
-    out = SPARSE_ATTENTION.get(q.device)(q, keys, meta.window_index, attn.sinks, scale, **extra)
-    ring[meta.rows, meta.positions % ring.shape[1]] = kv  # after the places read the ring's old slots
-    return out
+    return SPARSE_ATTENTION.get(q.device)(q, keys, meta.window_index, attn.sinks, scale, **extra)
 
 
 def closing(meta: DecodeMeta, rate: int, span: int) -> tuple[torch.Tensor, ...]:

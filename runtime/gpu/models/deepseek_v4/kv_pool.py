@@ -22,8 +22,8 @@ tensor per layer and kind indexed by row (`rings[layer]` [rows, window, head_dim
 its memory is reserved when the server starts and a row's state lives at a fixed address (what CUDA
 graphs over the decode step will need); a `RowState` is a set of views of the row's slices. Each layer's
 rings are the head of one flat tensor (`window_keys`) whose tail is a step's scratch: the batched path
-(attention_decode.py) parks a step's new keys there while its tokens attend, so one kernel source holds
-the old window and the new keys."""
+(attention_decode.py) keeps there the keys a verify block's later tokens overwrite in the ring while its
+earlier tokens still attend them, so one kernel source holds every key a token's window needs."""
 
 from __future__ import annotations
 
@@ -81,8 +81,8 @@ class V4KVPool(KVPool):
         self.entries: dict[int, torch.Tensor] = {}  # layer id -> [num_slots // rate, head_dim]
         self.index_keys: dict[int, torch.Tensor] = {}  # CSA layer id -> [num_slots // rate, index_head_dim]
         self.rings: dict[int, torch.Tensor] = {}  # layer id -> [rows, sliding_window, head_dim]
-        # layer id -> [rows * sliding_window + scratch, head_dim]: the rings flattened, then `scratch`
-        # rows for a batched step's new keys (up to max_verify_block per row)
+        # layer id -> [rows * sliding_window + scratch, head_dim]: the rings flattened, then a scratch row
+        # per token of a batched step (up to max_verify_block a row) for the ring key it overwrites
         self.window_keys: dict[int, torch.Tensor] = {}
         self.tails: dict[int, Tail] = {}  # compressor layer id -> [rows, tail_len, width] kv and gate
         self.index_tails: dict[int, Tail] = {}  # CSA layer id -> the indexer's, likewise
