@@ -575,8 +575,8 @@ def sparse_attention_fp32_20_heads_two_head_blocks():
 
 def _moe_blocks(t: int, k: int, d: int, ep: int, per_rank: int, cap: int, dtype) -> float:
     """Pack, a stand-in for the experts (each row scaled by its weight and its local expert + 1), combine:
-    Triton against the reference. Also: every pair took a row of its own in its destination's block, and
-    the rows no pair took are cleared."""
+    Triton against the reference. Also: every pair took a row of its own in its destination's block (the
+    same row in both), and the rows no pair took are cleared."""
     from runtime.gpu.kernels.moe_blocks import reference
     from runtime.gpu.kernels.moe_blocks import triton as kernels
     from runtime.gpu.kernels.testing import close_ratio
@@ -595,9 +595,10 @@ def _moe_blocks(t: int, k: int, d: int, ep: int, per_rank: int, cap: int, dtype)
         assert (rows[untouched] == 0).all() and (w[untouched] == 0).all() and (ids[untouched] == 0).all()
         return (rows.float() * w[:, None] * (ids[:, None] + 1)).to(dtype), where
 
-    got = kernels.combine(*through_experts(kernels.pack))
-    want = reference.combine(*through_experts(reference.pack))
-    return close_ratio(got, want, *_tol(dtype))
+    got, got_where = through_experts(kernels.pack)
+    want, want_where = through_experts(reference.pack)
+    assert torch.equal(got_where, want_where)  # the same layout: pair order inside each block
+    return close_ratio(kernels.combine(got, got_where), reference.combine(want, want_where), *_tol(dtype))
 
 
 @case
