@@ -93,8 +93,8 @@ class TorchV4Backend(AttentionBackend):
         # (the same math in another order: the tests' oracle for the batched path)
         self.batched_decode = True
         # the request path's tiles: queries per sparse_attention call (and per indexer top-k), and
-        # indexer entries scored at a time: a [query_tile, entry_tile] float32 score tile (256 MB) plus
-        # the running top-k's [query_tile, entry_tile + top-k]. Tests shrink them to exercise the tiling.
+        # indexer entries scored at a time: a [query_tile, entry_tile] float32 score tile (256 MB) is
+        # the largest tensor the tiling makes. Tests shrink them to exercise the tiling.
         self.query_tile, self.entry_tile = 4096, 16384
 
     supports_cuda_graph = True

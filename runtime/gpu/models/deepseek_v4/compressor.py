@@ -113,8 +113,8 @@ class Indexer(Compressor):
         attends, its top-k of those it sees (w < (position + 1) // rate), -1 where it sees fewer.
 
         The `index_scores` op scores `entry_tile` entries at a time and a running top-k keeps the best:
-        the largest tensors are the float32 [L, entry_tile + topk] it merges (plus the op's own bounded
-        chunks), never [L, heads, N] or [L, N]."""
+        the largest tensor is a tile's float32 scores [L, entry_tile] (plus the op's own bounded chunks),
+        never [L, heads, N] or [L, N]."""
         q, weights = self.queries(x, qr, positions, rope)
         score = INDEX_SCORES.get(x.device)
         visible = (positions + 1) // self.rate
@@ -125,7 +125,7 @@ class Indexer(Compressor):
         for e0 in range(0, n, entry_tile):
             e1 = min(n, e0 + entry_tile)
             tile = score(q, weights, keys[e0:e1].to(q.dtype), visible - e0)
-            best, at = torch.cat([best, tile], 1).topk(k, dim=1)
-            # columns below k are the running picks, the others entry e0 + (column - k) of this tile
-            picked = torch.where(at < k, picked.gather(1, at.clamp(max=k - 1)), at - k + e0)
+            top = tile.topk(min(k, e1 - e0), dim=1)  # the tile's best, then merged with the running ones
+            best, at = torch.cat([best, top.values], 1).topk(k, dim=1)
+            picked = torch.cat([picked, top.indices + e0], 1).gather(1, at)
         return torch.where(best > float("-inf"), picked, -1)
