@@ -214,9 +214,8 @@ class TorchV4Backend(AttentionBackend):
                 pool = cache.index_keys[lid]
                 index_keys = pool[compress_step(comp.indexer, pool, layer.indexer, r, x[s:e], attn.rope)]
         attend = SPARSE_ATTENTION.get(device)
-        back = torch.arange(w, device=device) - (
-            w - 1
-        )  # window row j of the query at t: position t - w + 1 + j
+        # window row j of the query at position t: position t - w + 1 + j, row t - w + 1 + j - lo of keys
+        back = torch.arange(w, device=device) - (w - 1)
         for t0 in range(0, r.length, self.query_tile):
             t1 = min(r.length, t0 + self.query_tile)
             a, b, pos = s + t0, s + t1, r.positions[t0:t1]
