@@ -54,9 +54,10 @@ def compress_step(
     `r.cached`) into `pool` at their first token's slot // rate, keep the tail; return where the
     request's entries so far are: their rows of `pool` [N] (entry w at `req_to_token[row, w * rate] // rate`).
 
-    At 64K new tokens the intermediates stay near 1 GB: the projections [L, width] and, in `pool`, the
-    windows' slots [L / rate, 2 * rate, dim] (CSA) with float32 gates and softmax weights; the largest,
-    CSA's (width 2 x 512), about 128 MB a bfloat16 copy and 256 MB a float32 one."""
+    Memory is linear in L with no tokens x keys term: at 64K new tokens (bfloat16) CSA's compressor
+    (width 2 x 512) peaks near 1.7 GB: the projections and their raw copy (4 x 134 MB), then in `pool`
+    the float32 gates, the windows' slots [L / 4, 8, 512] (kv 134 MB, float32 gates 268 MB) and the
+    float32 softmax; HCA's near 0.7 GB, the indexer's (dim 128) near 0.45 GB. All freed on return."""
     m, span, length, prefix = comp.rate, comp.tail_len, x.shape[0], r.prefix
     kv, gate = comp.project(x)
     w0, w1 = max(prefix, r.cached) // m, (prefix + length) // m
