@@ -86,9 +86,12 @@ class EngramLayer(nn.Module):
             cache[batch.out_loc[keep]] = normed[keep]
         else:
             cache[batch.out_loc] = normed
-        rows = torch.repeat_interleave(
-            batch.rows, torch.tensor(batch.extend_lens, device=batch.rows.device), output_size=t
-        )
+        if batch.extend_lens:
+            rows = torch.repeat_interleave(
+                batch.rows, torch.tensor(batch.extend_lens, device=batch.rows.device), output_size=t
+            )
+        else:  # a decode graph's step (no host lists): one token per row
+            rows = batch.rows
         w = conv.conv.weight[:, 0]  # [C, K]
         kernel, dil = w.shape[1], self.cfg.max_ngram_size
         y = torch.zeros_like(normed)
