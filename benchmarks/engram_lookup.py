@@ -113,28 +113,27 @@ def steps(a: argparse.Namespace) -> dict:
         "layer_ids": [int(x) for x in a.engram_layers.split(",")],
     }
     batch_sizes = [int(x) for x in a.batch_sizes.split(",")]
+    placements = a.placements.split(",")
     graphs = a.cuda_graph == "on" and a.device == "cuda"
     cfg = RunnerConfig(
         a.model, device=a.device, dtype=a.dtype, load_format="dummy", num_kv_slots=a.kv_slots,
         max_reqs=max(batch_sizes), max_model_len=a.context + 64, page_size=a.page_size, cuda_graph=False,
-        hf_overrides={**json.loads(a.hf_overrides), "engram": engram}, engram=_options("device", a.shards),
+        hf_overrides={**json.loads(a.hf_overrides), "engram": engram}, engram=_options(placements[0], a.shards),
         tokenizer=a.tokenizer, max_prefill_tokens=a.prefill, cpu_threads=1 if a.device == "cpu" else None,
     )  # fmt: skip
     runner = ModelRunner(cfg)  # one load: each variant swaps the Engram runtime and the graphs
     hasher, device, dtype, rows = runner.engram.hasher, runner.device, runner.dtype, cfg.max_reqs + 1
-    runner.engram.close()
     out: dict = {"engram_layers": engram["layer_ids"], "cuda_graph": graphs, "results": []}
-    variants = [f"engram {p}" for p in a.placements.split(",")] + ["no engram"]
-    for name in variants:
+    for i, name in enumerate([f"engram {p}" for p in placements] + ["no engram"]):
         if name == "no engram":
             runner.engram = None
             for parent in list(runner.model.modules()):  # the model without its Engram layers
                 for child, module in list(parent.named_children()):
                     if isinstance(module, EngramLayer):
                         setattr(parent, child, None)
-        else:
+        elif i > 0:  # the first placement's runtime came with the runner
             runner.engram = EngramRuntime.create(
-                hasher, _options(name.split()[1], a.shards), device, dtype, rows
+                hasher, _options(placements[i], a.shards), device, dtype, rows
             )
         in_graphs = graphs and (runner.engram is None or runner.engram.on_device is not None)
         runner.graphs = None

@@ -188,7 +188,12 @@ class HostPlacement(EngramPlacement):
             return None
         self._registered = ptr
         arr = _HostArray(ptr, table.shape[0], table.shape[1], self.dtype.itemsize)
-        return torch.as_tensor(arr, device=self.device).view(self.dtype)
+        try:
+            return torch.as_tensor(arr, device=self.device).view(self.dtype)
+        except (RuntimeError, TypeError) as exc:
+            log.warning("engram_table_not_mapped", error=str(exc), fallback="mailbox lookups")
+            self.mapped = False
+            return None
 
     def _call(self, coro, timeout: float):  # noqa: ANN001, ANN202
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)

@@ -89,9 +89,10 @@ class EngramRuntime:
         return self.on_device is None
 
     def begin(self, plan: StepPlan) -> None:
-        """Every plan, before its forward (eager or graph): fail it while rows are unreadable, count its
-        lookup, and (device hashing) set the history of the requests entering rows."""
-        self.placement.check()
+        """Every plan, before its forward (eager or graph): fail a step while rows are unreadable, and
+        (device hashing) count its lookup and set the history of the requests entering rows."""
+        if plan.rows:
+            self.placement.check()
         if self.on_device is None:
             return
         if plan.rows:
