@@ -1,7 +1,9 @@
 """The EP path at world size 1 on CUDA (`--moe-a2a-backend all_to_all`: the low-latency exchange, whose
 collectives are identities on one rank, captured in the decode CUDA graphs): graph replays decode as the
-plain fused MoE, and at the DeepSeek-V2-Lite shape (dummy bf16, 64 experts) a decode step costs at most
-3% more than the plain path's, measured interleaved in one process. benchmarks/device/ep_world1.sh."""
+plain fused MoE, and at the DeepSeek-V2-Lite shape (dummy bf16, 64 experts) and on a 2-layer slice of
+DeepSeek-V4-Flash (dummy bf16, 256 experts; two layers so that both runners fit one GPU) a decode step
+costs at most 3% more than the plain path's, measured interleaved in one process.
+benchmarks/device/ep_world1.sh."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from runtime.config import RunnerConfig
 from runtime.gpu.layers.expert_parallel import ExpertParallelMoE
 from runtime.gpu.model_runner import ModelRunner
 from runtime.gpu.testing import (
+    PagedPlanBuilder,
     PlanBuilder,
     assert_same_decode,
     decode_scenario,
@@ -37,8 +40,10 @@ def test_ep_path_graphs_decode_as_the_plain_moe(tmp_path):
     assert_same_decode(decode_scenario(ep), decode_scenario(plain), atol=1e-4, rtol=1e-4)
 
 
-def _step_times(runner: ModelRunner, batch: int, rounds: int) -> list[float]:
-    pb, rows = PlanBuilder(list(range(1, 70000))), list(range(1, batch + 1))
+def _step_times(runner: ModelRunner, batch: int, rounds: int, page: int) -> list[float]:
+    # V4's pools are paged (an entry's slot comes from its window's first token's page)
+    pb = PagedPlanBuilder(page, 70000) if page > 1 else PlanBuilder(list(range(1, 70000)))
+    rows = list(range(1, batch + 1))
     prompt = list(range(10, 138))
     added = [seq_start(r, prompt) for r in rows]
     runner.execute(pb.plan(rows, [0] * batch, [128] * batch, prompt * batch, added=added))
@@ -53,21 +58,45 @@ def _step_times(runner: ModelRunner, batch: int, rounds: int) -> list[float]:
     return times
 
 
+# (model path, config.json to write or None for a preset, hf_overrides, page size)
+SHAPES = {
+    "v2-lite": (None, V2_LITE_SHAPE, None, 1),
+    "v4-flash-2-layers": (
+        "deepseek-v4-flash",
+        None,
+        {"num_hidden_layers": 2, "num_nextn_predict_layers": 0},
+        128,
+    ),
+}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("batch", [1, 64])
-def test_ep_path_decode_step_within_budget_of_the_plain_path(tmp_path, batch):
-    (tmp_path / "config.json").write_text(json.dumps(V2_LITE_SHAPE))
-    cfg = dict(device="cuda", load_format="dummy", num_kv_slots=70000, max_reqs=64, max_model_len=1024)
+def test_ep_path_decode_step_within_budget_of_the_plain_path(tmp_path, batch, shape):
+    preset, config, overrides, page = SHAPES[shape]
+    if config is not None:
+        (tmp_path / "config.json").write_text(json.dumps(config))
+    cfg = dict(
+        device="cuda",
+        load_format="dummy",
+        num_kv_slots=70000,
+        max_reqs=64,
+        max_model_len=1024,
+        hf_overrides=overrides,
+        page_size=page,
+    )
+    path = preset or str(tmp_path)
     runners = {
-        "plain": ModelRunner(RunnerConfig(str(tmp_path), **cfg)),
-        "ep": ModelRunner(RunnerConfig(str(tmp_path), moe_a2a_backend="all_to_all", **cfg)),
+        "plain": ModelRunner(RunnerConfig(path, **cfg)),
+        "ep": ModelRunner(RunnerConfig(path, moe_a2a_backend="all_to_all", **cfg)),
     }
     assert all(r.graphs is not None for r in runners.values())
     medians = {name: [] for name in runners}
     for _ in range(5):  # interleaved: drift in clocks or temperature hits both alike
         for name, runner in runners.items():
-            times = _step_times(runner, batch, 30)[5:]
+            times = _step_times(runner, batch, 30, page)[5:]
             medians[name].append(sorted(times)[len(times) // 2])
     plain, ep = min(medians["plain"]), min(medians["ep"])
-    print(f"V2-Lite shape decode batch {batch}: plain {plain * 1e3:.3f} ms, EP path {ep * 1e3:.3f} ms "
+    print(f"{shape} decode batch {batch}: plain {plain * 1e3:.3f} ms, EP path {ep * 1e3:.3f} ms "
           f"({ep / plain:.3f}x)")  # fmt: skip
     assert ep <= BUDGET * plain
