@@ -60,7 +60,8 @@ class DecodeMeta:
     in_run: torch.Tensor  # [B, q_len] bool: place j continues place 0's run (the group's row's new tokens)
     groups: dict[int, torch.Tensor]  # rate -> [B, W] entry-pool index of window w of group b's row
     entries: dict[int, torch.Tensor]  # rate -> [T, W] int32: groups' row for each place, -1 past its own
-    closing: dict[tuple[int, int], tuple[torch.Tensor, ...]] = field(default_factory=dict)  # `closing`
+    # `closing`'s tensors by (rate, tail length), computed by the step's first layer that needs them
+    closing: dict[tuple[int, int], tuple[torch.Tensor, ...]] = field(default_factory=dict)
 
 
 def batched_len(batch: ForwardBatch, max_len: int) -> int:
@@ -77,9 +78,9 @@ def prepare(
     batch: ForwardBatch, cache: V4KVPool, window: int, q_len: int = 1, max_seq_len: int | None = None
 ) -> DecodeMeta:
     """Once per step: each place's run, the window keys it sees (each ring slot's row in the ring or in
-    the scratch) and, per compression
-    rate, its entries' pool indices. Entry widths: the step's largest (from the host's lengths), or with
-    `max_seq_len` the most any row can have, for a CUDA graph (device tensors only, fixed shapes)."""
+    the scratch) and, per compression rate, its entries' pool indices. Entry widths: the step's largest
+    (from the host's lengths), or with `max_seq_len` the most any row can have, for a CUDA graph (device
+    tensors only, fixed shapes)."""
     device = batch.positions.device
     rows, pos = batch.token_rows.long(), batch.positions.long()
     t = rows.shape[0]
