@@ -126,9 +126,8 @@ class WeightCount:
             if isinstance(m, RoutedExperts):
                 own = {id(p): p for p in m.parameters()}
                 expert_ids |= own.keys()
-                size = sum(p.numel() * p.element_size() for p in own.values())  # with FP8 scales
-                numel = m.gate_up_proj.numel() + m.down_proj.numel()
-                moe.append((m.num_experts, top_k, size // m.num_experts, numel // m.num_experts))
+                size = sum(p.numel() * p.element_size() for p in own.values())  # with FP8/FP4 scales
+                moe.append((m.num_experts, top_k, size // m.num_experts, m.params_per_expert))
         dense = [p for i, p in params.items() if i not in expert_ids]
         embed = config.vocab_size * config.hidden_size
         # the embedding is a lookup, not a matmul, unless tied to the LM head (then counted once, as the head)

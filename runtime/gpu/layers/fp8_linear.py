@@ -62,6 +62,30 @@ class Fp8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, fp8 blocks {fp8.BLOCK}"
 
 
+class Fp8GroupedLinear(Fp8Linear):
+    """A block-diagonal projection in FP8 (DeepSeek-V4's `o_a_proj`): input [T, g, in/g], group i through
+    rows [i*out/g, (i+1)*out/g), one `fp8_linear` per group. Each group's rows fill whole 128-row scale
+    blocks, so its scales are whole rows of the scale grid."""
+
+    def __init__(self, in_per_group: int, out_features: int, groups: int) -> None:
+        if out_features % (groups * fp8.BLOCK[0]):
+            raise ValueError(
+                f"FP8 groups of {out_features // groups} rows must be whole {fp8.BLOCK[0]}-row blocks"
+            )
+        super().__init__(in_per_group, out_features)
+        self.groups = groups
+
+    @staticmethod
+    def fits(out_features: int, groups: int) -> bool:
+        return out_features % (groups * fp8.BLOCK[0]) == 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = self.out_features // self.groups
+        w = self.weight.view(self.groups, rows, self.in_features)
+        s = self.weight_scale_inv.view(self.groups, rows // fp8.BLOCK[0], -1)
+        return torch.stack([fp8_linear(x[:, i], w[i], s[i]) for i in range(self.groups)], dim=1)
+
+
 class MergedFp8Linear(Fp8Linear):
     """`MergedLinear` in FP8: parts stacked along N, and so are their scale blocks, which needs every
     part's N to be a multiple of the 128-row block (true of DeepSeek-V3's gate|up)."""
@@ -87,6 +111,11 @@ class MergedFp8Linear(Fp8Linear):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return super().forward(x).split(self.out_sizes, dim=-1)
+
+
+def linear(in_features: int, out_features: int, bias: bool = False, fp8_weights: bool = False) -> nn.Module:
+    """A projection that keeps FP8 weights under `fp8_weights` (`--quantization`), else a float one."""
+    return (Fp8Linear if fp8_weights else nn.Linear)(in_features, out_features, bias=bias)
 
 
 def normal(shape: torch.Size, device: torch.device, std: float, generator: torch.Generator) -> torch.Tensor:

@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 
 from runtime.config import RunnerConfig
 from runtime.gpu.model_runner import ModelRunner
-from runtime.gpu.models.deepseek_v4.weights import dequantized
+from runtime.gpu.models.deepseek_v4.weights import paired
 from runtime.gpu.quant import fp4, fp8
 from runtime.gpu.testing import PlanBuilder, random_deepseek_v4, seq_start
 
@@ -218,11 +218,11 @@ def test_fp4_round_trip_is_within_half_a_step():
 def test_orphan_quantized_weight_or_scale_is_an_error_but_a_plain_scale_parameter_passes():
     q, s = fp8.quantize(torch.randn(8, 8), (8, 8), ue8m0=True)
     with pytest.raises(ValueError, match="without a scale"):
-        list(dequantized(iter([("a.weight", q)]), (8, 8)))
+        list(paired(iter([("a.weight", q)])))
     with pytest.raises(ValueError, match="scales without a weight"):
-        list(dequantized(iter([("a.scale", s)]), (8, 8)))
+        list(paired(iter([("a.scale", s)])))
     hc_scale = torch.ones(3)  # transformers' `attn_hc.scale`: a parameter, no weight beside it
-    assert [n for n, _ in dequantized(iter([("x.attn_hc.scale", hc_scale), ("x.w", hc_scale)]), (8, 8))] == [
+    assert [n for n, _, _ in paired(iter([("x.attn_hc.scale", hc_scale), ("x.w", hc_scale)]))] == [
         "x.w",
         "x.attn_hc.scale",
     ]
