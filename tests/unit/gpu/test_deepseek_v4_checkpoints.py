@@ -107,7 +107,9 @@ def quantize_hf(state: dict[str, torch.Tensor], block) -> tuple[dict, dict]:
             q, s = fp4.quantize(t)
             out[name], out[f"{name}_scale_inv"] = q, s
             values[name] = fp4.dequantize(q, s)
-        elif re.search(r"self_attn\.(q_a_proj|q_b_proj|kv_proj|o_a_proj|o_b_proj)\.weight$", name):
+        elif re.search(
+            r"self_attn\.(q_a_proj|q_b_proj|kv_proj|o_a_proj|o_b_proj)\.weight$|shared_experts\.", name
+        ):
             q, s = fp8.quantize(t, block)
             out[name], out[name + "_scale_inv"] = q, s
             values[name] = fp8.dequantize(q, s, block)
