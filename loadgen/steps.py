@@ -56,8 +56,9 @@ def add_args(p) -> None:
     p.add_argument("--dtype", help="default: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--kv-cache-dtype", choices=("auto", "fp8_e4m3"), default="auto")
     p.add_argument("--quantization", choices=("auto", "none", "fp8"), default="auto",
-                   help="DeepSeek-V2/V3 weights: fp8 keeps (or with dummy weights makes) FP8 block-scaled "
-                   "weights, none dequantizes; auto: fp8 for an FP8 checkpoint on cuda")  # fmt: skip
+                   help="DeepSeek-V2/V3/V4 weights: fp8 keeps (or with dummy weights makes) FP8 block-scaled "
+                   "weights (V4: and FP4 experts, as stored), none dequantizes; auto: fp8 for an FP8 "
+                   "checkpoint on cuda")  # fmt: skip
     p.add_argument("--hf-overrides", type=json.loads, default=None,
                    help="JSON merged into config.json, e.g. '{\"num_hidden_layers\": 8}' (as conduit serve)")  # fmt: skip
     p.add_argument("--attention-backend", help="torch | triton; default: triton on cuda, torch on cpu")

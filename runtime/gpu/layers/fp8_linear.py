@@ -55,6 +55,11 @@ class Fp8Linear(nn.Module):
         if self.bias is not None:
             self.bias.data.copy_(normal(self.bias.shape, w.device, std, generator))
 
+    @property
+    def gemm_shape(self) -> tuple[int, int]:
+        """(N, K) of the GEMM the forward runs (what `fp8_linear.precompile` compiles for)."""
+        return self.out_features, self.in_features
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return fp8_linear(x, self.weight, self.weight_scale_inv, self.bias)
 
@@ -78,6 +83,10 @@ class Fp8GroupedLinear(Fp8Linear):
     @staticmethod
     def fits(out_features: int, groups: int) -> bool:
         return out_features % (groups * fp8.BLOCK[0]) == 0
+
+    @property
+    def gemm_shape(self) -> tuple[int, int]:
+        return self.out_features // self.groups, self.in_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = self.out_features // self.groups
@@ -134,4 +143,4 @@ def load_float(weight: torch.Tensor, scale: torch.Tensor, value: torch.Tensor) -
 
 def weight_shapes(model: nn.Module) -> set[tuple[int, int]]:
     """(N, K) of every FP8 linear layer in `model` (what `fp8_linear.precompile` compiles for)."""
-    return {(m.out_features, m.in_features) for m in model.modules() if isinstance(m, Fp8Linear)}
+    return {m.gemm_shape for m in model.modules() if isinstance(m, Fp8Linear)}

@@ -35,10 +35,9 @@ ALIGNED = list(range(512, 1024))  # slot = 512 + position for one row: whole, po
 IDS = torch.randint(3, 128, (24,), generator=torch.Generator().manual_seed(1)).tolist()
 
 
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    """{layout: (quantized checkpoint, its dequantized float copy)} for "upstream" and "hf"."""
-    root = tmp_path_factory.mktemp("v4_stored")
+def write_stored_checkpoints(root) -> dict:
+    """A random tiny V4 (whole 128-row blocks, `expert_dtype: fp4`) as FP8 + FP4 checkpoints in 128 x 128
+    blocks: {layout: (quantized checkpoint, its dequantized float copy)} for "upstream" and "hf"."""
     ref = random_deepseek_v4(seed=5, **BLOCK_DIMS)
     config = dict(ref.config.to_dict(), expert_dtype="fp4")
     hf = {k: v.detach().clone() for k, v in ref.state_dict().items()}
@@ -54,6 +53,11 @@ def checkpoints(tmp_path_factory):
         write_checkpoint(root / f"{layout}_dequantized", values, config)
         out[layout] = root / layout, root / f"{layout}_dequantized"
     return out
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    return write_stored_checkpoints(tmp_path_factory.mktemp("v4_stored"))
 
 
 @pytest.fixture
