@@ -57,8 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--reserve-gib", type=float, default=12.0, help="kept for KV, activations, graphs, context"
     )
+    p.add_argument("--layers-only", action="store_true", help="print only the largest cut as stored")
     a = p.parse_args(argv)
     budget = (a.capacity_gib - a.reserve_gib) * GIB
+    if a.layers_only:
+        layers, rest, _ = layer_bytes(fp8_weights=True)
+        print(fitting_layers(layers, rest, budget))
+        return 0
     print(f"budget {budget / 1e9:.1f} GB for weights ({a.capacity_gib} GiB less {a.reserve_gib} GiB)")
     largest = {}
     for name, fp8_weights in (("bf16", False), ("as stored (FP8 + FP4 experts)", True)):
