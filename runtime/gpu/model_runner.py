@@ -76,7 +76,12 @@ class ModelRunner:
         if cfg.moe_a2a_backend not in ("auto", "all_to_all"):
             raise ValueError(f"--moe-a2a-backend {cfg.moe_a2a_backend!r}: auto | all_to_all")
         placement = ExpertPlacement.load(cfg.expert_placement) if cfg.expert_placement else None
-        expert_parallel.use(placement, cfg.ep_num_redundant_experts, cfg.moe_a2a_backend == "all_to_all")
+        expert_parallel.use(
+            placement,
+            cfg.ep_num_redundant_experts,
+            always=cfg.moe_a2a_backend == "all_to_all",
+            count_load=cfg.expert_load_out is not None,
+        )
         path = Path(presets.resolve(cfg.model_path))
         self.config = loader.load_config(path, cfg.hf_overrides)
         self.vocab_size: int = self.config.vocab_size

@@ -45,7 +45,7 @@ def _check_exchange(rank: int, world: int, redundant: int, mode: str, impl: str 
         MOE_EXCHANGE.clear_cache()
     assert MOE_EXCHANGE.select(torch.device("cpu")).name == impl
     ep = ExpertParallelMoE(placement)
-    ep.mode = mode
+    ep.mode, ep.count_load = mode, True
     ep.step_tokens = max(0 if r == 1 else 5 + 3 * r for r in range(world))  # what DP ranks agree on
     out = ep(x, weights, ids, experts)
     torch.testing.assert_close(out, fused_moe(x, w13, w2, weights, ids), rtol=1e-5, atol=1e-5)

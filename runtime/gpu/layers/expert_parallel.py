@@ -164,6 +164,7 @@ class ExpertParallelMoE(torch.nn.Module):
         # moved empty: buffers made here would hold nothing)
         self._tables: tuple[torch.Tensor, torch.Tensor] | None = None
         self.load: torch.Tensor | None = None  # tokens routed to each logical expert, for `rebalance`
+        self.count_load = _count_load  # only when someone reads `load` (`--expert-load-out`): two ops a layer
         self.mode = "auto"  # "auto" | "normal" | "low_latency" (module docstring; tests pin one)
         # the step's largest token count over the EP ranks (DP ranks agree on it before each step), so
         # every rank picks the same mode and block size; None: this rank's own count (one rank)
@@ -179,14 +180,24 @@ class ExpertParallelMoE(torch.nn.Module):
             self.load = torch.zeros(self.placement.num_experts, dtype=torch.int64, device=device)
         return self._tables
 
+    def _slots(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [T, k] logical experts -> [T, k] physical slots: a copy per pair, by its token (one
+        gather when every expert has one copy: a decode step's layer pays for every op here)."""
+        copy_table, num_copies = self._tables_on(ids.device)
+        if copy_table.shape[1] == 1:
+            return copy_table[:, 0][ids]
+        t, k = ids.shape
+        flat = ids.reshape(-1)
+        token = torch.arange(t * k, device=ids.device) // k
+        return copy_table[flat, token % num_copies[flat]].view(t, k)
+
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts) -> torch.Tensor:  # noqa: ANN001
         """x: [T, D], weights/ids: [T, k] (logical experts) -> [T, D]: sum_k weights * expert(x)."""
-        t, k = ids.shape
-        copy_table, num_copies = self._tables_on(x.device)
-        flat = ids.reshape(-1)
-        self.load.index_add_(0, flat, torch.ones_like(flat))
-        token = torch.arange(t * k, device=x.device) // k
-        slots = copy_table[flat, token % num_copies[flat]].view(t, k)  # a copy per pair, by its token
+        t = ids.shape[0]
+        slots = self._slots(ids)
+        if self.count_load:
+            flat = ids.reshape(-1)
+            self.load.index_add_(0, flat, torch.ones_like(flat))
         most = self.step_tokens if self.step_tokens is not None else t
         low_latency = self.mode == "low_latency" or (
             self.mode == "auto" and x.is_cuda and most <= LOW_LATENCY_MAX_TOKENS
@@ -198,14 +209,18 @@ class ExpertParallelMoE(torch.nn.Module):
 _placement: ExpertPlacement | None = None  # set by the runner before the model is built (`use`)
 _redundant = 0
 _always = False
+_count_load = False
 
 
-def use(placement: ExpertPlacement | None, redundant: int = 0, always: bool = False) -> None:
+def use(
+    placement: ExpertPlacement | None, redundant: int = 0, always: bool = False, count_load: bool = False
+) -> None:
     """The placement the next model built on this rank takes (None: `ExpertPlacement.contiguous` with
     `redundant` extra slots); `always`: the exchange even on one rank (`--moe-a2a-backend all_to_all`,
-    to measure what the EP path costs against the plain fused MoE)."""
-    global _placement, _redundant, _always
-    _placement, _redundant, _always = placement, redundant, always
+    to measure what the EP path costs against the plain fused MoE); `count_load`: its layers count the
+    tokens routed to each expert (`ExpertParallelMoE.load`, for EPLB)."""
+    global _placement, _redundant, _always, _count_load
+    _placement, _redundant, _always, _count_load = placement, redundant, always, count_load
 
 
 def for_rank(num_experts: int) -> ExpertParallelMoE | None:

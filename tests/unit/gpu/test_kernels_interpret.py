@@ -573,6 +573,44 @@ def sparse_attention_fp32_20_heads_two_head_blocks():
     return _sparse(3, 32, 4, 3, torch.float32, heads=20, prefix=12)
 
 
+def _moe_blocks(t: int, k: int, d: int, ep: int, per_rank: int, cap: int, dtype) -> float:
+    """Pack, a stand-in for the experts (each row scaled by its weight and its local expert + 1), combine:
+    Triton against the reference. Also: every pair took a row of its own in its destination's block, and
+    the rows no pair took are cleared."""
+    from runtime.gpu.kernels.moe_blocks import reference
+    from runtime.gpu.kernels.moe_blocks import triton as kernels
+    from runtime.gpu.kernels.testing import close_ratio
+
+    g = torch.Generator().manual_seed(len(CASES))
+    x = torch.randn(t, d, generator=g).to(dtype)
+    weights = torch.rand(t, k, generator=g)
+    slots = torch.stack([torch.randperm(ep * per_rank, generator=g)[:k] for _ in range(t)])
+
+    def through_experts(pack):
+        rows, w, ids, where = pack(x, weights, slots, per_rank, ep, cap)
+        dest = torch.div(where, cap, rounding_mode="floor")
+        assert where.unique().numel() == t * k and (dest == slots // per_rank).all()
+        untouched = torch.ones(ep * cap, dtype=torch.bool)
+        untouched[where.reshape(-1)] = False
+        assert (rows[untouched] == 0).all() and (w[untouched] == 0).all() and (ids[untouched] == 0).all()
+        return (rows.float() * w[:, None] * (ids[:, None] + 1)).to(dtype), where
+
+    got = kernels.combine(*through_experts(kernels.pack))
+    want = reference.combine(*through_experts(reference.pack))
+    return close_ratio(got, want, *_tol(dtype))
+
+
+@case
+def moe_blocks_three_ranks_bf16_d300():
+    return _moe_blocks(7, 3, 300, ep=3, per_rank=4, cap=21, dtype=torch.bfloat16)
+
+
+@case
+def moe_blocks_one_rank_full_blocks_fp32():
+    """One rank, cap = T * k: the blocks are full, so they are not cleared first (the world-size-1 path)."""
+    return _moe_blocks(5, 2, 64, ep=1, per_rank=8, cap=10, dtype=torch.float32)
+
+
 # ------------------------------------------------------------------ the pytest side
 
 test_triton_kernel_matches_reference_under_interpreter = CASES.pytest_test(__file__)

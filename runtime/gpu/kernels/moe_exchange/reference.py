@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from runtime.gpu import distributed
+from runtime.gpu.kernels.moe_blocks import MOE_BLOCK_COMBINE, MOE_BLOCK_PACK
 from runtime.gpu.kernels.moe_exchange import Experts
 
 
@@ -20,12 +21,12 @@ def exchange(
 ) -> torch.Tensor:
     from runtime.gpu.layers.expert_parallel import exchange_rows
 
+    if low_latency:
+        return _fixed_blocks(x, weights, slots, per_rank, experts, max_tokens * slots.shape[1], exchange_rows)
     t, k = slots.shape
     flat = slots.reshape(-1)
     token = torch.arange(t * k, device=x.device) // k
     dest, local, w = flat // per_rank, flat % per_rank, weights.reshape(-1).float()
-    if low_latency:
-        return _fixed_blocks(x, w, token, local, dest, experts, max_tokens * k, exchange_rows)
     size = distributed.ep().size
     order = torch.argsort(dest, stable=True)
     send = torch.bincount(dest, minlength=size)
@@ -41,24 +42,14 @@ def exchange(
     return out.index_add_(0, token[order], back.float()).to(x.dtype)
 
 
-def _fixed_blocks(x, w, token, local, dest, experts, cap, exchange_rows) -> torch.Tensor:  # noqa: ANN001
+def _fixed_blocks(x, weights, slots, per_rank, experts, cap, exchange_rows) -> torch.Tensor:  # noqa: ANN001
     """Blocks of `cap` rows (the step's most tokens on any rank, times k) per rank pair, the same on
-    every rank, so no host reads."""
-    ep, d = distributed.ep().size, x.shape[1]
-    # each pair's row in its destination's block: how many earlier pairs go to the same rank
-    onehot = (dest[:, None] == torch.arange(ep, device=x.device)[None, :]).long()  # no range check: no sync
-    pos = (onehot.cumsum(0) - 1).gather(1, dest[:, None]).squeeze(1)
-    send = x.new_zeros(ep, cap, d)
-    send[dest, pos] = x[token]
-    send_w = torch.zeros(ep, cap, dtype=torch.float32, device=x.device)
-    send_w[dest, pos] = w
-    send_local = torch.zeros(ep, cap, dtype=torch.int64, device=x.device)
-    send_local[dest, pos] = local
+    every rank, so no host reads (kernels/moe_blocks)."""
+    ep = distributed.ep().size
+    send, send_w, send_local, where = MOE_BLOCK_PACK.get(x.device)(x, weights, slots, per_rank, ep, cap)
     splits = [cap] * ep
-    rows = exchange_rows(send.view(ep * cap, d), splits, splits)
-    wr = exchange_rows(send_w.view(-1), splits, splits)
-    ids = exchange_rows(send_local.view(-1), splits, splits)
+    rows = exchange_rows(send, splits, splits)
+    wr = exchange_rows(send_w, splits, splits)
+    ids = exchange_rows(send_local, splits, splits)
     y = experts(rows, wr[:, None], ids[:, None])
-    back = exchange_rows(y, splits, splits).view(ep, cap, d)
-    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    return out.index_add_(0, token, back[dest, pos].float()).to(x.dtype)
+    return MOE_BLOCK_COMBINE.get(x.device)(exchange_rows(y, splits, splits), where)
