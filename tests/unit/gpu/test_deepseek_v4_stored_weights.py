@@ -186,3 +186,18 @@ def test_experts_without_fp4_in_the_config_stay_v3s_fp8_or_float():
         and type(layer.mlp.shared_experts.gate_up_proj) is MergedLinear
     )
     assert type(layer.self_attn.o_a_proj) is GroupedLinear and isinstance(layer.self_attn.q_a_proj, Fp8Linear)
+
+
+def test_loadgen_steps_times_dummy_v4_weights_as_stored(tmp_path, capsys):
+    """`loadgen steps --quantization fp8` on a V4 with `expert_dtype: fp4`: dummy FP8 + FP4 weights, decode
+    and prefill rows."""
+    from loadgen.cli import main
+    from runtime.gpu.testing import tiny_deepseek_v4_config
+
+    tiny_deepseek_v4_config(**BLOCK_DIMS, expert_dtype="fp4").save_pretrained(tmp_path)
+    args = ["steps", "--model-path", str(tmp_path), "--device", "cpu", "--batch-sizes", "2", "--context-len", "16",
+            "--prefill-tokens", "16", "--steps", "1", "--warmup-steps", "0", "--page-size", "8",
+            "--quantization", "fp8"]  # fmt: skip
+    assert main(args) == 0
+    rows = [line.split()[0] for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert "decode" in rows and "prefill" in rows
