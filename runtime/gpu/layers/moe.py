@@ -148,7 +148,7 @@ class RoutedExperts(nn.Module):
             expert = self.logical.index(expert)
         suffix, rows = "", self.intermediate
         if scale:  # FP8: a scale row per 128-row block; FP4: per row
-            suffix, rows = fp8.SCALE_SUFFIX, rows // fp8.BLOCK[0] if self.weight_format == "fp8" else rows
+            suffix, rows = fp8.SCALE_SUFFIX, (rows // fp8.BLOCK[0] if self.weight_format == "fp8" else rows)
         if part == "down_proj":
             leaf = "down_proj" + suffix
             return leaf, getattr(self, leaf).data[expert]

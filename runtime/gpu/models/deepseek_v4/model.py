@@ -84,10 +84,8 @@ class DeepseekV4Attention(nn.Module):
         self.kv_proj = linear(hidden, self.head_dim, fp8_weights=f8)
         self.kv_norm = RMSNorm(self.head_dim, eps)
         self.o_groups = config.o_groups
-        per_group, o_rows = (
-            self.num_heads * self.head_dim // config.o_groups,
-            config.o_groups * config.o_lora_rank,
-        )
+        per_group = self.num_heads * self.head_dim // config.o_groups
+        o_rows = config.o_groups * config.o_lora_rank
         o_a = Fp8GroupedLinear if f8 and Fp8GroupedLinear.fits(o_rows, config.o_groups) else GroupedLinear
         self.o_a_proj = o_a(per_group, o_rows, config.o_groups)
         self.o_b_proj = linear(o_rows, hidden, fp8_weights=f8)
