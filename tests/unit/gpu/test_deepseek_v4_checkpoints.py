@@ -99,7 +99,8 @@ def quantize_upstream(state: dict[str, torch.Tensor], block) -> tuple[dict, dict
 
 
 def quantize_hf(state: dict[str, torch.Tensor], block) -> tuple[dict, dict]:
-    """transformers' FineGrainedFP8 serialization: `X.weight` e4m3 + float32 `X.weight_scale_inv`;
+    """transformers' FineGrainedFP8 serialization: `X.weight` e4m3 + float32 `X.weight_scale_inv` (the
+    attention projections and shared experts);
     stacked experts packed FP4 `...experts.gate_up_proj` + UE8M0 `...experts.gate_up_proj_scale_inv`."""
     out, values = {}, {}
     for name, t in state.items():
