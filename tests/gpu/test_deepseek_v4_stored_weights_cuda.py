@@ -1,7 +1,8 @@
 """DeepSeek-V4 with its weights as stored on CUDA (`--quantization auto` keeps a 128 x 128 FP8 checkpoint
 with FP4 experts): FP8 projections through the FP8 GEMM kernels, routed experts through `fused_moe`'s
 FP4 Triton kernels. Decode-sized steps (at most 16 rows: the W8A16 FP8 path, no activation rounding)
-compute what the dequantized float model computes, in float32 to 1e-4 and in bfloat16 to its rounding;
+compute what the dequantized float model computes, in float32 to the FP8 kernel's tf32 dots and in
+bfloat16 to its rounding;
 decode steps captured in CUDA graphs equal eager ones."""
 
 from __future__ import annotations
@@ -55,8 +56,8 @@ def test_cuda_stored_weights_match_the_dequantized_model(checkpoints, layout, dt
     got, want = _chunked_logits(stored, ids), _chunked_logits(_runner(dequantized, dtype=dtype), ids)
     err = (got - want).abs()
     print(f"{layout} {dtype}: max {err.max():.3g}, mean {err.mean():.3g}, logit spread {want.std():.3g}")
-    if dtype == "float32":
-        assert err.max() < 1e-4
+    if dtype == "float32":  # the W8A16 FP8 kernel's float32 dots run as tf32 (10-bit mantissas)
+        assert err.max() < 1e-2
     else:  # bf16 rounding at every layer, in a different order (and the "hf" layout's float32 FP8 scales
         # make products bf16 rounds in the dequantized model only): on the CPU each bf16 model sits a mean
         # 0.02-0.04 from float32 on a logit spread of 0.87, and argmax agrees at 90-100% of positions
