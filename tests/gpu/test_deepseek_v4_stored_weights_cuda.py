@@ -2,8 +2,7 @@
 with FP4 experts): FP8 projections through the FP8 GEMM kernels, routed experts through `fused_moe`'s
 FP4 Triton kernels. Decode-sized steps (at most 16 rows: the W8A16 FP8 path, no activation rounding)
 compute what the dequantized float model computes, in float32 to the FP8 kernel's tf32 dots and in
-bfloat16 to its rounding;
-decode steps captured in CUDA graphs equal eager ones."""
+bfloat16 to its rounding; decode steps captured in CUDA graphs equal eager ones."""
 
 from __future__ import annotations
 
