@@ -69,8 +69,8 @@ class Fp8Linear(nn.Module):
 
 class Fp8GroupedLinear(Fp8Linear):
     """A block-diagonal projection in FP8 (DeepSeek-V4's `o_a_proj`): input [T, g, in/g], group i through
-    rows [i*out/g, (i+1)*out/g), one `fp8_linear` per group. Each group's rows fill whole 128-row scale
-    blocks, so its scales are whole rows of the scale grid."""
+    rows [i*out/g, (i+1)*out/g), one grouped `fp8_linear` (decode rows: one launch). Each group's rows
+    fill whole 128-row scale blocks, so its scales are whole rows of the scale grid."""
 
     def __init__(self, in_per_group: int, out_features: int, groups: int) -> None:
         if out_features % (groups * fp8.BLOCK[0]):
@@ -89,10 +89,8 @@ class Fp8GroupedLinear(Fp8Linear):
         return self.out_features // self.groups, self.in_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = self.out_features // self.groups
-        w = self.weight.view(self.groups, rows, self.in_features)
-        s = self.weight_scale_inv.view(self.groups, rows // fp8.BLOCK[0], -1)
-        return torch.stack([fp8_linear(x[:, i], w[i], s[i]) for i in range(self.groups)], dim=1)
+        y = fp8_linear(x.flatten(1), self.weight, self.weight_scale_inv, groups=self.groups)
+        return y.view(x.shape[0], self.groups, -1)
 
 
 class MergedFp8Linear(Fp8Linear):
