@@ -23,8 +23,7 @@ from runtime.gpu.kernels.common import dot_precision
 from runtime.gpu.kernels.fused_moe.layout import MoELayout
 from runtime.gpu.kernels.fused_moe.triton_layout import block_tile
 from runtime.gpu.kernels.triton_utils import dot_f32, dot_operand
-
-GROUP = 32  # elements per scale along K (`quant.fp4.GROUP`); a K step is whole groups
+from runtime.gpu.quant.fp4 import GROUP  # elements per scale along K; a K step is whole groups
 
 
 @triton.jit
@@ -52,7 +51,7 @@ def _gate_up_swiglu_fp4(
     num_pairs, N, K, limit,
     stride_xm, stride_we, stride_wn, stride_wse, stride_wsn, stride_hm,
     TOPK: tl.constexpr, HAS_LIMIT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
     DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr,
 ):  # fmt: skip
     """`triton._gate_up_swiglu` on packed W [E, 2N, K/2] with scale bytes WS [E, 2N, K/32]."""
@@ -91,7 +90,7 @@ def _down_weighted_fp4(
     H, W, WS, Y, Pairs, BlockExpert, NumRows, TopkW,
     num_pairs, N, K,
     stride_hm, stride_we, stride_wn, stride_wse, stride_wsn, stride_ym,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
     DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr,
 ):  # fmt: skip
     """`triton._down_weighted` on packed W [E, N, K/2] with scale bytes WS [E, N, K/32]."""
@@ -120,7 +119,7 @@ def launch_fp4(x, w13, w2, h, y, weights, lay: MoELayout, cfg, topk: int, limit:
     """The two FP4 launches (`triton._launch`'s arguments; `scales` = (w13_scale, w2_scale) bytes)."""
     assert cfg.block_k % GROUP == 0, "a K step is whole scale groups"
     (w13_s, w2_s), inter, hidden = scales, h.shape[1], y.shape[1]
-    common = dict(DOT_PREC=dot_precision(x.dtype), DOT_F32=dot_f32(x), num_warps=cfg.num_warps,
+    common = dict(GROUP=GROUP, DOT_PREC=dot_precision(x.dtype), DOT_F32=dot_f32(x), num_warps=cfg.num_warps,
                   num_stages=cfg.num_stages)  # fmt: skip
     half = cfg.block_n // 2
     _gate_up_swiglu_fp4[(lay.max_blocks, triton.cdiv(inter, half))](
