@@ -273,6 +273,19 @@ def deepseek_workloads(ops: list[str], device: torch.device, small: bool) -> Ite
                 "sparse_attention", f"h={heads} T={tokens} K={window}+{topk}", c.args(), {}, nbytes,
                 4 * rows * heads * dim, tokens=tokens,
             )  # fmt: skip
+    if "index_scores" in ops:  # DeepSeek-V4-Flash's indexer: 64 heads, c 128; a prefill tile after 60K tokens
+        from runtime.gpu.kernels.index_scores.testing import index_case
+
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        heads, dim = (4, 32) if small else (64, 128)
+        for tokens, entries in ((16, 40),) if small else ((1024, 16384), (4096, 16384)):
+            c = index_case(tokens, heads, dim, entries, dtype, device, prefix=4 * entries - tokens)
+            seen, elem = int(c.visible.sum()), c.q.element_size()  # (query, entry) pairs scored
+            nbytes = (c.q.numel() + c.keys.numel()) * elem + tokens * entries * 4  # + the scores written
+            yield Work(
+                "index_scores", f"h={heads} T={tokens} N={entries}", c.args(), {}, nbytes,
+                2 * seen * heads * dim, tokens=tokens,
+            )  # fmt: skip
     if "mhc_pre" in ops or "mhc_post" in ops:  # DeepSeek-V4-Flash: 4 streams, D 4096, 20 Sinkhorn iterations
         from runtime.gpu.kernels.mhc.reference import mhc_pre
         from runtime.gpu.kernels.mhc.testing import mhc_case

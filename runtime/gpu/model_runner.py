@@ -132,7 +132,11 @@ class ModelRunner:
         self.graphs: GraphRunner | None = None
         if self.engram is not None and cfg.speculative_algorithm:
             raise ValueError("speculative decoding is not supported with Engram (drafts live on the device)")
-        graphs_ok = self.attn.supports_cuda_graph and self.engram is None  # Engram steps run eager
+        # Engram read on the device runs in the decode graphs; lookups through the host (split, the
+        # mailbox) run eager
+        graphs_ok = self.attn.supports_cuda_graph and (
+            self.engram is None or self.engram.on_device is not None
+        )
         if cfg.cuda_graph and self.device.type == "cuda" and graphs_ok:
             self.graphs = self.make_graphs(min(cfg.cuda_graph_max_bs or cfg.max_reqs, cfg.max_reqs))
             if self.spec is not None:
@@ -182,7 +186,7 @@ class ModelRunner:
         return GraphRunner(
             self.model, self.attn, self.kv_pool, self.tables,
             max_bs=max_bs, max_model_len=self.cfg.max_model_len, vocab_size=self.vocab_size, capture=capture,
-            verify_q_len=q_len,
+            verify_q_len=q_len, engram=self.engram,
         )  # fmt: skip
 
     def _grammar_compiler(self) -> GrammarCompiler:
@@ -211,7 +215,7 @@ class ModelRunner:
             kv_bytes_per_token=self.kv_pool.bytes_per_token,
             vocab_size=self.vocab_size,
             max_draft=self.spec.max_draft if self.spec is not None else 0,
-            engram=self.engram is not None,
+            engram=self.engram is not None and self.engram.wants_addresses,
             compute_bound_tokens=_compute_bound_tokens(self.device),
         )
 
@@ -338,6 +342,8 @@ class ModelRunner:
         )
         self.kv_pool.check_plan(plan)
         self._update_rows(plan)
+        if self.engram is not None:
+            self.engram.begin(plan)
 
     def _forward_plan(self, plan: StepPlan) -> Sampled:
         self._accept(plan)
@@ -426,7 +432,7 @@ class ModelRunner:
         cols, host, sampled = eager_inputs(plan, self.device)
         batch = make_batch(self.tables, self.kv_pool, *cols, host)
         if self.engram is not None:
-            batch.engram = self.engram.start(plan)
+            batch.engram = self.engram.start(plan, batch)
         self.attn.prepare(batch)
         return batch, sampled
 
