@@ -59,8 +59,9 @@ def add_args(p) -> None:
     p.add_argument("--dtype", help="default: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--kv-cache-dtype", choices=("auto", "fp8_e4m3"), default="auto")
     p.add_argument("--quantization", choices=("auto", "none", "fp8"), default="auto",
-                   help="DeepSeek-V2/V3 weights: fp8 keeps (or with dummy weights makes) FP8 block-scaled "
-                   "weights, none dequantizes; auto: fp8 for an FP8 checkpoint on cuda")  # fmt: skip
+                   help="DeepSeek-V2/V3/V4 weights: fp8 keeps (or with dummy weights makes) FP8 block-scaled "
+                   "weights (V4: and FP4 experts, as stored), none dequantizes; auto: fp8 for an FP8 "
+                   "checkpoint on cuda")  # fmt: skip
     p.add_argument("--hf-overrides", type=json.loads, default=None,
                    help="JSON merged into config.json, e.g. '{\"num_hidden_layers\": 8}' (as conduit serve)")  # fmt: skip
     p.add_argument("--attention-backend", help="torch | triton; default: triton on cuda, torch on cpu")
@@ -130,9 +131,8 @@ class WeightCount:
             if isinstance(m, RoutedExperts):
                 own = {id(p): p for p in m.parameters()}
                 expert_ids |= own.keys()
-                size = sum(p.numel() * p.element_size() for p in own.values())  # with FP8 scales
-                numel = m.gate_up_proj.numel() + m.down_proj.numel()
-                moe.append((m.num_experts, top_k, size // m.num_experts, numel // m.num_experts))
+                size = sum(p.numel() * p.element_size() for p in own.values())  # with FP8/FP4 scales
+                moe.append((m.num_experts, top_k, size // m.num_experts, m.params_per_expert))
         dense = [p for i, p in params.items() if i not in expert_ids]
         embed = config.vocab_size * config.hidden_size
         # the embedding is a lookup, not a matmul, unless tied to the LM head (then counted once, as the head)

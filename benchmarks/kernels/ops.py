@@ -215,10 +215,11 @@ def deepseek_workloads(ops: list[str], device: torch.device, small: bool) -> Ite
                 "moe_grouped_gemm", f"T={tokens} E={experts} N={n} K={k}", (x, w, offsets), {}, nbytes,
                 2 * tokens * n * k, tokens=tokens,
             )  # fmt: skip
-    if "fused_moe" in ops:  # DeepSeek-V2-Lite (64 experts, top-6) and V3 (256, top-8) routed experts
+    if "fused_moe" in ops:  # DeepSeek-V2-Lite (64 experts, top-6), V3 (256, top-8), V4-Flash (256, top-6)
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        experts_shapes = ((64, 6, 2048, 1408), (256, 8, 7168, 2048), (256, 6, 4096, 2048))
         shapes = [(4, 8, 2, 64, 32)] if small else [
-            (t, e, k, d, i) for e, k, d, i in ((64, 6, 2048, 1408), (256, 8, 7168, 2048)) for t in (1, 64, 128, 4096)
+            (t, e, k, d, i) for e, k, d, i in experts_shapes for t in (1, 64, 128, 4096)
         ]  # fmt: skip
         for tokens, experts, k, d, i in shapes:
             x = torch.randn(tokens, d, device=device).to(dtype)
@@ -232,6 +233,18 @@ def deepseek_workloads(ops: list[str], device: torch.device, small: bool) -> Ite
                 "fused_moe", f"T={tokens} E={experts} k={k} D={d}", (x, w13, w2, topk_w, ids), {}, nbytes,
                 2 * tokens * k * 3 * d * i, tokens=tokens,
             )  # fmt: skip
+            if small or d == 4096:  # V4-Flash's FP4 experts (W4A16): random codes, scales 2^-4
+                packed = [torch.randint(0, 256, (experts, n, kk // 2), dtype=torch.uint8, device=device)
+                          for n, kk in ((2 * i, d), (d, i))]  # fmt: skip
+                scales = [torch.full((experts, n, kk // 32), 123, dtype=torch.uint8, device=device)
+                          for n, kk in ((2 * i, d), (d, i))]  # fmt: skip
+                yield Work(
+                    "fused_moe", f"fp4 T={tokens} E={experts} k={k} D={d}", (x, *packed, topk_w, ids),
+                    {"w13_scale": scales[0], "w2_scale": scales[1]},
+                    touched * 3 * d * i * (1 / 2 + 1 / 32) + 2 * tokens * d * x.element_size(),
+                    2 * tokens * k * 3 * d * i, tokens=tokens,
+                )  # fmt: skip
+                del packed, scales
             if small or d == 7168:  # V3's FP8 experts (W8A8): N(0, 1) e4m3 values, std in the scales
                 q13, q2 = (torch.empty_like(w, dtype=torch.float8_e4m3fn) for w in (w13, w2))
                 for e in range(experts):  # an expert at a time: no 22 GB temporary

@@ -428,6 +428,22 @@ def fp8_weight_gemm_bf16_ragged():
     )
 
 
+@case
+def fp8_weight_gemm_grouped_bf16():
+    """W8A16 on a block-diagonal weight (DeepSeek-V4's o_a_proj): 2 groups of 128 rows, each reading its
+    own 96 columns of x, in one launch."""
+    from runtime.gpu.kernels.fp8_gemm import reference, weight_only
+    from runtime.gpu.kernels.testing import close_ratio
+    from runtime.gpu.quant.fp8 import quantize
+
+    g = torch.Generator().manual_seed(12)
+    wq, ws = quantize(torch.randn(256, 96, generator=g) * 0.05, (128, 128))
+    x = torch.randn(3, 192, generator=g).to(torch.bfloat16)
+    want = reference.fp8_weight_gemm(x, wq, ws, groups=2).float()
+    got = weight_only.fp8_weight_gemm(x, wq, ws, groups=2).float()
+    return close_ratio(got, want, 2e-3 * want.abs().max().item(), 1e-2)
+
+
 def _fp8_gemm(m: int, n: int, k: int, split: int) -> float:
     from runtime.gpu.kernels.fp8_gemm import reference, triton
     from runtime.gpu.kernels.testing import close_ratio
