@@ -2,17 +2,21 @@
 
 `lookup`: tables of the reference's demo shape (layers 1 and 15: 2 x 16 prime tables of ~646K rows x 64,
 bf16) in the `device` placement and in `host` shards; per step of 4K-64K tokens, the time from the
-step's addresses to its rows on the device (host: the shards gather into shared memory, then one
-host-to-device copy), as rows/s and GB/s; the scheduler-side hashing time of the same addresses.
+step's addresses to its rows on the device: `fetch` (host: the shards gather into shared memory over
+the mailbox, then one host-to-device copy) and, for a table the device reads (`device`, mapped `host`),
+`gather` (addresses already on the device, one index: over PCIe from the registered host table), as
+rows/s and GB/s; and the scheduler-side hashing time of the same addresses.
 
-`steps`: a dummy DeepSeek-V4-Flash cut (`--hf-overrides`, default 8 layers) with an Engram block on
-layers 1 and 5 (demo sizes, tables from the seed) against the same model without Engram, both eager
-(Engram steps do not run as CUDA graphs), decode at batch 1 / 16 / 64 and a prefill chunk; each step's
-addresses made as the scheduler makes them. Prints median step time and the overhead (target: under
-3% with host tables).
+`steps`: a dummy DeepSeek-V4-Flash cut (`--hf-overrides`, default 8 layers) with an Engram block (demo
+sizes, tables from the seed) on `--engram-layers` (default 2 and 6: V4.1 puts its two at layers 2 and
+15 of 61, the first early and the second a quarter of the way down), decode at batch 1 / 16 / 64; one
+model load: each placement in turn gets its Engram runtime and fresh CUDA graphs, then the Engram
+layers are detached for the baseline. Placements `device` and `host` (mapped) run in CUDA graphs,
+`host-mailbox` (the shards over the mailbox) and `split` eagerly. Prints median step time and the
+overhead against the baseline with CUDA graphs (target: under 3% with host tables).
 
     python -m benchmarks.engram_lookup lookup --tokens 4096,16384,65536 --shards 4
-    python -m benchmarks.engram_lookup steps --placements host,device --tokenizer out/tokenizer
+    python -m benchmarks.engram_lookup steps --placements host,device,host-mailbox --tokenizer out/tokenizer
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ import torch
 
 from runtime.engram.config import EngramConfig, EngramOptions
 from runtime.engram.hashing import NgramHasher
-from runtime.engram.runtime import make_placement
+from runtime.engram.layer import EngramLayer
+from runtime.engram.runtime import EngramRuntime, make_placement
 
 DEMO = {"layer_ids": [1, 15], "max_ngram_size": 3, "n_embed_per_ngram": 512, "n_head_per_ngram": 8,
         "engram_vocab_size": [646400, 646400], "seed": 0}  # fmt: skip
@@ -36,6 +41,20 @@ DEMO = {"layer_ids": [1, 15], "max_ngram_size": 3, "n_embed_per_ngram": 512, "n_
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def _median_s(fn, device: torch.device, iters: int) -> tuple[float, torch.Tensor]:  # noqa: ANN001
+    """Median seconds of `fn()` to its result on the device (two warm-up calls), and the last result."""
+    for _ in range(2):
+        out = fn()
+    _sync(device)
+    times = []
+    for _ in range(iters):
+        t1 = time.perf_counter()
+        out = fn()
+        _sync(device)
+        times.append(time.perf_counter() - t1)
+    return statistics.median(times), out
 
 
 def lookup(a: argparse.Namespace) -> dict:
@@ -59,25 +78,29 @@ def lookup(a: argparse.Namespace) -> dict:
                 h0 = time.perf_counter()
                 addr = hasher.addresses(ids, 0, t)
                 hash_s = time.perf_counter() - h0
-                for _ in range(2):
-                    p.fetch(addr)()
-                _sync(device)
-                times = []
-                for _ in range(a.iters):
-                    t1 = time.perf_counter()
-                    rows = p.fetch(addr)()
-                    _sync(device)
-                    times.append(time.perf_counter() - t1)
-                s = statistics.median(times)
-                n = addr.size
-                r = {"placement": name, "tokens": t, "rows": n, "fetch_ms": 1e3 * s, "rows_per_s": n / s,
-                     "GB_per_s": rows.numel() * rows.element_size() / s / 1e9, "hash_ms": 1e3 * hash_s}  # fmt: skip
-                out["results"].append(r)
-                print(f"  {name:6s} {t:6d} tokens  {n:8d} rows  {1e3 * s:8.2f} ms  {n / s / 1e6:8.2f} M rows/s  "
-                      f"{r['GB_per_s']:6.2f} GB/s   hash {1e3 * hash_s:6.2f} ms")  # fmt: skip
+                ways = [("fetch", lambda: p.fetch(addr)())]  # noqa: B023 (used in this iteration)
+                if p.device_table is not None:
+                    idx = torch.from_numpy(addr).to(device)
+                    ways.append(("gather", lambda: p.device_table[idx]))  # noqa: B023
+                for way, fn in ways:
+                    s, rows = _median_s(fn, device, a.iters)
+                    n = addr.size
+                    r = {"placement": name, "way": way, "tokens": t, "rows": n, "fetch_ms": 1e3 * s,
+                         "rows_per_s": n / s, "GB_per_s": rows.numel() * rows.element_size() / s / 1e9,
+                         "hash_ms": 1e3 * hash_s}  # fmt: skip
+                    out["results"].append(r)
+                    print(f"  {name:6s} {way:6s} {t:6d} tokens  {n:8d} rows  {1e3 * s:8.2f} ms  "
+                          f"{n / s / 1e6:8.2f} M rows/s  {r['GB_per_s']:6.2f} GB/s   hash {1e3 * hash_s:6.2f} ms")  # fmt: skip
         finally:
             p.close()
     return out
+
+
+def _options(spec: str, shards: int) -> EngramOptions:
+    """A placement of `--placements`: device | host (mapped on CUDA) | host-mailbox | split."""
+    if spec == "host-mailbox":
+        return EngramOptions("host", shards=shards, mapped=False)
+    return EngramOptions(spec, shards=shards)
 
 
 def steps(a: argparse.Namespace) -> dict:
@@ -85,43 +108,61 @@ def steps(a: argparse.Namespace) -> dict:
     from runtime.config import RunnerConfig
     from runtime.gpu.model_runner import ModelRunner
 
-    base = json.loads(a.hf_overrides)
     engram = {
         **(json.loads(a.engram) if a.engram else DEMO),
         "layer_ids": [int(x) for x in a.engram_layers.split(",")],
     }
-    variants = [("no engram", base, None)] + [
-        (f"engram {p}", {**base, "engram": engram}, EngramOptions(p, shards=a.shards)) for p in a.placements.split(",")
-    ]  # fmt: skip
-    out: dict = {"results": []}
-    for name, overrides, opts in variants:
-        cfg = RunnerConfig(
-            a.model, device=a.device, dtype=a.dtype, load_format="dummy", num_kv_slots=a.kv_slots,
-            max_reqs=max(int(b) for b in a.batch_sizes.split(",")), max_model_len=a.context + 64,
-            page_size=a.page_size, cuda_graph=False, hf_overrides=overrides, engram=opts,
-            tokenizer=a.tokenizer, max_prefill_tokens=a.prefill, cpu_threads=1 if a.device == "cpu" else None,
-        )  # fmt: skip
-        runner = ModelRunner(cfg)
+    batch_sizes = [int(x) for x in a.batch_sizes.split(",")]
+    placements = a.placements.split(",")
+    graphs = a.cuda_graph == "on" and a.device == "cuda"
+    cfg = RunnerConfig(
+        a.model, device=a.device, dtype=a.dtype, load_format="dummy", num_kv_slots=a.kv_slots,
+        max_reqs=max(batch_sizes), max_model_len=a.context + 64, page_size=a.page_size, cuda_graph=False,
+        hf_overrides={**json.loads(a.hf_overrides), "engram": engram}, engram=_options(placements[0], a.shards),
+        tokenizer=a.tokenizer, max_prefill_tokens=a.prefill, cpu_threads=1 if a.device == "cpu" else None,
+    )  # fmt: skip
+    runner = ModelRunner(cfg)  # one load: each variant swaps the Engram runtime and the graphs
+    hasher, device, dtype, rows = runner.engram.hasher, runner.device, runner.dtype, cfg.max_reqs + 1
+    out: dict = {"engram_layers": engram["layer_ids"], "cuda_graph": graphs, "results": []}
+    for i, name in enumerate([f"engram {p}" for p in placements] + ["no engram"]):
+        if name == "no engram":
+            runner.engram = None
+            for parent in list(runner.model.modules()):  # the model without its Engram layers
+                for child, module in list(parent.named_children()):
+                    if isinstance(module, EngramLayer):
+                        setattr(parent, child, None)
+        elif i > 0:  # the first placement's runtime came with the runner
+            runner.engram = EngramRuntime.create(
+                hasher, _options(placements[i], a.shards), device, dtype, rows
+            )
+        in_graphs = graphs and (runner.engram is None or runner.engram.on_device is not None)
+        runner.graphs = None
+        torch.cuda.empty_cache() if a.device == "cuda" else None
+        runner.graphs = runner.make_graphs(cfg.max_reqs) if in_graphs else None
         try:
-            for b in [int(x) for x in a.batch_sizes.split(",")]:
-                dec = Decoder(runner, b, a.context, engram=opts is not None)
+            for b in batch_sizes:
+                dec = Decoder(runner, b, a.context, engram=runner.engram is not None)
                 for _ in range(3):
                     dec.step()
                 times = [dec.step() for _ in range(a.steps)]
-                r = {"variant": name, "batch": b, "step_ms": 1e3 * statistics.median(times)}
+                r = {
+                    "variant": name,
+                    "batch": b,
+                    "step_ms": 1e3 * statistics.median(times),
+                    "graphs": in_graphs,
+                }
                 out["results"].append(r)
-                print(f"{name:16s} batch {b:4d}  decode step {r['step_ms']:8.2f} ms")
+                print(
+                    f"{name:20s} batch {b:4d}  decode step {r['step_ms']:8.2f} ms  ({'graphs' if in_graphs else 'eager'})"
+                )
                 dec.release()
-                del dec
         finally:
             if runner.engram is not None:
                 runner.engram.close()
-            del runner
-            torch.cuda.empty_cache() if torch.cuda.is_available() else None
     by = {(r["variant"], r["batch"]): r["step_ms"] for r in out["results"]}
     for (variant, b), ms in by.items():
         if variant != "no engram":
-            print(f"overhead {variant:14s} batch {b:4d}: {100 * (ms / by[('no engram', b)] - 1):+.1f}%")
+            print(f"overhead {variant:20s} batch {b:4d}: {100 * (ms / by[('no engram', b)] - 1):+.1f}%")
     return out
 
 
@@ -137,8 +178,9 @@ def main() -> None:
     sp = sub.add_parser("steps")
     sp.add_argument("--model", default="deepseek-v4-flash")
     sp.add_argument("--hf-overrides", default='{"num_hidden_layers": 8, "num_nextn_predict_layers": 0}')
-    sp.add_argument("--engram-layers", default="1,5")
-    sp.add_argument("--placements", default="host,device")
+    sp.add_argument("--engram-layers", default="2,6")
+    sp.add_argument("--placements", default="host,device,host-mailbox")
+    sp.add_argument("--cuda-graph", choices=["on", "off"], default="on")
     sp.add_argument("--shards", type=int, default=4)
     sp.add_argument("--batch-sizes", default="1,16,64")
     sp.add_argument("--context", type=int, default=1024)

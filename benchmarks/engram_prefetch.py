@@ -1,7 +1,8 @@
 """Engram prefetch on the CPU: decode step time with an injected per-lookup delay, prefetch on and off.
 
-A runner over SmolLM2-135M-Instruct with an Engram block at a deep layer (tables from the seed, `device`
-placement, one torch thread) decodes `--batch` rows; every lookup sleeps `--delay-ms` (default: 40% of
+A runner over SmolLM2-135M-Instruct with an Engram block at a deep layer (tables from the seed, the
+`host` placement with one shard over the mailbox: the lookup thread's path, which `device` tables no
+longer take since they are read inside the step; one torch thread) decodes `--batch` rows; every lookup sleeps `--delay-ms` (default: 40% of
 the step time measured without delay, i.e. shorter than a step) on the lookup thread. With prefetch on,
 the lookup starts as the batch is built and runs while the layers below the Engram layer compute; off,
 it starts when that layer asks. Variants interleave (A B A B) so drift hits both. Prints median step
@@ -27,13 +28,15 @@ from runtime.gpu.convert import default_model_path
 from runtime.gpu.model_runner import ModelRunner
 from runtime.gpu.testing.plans import plan_builder, random_prompt, seq_start
 
+HOST = EngramOptions("host", shards=1)
+
 
 def build(layer: int, batch: int) -> ModelRunner:
     block = {"layer_ids": [layer], "n_embed_per_ngram": 256, "n_head_per_ngram": 8,
              "engram_vocab_size": [100_003, 100_003], "seed": 1}  # fmt: skip
     cfg = RunnerConfig(
         str(default_model_path()), num_kv_slots=8192, max_reqs=batch, max_model_len=1024, cpu_threads=1,
-        hf_overrides={"engram": block}, engram=EngramOptions("device"),
+        hf_overrides={"engram": block}, engram=HOST,
     )  # fmt: skip
     return ModelRunner(cfg)
 
@@ -90,18 +93,19 @@ def main() -> None:
     torch.set_num_threads(1)
     runner = build(a.layer, a.batch)
     dec = Decoder(runner, a.batch, a.prompt)
-    measure(dec, EngramOptions("device"), 3)  # warm
-    base = measure(dec, EngramOptions("device"), a.steps)["step_ms"]
+    measure(dec, HOST, 3)  # warm
+    base = measure(dec, HOST, a.steps)["step_ms"]
     delay = a.delay_ms if a.delay_ms is not None else 0.4 * base
     variants = {
-        "no delay, prefetch": EngramOptions("device", prefetch=True),
-        "delay, prefetch": EngramOptions("device", prefetch=True, lookup_delay_s=delay / 1e3),
-        "delay, no prefetch": EngramOptions("device", prefetch=False, lookup_delay_s=delay / 1e3),
+        "no delay, prefetch": EngramOptions("host", 1, prefetch=True),
+        "delay, prefetch": EngramOptions("host", 1, prefetch=True, lookup_delay_s=delay / 1e3),
+        "delay, no prefetch": EngramOptions("host", 1, prefetch=False, lookup_delay_s=delay / 1e3),
     }
     runs: dict[str, list[dict]] = {k: [] for k in variants}
     for _ in range(a.rounds):
         for name, opts in variants.items():
             runs[name].append(measure(dec, opts, a.steps))
+    runner.engram.close()
     summary = {
         name: {k: statistics.median(r[k] for r in rs) for k in ("step_ms", "wait_ms")}
         for name, rs in runs.items()

@@ -10,6 +10,9 @@ the device's copy bandwidth and matmul peak and reports
 
   MBU = (weight bytes + KV bytes read) / step time / copy bandwidth
   MFU = (2 * non-embedding params * tokens + attention flops) / step time / matmul peak
+        (the LM head counted only for the tokens the step samples: a prefill's last one)
+  %roof = roofline / step time, roofline = max(FLOPs / matmul peak, bytes / copy bandwidth): the
+        step's (and, as every layer is counted, each layer's) time at the ceilings measured in the run
   attention flops = 4 * layers * q_heads * head_dim * (keys each new token attends to); for
   DeepSeek-V4 only the keys it reads: the window, plus the selected (CSA) or all (HCA) compressed
   entries, plus the CSA indexer's scoring (`attention_flops`)
@@ -56,8 +59,9 @@ def add_args(p) -> None:
     p.add_argument("--dtype", help="default: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--kv-cache-dtype", choices=("auto", "fp8_e4m3"), default="auto")
     p.add_argument("--quantization", choices=("auto", "none", "fp8"), default="auto",
-                   help="DeepSeek-V2/V3 weights: fp8 keeps (or with dummy weights makes) FP8 block-scaled "
-                   "weights, none dequantizes; auto: fp8 for an FP8 checkpoint on cuda")  # fmt: skip
+                   help="DeepSeek-V2/V3/V4 weights: fp8 keeps (or with dummy weights makes) FP8 block-scaled "
+                   "weights (V4: and FP4 experts, as stored), none dequantizes; auto: fp8 for an FP8 "
+                   "checkpoint on cuda")  # fmt: skip
     p.add_argument("--hf-overrides", type=json.loads, default=None,
                    help="JSON merged into config.json, e.g. '{\"num_hidden_layers\": 8}' (as conduit serve)")  # fmt: skip
     p.add_argument("--attention-backend", help="torch | triton; default: triton on cuda, torch on cpu")
@@ -113,6 +117,7 @@ class WeightCount:
     dense_bytes: int
     dense_params: int  # matmul params outside the routed experts (the embedding only when tied)
     moe_layers: list[tuple[int, int, int, int]]  # (E, top_k, expert_bytes, expert_params)
+    head_params: int  # the LM head's, vocab x hidden (in dense_params): only sampled tokens reach it
 
     @staticmethod
     def of(model, config) -> WeightCount:  # noqa: ANN001 - a torch module and its HF config
@@ -126,18 +131,23 @@ class WeightCount:
             if isinstance(m, RoutedExperts):
                 own = {id(p): p for p in m.parameters()}
                 expert_ids |= own.keys()
-                size = sum(p.numel() * p.element_size() for p in own.values())  # with FP8 scales
-                numel = m.gate_up_proj.numel() + m.down_proj.numel()
-                moe.append((m.num_experts, top_k, size // m.num_experts, numel // m.num_experts))
+                size = sum(p.numel() * p.element_size() for p in own.values())  # with FP8/FP4 scales
+                moe.append((m.num_experts, top_k, size // m.num_experts, m.params_per_expert))
         dense = [p for i, p in params.items() if i not in expert_ids]
         embed = config.vocab_size * config.hidden_size
         # the embedding is a lookup, not a matmul, unless tied to the LM head (then counted once, as the head)
         dense_params = sum(p.numel() for p in dense) - (0 if config.tie_word_embeddings else embed)
-        return WeightCount(total, sum(p.numel() * p.element_size() for p in dense), dense_params, moe)
+        dense_bytes = sum(p.numel() * p.element_size() for p in dense)
+        return WeightCount(total, dense_bytes, dense_params, moe, config.vocab_size * config.hidden_size)
 
     @property
     def params_per_token(self) -> int:
         return self.dense_params + sum(k * params for _, k, _, params in self.moe_layers)
+
+    def flops(self, tokens: int, sampled: int) -> float:
+        """Weight matmul FLOPs of a step: every token through the layers, `sampled` of them through the
+        LM head (the runner computes logits for those alone)."""
+        return 2.0 * (self.params_per_token * tokens - self.head_params * (tokens - sampled))
 
     def bytes_read(self, tokens: int, reached: list[int] | None = None) -> float:
         """Weight bytes a step of `tokens` tokens reads: with `reached` (the distinct experts the step's
@@ -192,6 +202,7 @@ class Row:
     tokens_per_s: float
     mbu: float
     mfu: float
+    roof_s: float  # max(FLOPs / matmul peak, bytes / copy bandwidth)
     a2a_s: float = 0.0  # with several ranks: the step's all-to-all time (one more eager step, synced)
 
 
@@ -355,7 +366,8 @@ class _Bench:
             reached = expert_reach(self.runner, plans[-1])  # (the last step once more, untimed)
         ctx = c + (self.args.warmup_steps + self.args.steps / 2) * n  # mean context over the timed steps
         kv_read = b * ctx * self.kv_per_token
-        flops = 2 * self.weights.params_per_token * b * n + self._attn_flops(ctx, n) * b
+        sampled = b * n if k == 0 or verify else b  # verify steps sample every position
+        flops = self.weights.flops(b * n, sampled) + self._attn_flops(ctx, n) * b
         tok = b * (1 if k == 0 else self.args.accept_len) / t
         phase = "decode" if graph or self.runner.graphs is None else "decode-e"
         phase += "" if overlap else "-s"
@@ -376,7 +388,7 @@ class _Bench:
         with timed_exchanges() as a2a:
             weights = self.weights.bytes_read(n, expert_reach(self.runner, plans[-1]))
         kv_read = (c + n) * self.kv_per_token
-        flops = 2 * self.weights.params_per_token * n + self._attn_flops(c, n)
+        flops = self.weights.flops(n, 1) + self._attn_flops(c, n)
         return self._row("prefill", 1, n, c, 0, t, weights + kv_read, flops, n / t, a2a.seconds)
 
     def _attn_flops(self, ctx: float, n: int) -> float:
@@ -385,7 +397,8 @@ class _Bench:
     def _row(self, phase, b, n, c, k, t, bytes_read, flops, tok, a2a_s=0.0) -> Row:
         mbu = bytes_read / t / self.ceil.copy_bytes_per_s
         mfu = flops / t / self.ceil.matmul_flops_per_s
-        return Row(phase, b, n, c, k, t, tok, mbu, mfu, a2a_s)
+        roof = max(bytes_read / self.ceil.copy_bytes_per_s, flops / self.ceil.matmul_flops_per_s)
+        return Row(phase, b, n, c, k, t, tok, mbu, mfu, roof, a2a_s)
 
 
 def attention_flops(config, layers: int, q_heads: int, head_dim: int, ctx: float, n: int) -> float:  # noqa: ANN001
@@ -424,7 +437,8 @@ def table(rows: list[Row], bench: _Bench) -> str:
         f"weights {bench.weights.total_bytes / 1e9:.3f} GB, KV {bench.kv_per_token} B/token ({r.kv_dtype})",
         f"measured: copy {bench.ceil.copy_bytes_per_s / 1e9:.1f} GB/s, matmul {bench.ceil.matmul_flops_per_s / 1e12:.2f} "
         f"TFLOP/s; {bench.args.steps} timed steps per point (decode overlapped: mean period; else median)",
-        f"{'phase':<11}{'B':>5}{'tok/step':>9}{'ctx':>8}{'k':>3}{'step ms':>10}{'tok/s':>12}{'MBU':>8}{'MFU':>8}",
+        f"{'phase':<11}{'B':>5}{'tok/step':>9}{'ctx':>8}{'k':>3}{'step ms':>10}{'tok/s':>12}{'MBU':>8}{'MFU':>8}"
+        f"{'roof ms':>10}{'layer ms':>10}{'%roof':>7}",
     ]
     ranks = bench.args.dp_size
     if ranks > 1:
@@ -434,8 +448,13 @@ def table(rows: list[Row], bench: _Bench) -> str:
     lines = [*head, "-" * len(head[-1])]
     for x in rows:
         lines.append(f"{x.phase:<11}{x.batch:>5}{x.new_tokens:>9}{x.context:>8}{x.k:>3}{x.step_s * 1e3:>10.3f}"
-                     f"{x.tokens_per_s:>12.1f}{x.mbu:>8.2%}{x.mfu:>8.2%}"
+                     f"{x.tokens_per_s:>12.1f}{x.mbu:>8.2%}{x.mfu:>8.2%}{x.roof_s * 1e3:>10.3f}"
+                     f"{x.roof_s * 1e3 / bench.layers:>10.3f}{x.roof_s / x.step_s:>7.1%}"
                      + (f"{x.a2a_s * 1e3:>9.3f}" if ranks > 1 else ""))  # fmt: skip
+    lines.append(
+        f"roof ms: the step at the measured ceilings, max(FLOPs / matmul, bytes / copy); layer ms: "
+        f"that over the {bench.layers} layers; %roof: roof / step"
+    )
     if any(x.phase == "decode-e" for x in rows):
         lines.append("decode-e: the same decode steps run eagerly (CUDA graphs off)")
     if any(x.phase.endswith("-s") for x in rows):

@@ -50,8 +50,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         "--quantization",
         choices=["auto", "none", "fp8"],
         default=d.quantization,
-        help="weights of DeepSeek-V2/V3 (as vLLM/SGLang's --quantization fp8): `fp8` keeps FP8 128x128 "
-        "block-scaled weights and runs FP8 GEMMs, quantizing a bf16 checkpoint or dummy weights at load; "
+        help="weights of DeepSeek-V2/V3/V4 (as vLLM/SGLang's --quantization fp8): `fp8` keeps FP8 128x128 "
+        "block-scaled weights and runs FP8 GEMMs (and V4's routed experts packed FP4 when the config says "
+        "expert_dtype fp4), quantizing a bf16 checkpoint or dummy weights at load; "
         "`none` dequantizes an FP8 checkpoint; `auto`: fp8 for an FP8 checkpoint on cuda, else none",
     )
     g.add_argument("--seed", type=int, default=d.seed, help="seed for random weights and unseeded sampling")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# docs/PERF.md "Fused MoE at DeepSeek-V2-Lite and V3 shapes", the op: fused_moe at V2-Lite's and V3's
-# routed experts (bf16, and FP8 W8A8 at V3's) for 1 / 64 / 128 / 4096 tokens, against the copy and
-# matmul ceilings of the same run. About 2 minutes.
+# docs/PERF.md "Fused MoE at DeepSeek-V2-Lite and V3 shapes", the op: fused_moe at V2-Lite's, V3's and
+# V4-Flash's routed experts (bf16; FP8 W8A8 at V3's; FP4 W4A16 at V4-Flash's) for 1 / 64 / 128 / 4096
+# tokens, against the copy and matmul ceilings of the same run. About 3 minutes.
 #   source .gpu/env.sh && bash benchmarks/device/fused_moe.sh
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"

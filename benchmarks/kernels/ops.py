@@ -215,10 +215,11 @@ def deepseek_workloads(ops: list[str], device: torch.device, small: bool) -> Ite
                 "moe_grouped_gemm", f"T={tokens} E={experts} N={n} K={k}", (x, w, offsets), {}, nbytes,
                 2 * tokens * n * k, tokens=tokens,
             )  # fmt: skip
-    if "fused_moe" in ops:  # DeepSeek-V2-Lite (64 experts, top-6) and V3 (256, top-8) routed experts
+    if "fused_moe" in ops:  # DeepSeek-V2-Lite (64 experts, top-6), V3 (256, top-8), V4-Flash (256, top-6)
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        experts_shapes = ((64, 6, 2048, 1408), (256, 8, 7168, 2048), (256, 6, 4096, 2048))
         shapes = [(4, 8, 2, 64, 32)] if small else [
-            (t, e, k, d, i) for e, k, d, i in ((64, 6, 2048, 1408), (256, 8, 7168, 2048)) for t in (1, 64, 128, 4096)
+            (t, e, k, d, i) for e, k, d, i in experts_shapes for t in (1, 64, 128, 4096)
         ]  # fmt: skip
         for tokens, experts, k, d, i in shapes:
             x = torch.randn(tokens, d, device=device).to(dtype)
@@ -232,6 +233,18 @@ def deepseek_workloads(ops: list[str], device: torch.device, small: bool) -> Ite
                 "fused_moe", f"T={tokens} E={experts} k={k} D={d}", (x, w13, w2, topk_w, ids), {}, nbytes,
                 2 * tokens * k * 3 * d * i, tokens=tokens,
             )  # fmt: skip
+            if small or d == 4096:  # V4-Flash's FP4 experts (W4A16): random codes, scales 2^-4
+                packed = [torch.randint(0, 256, (experts, n, kk // 2), dtype=torch.uint8, device=device)
+                          for n, kk in ((2 * i, d), (d, i))]  # fmt: skip
+                scales = [torch.full((experts, n, kk // 32), 123, dtype=torch.uint8, device=device)
+                          for n, kk in ((2 * i, d), (d, i))]  # fmt: skip
+                yield Work(
+                    "fused_moe", f"fp4 T={tokens} E={experts} k={k} D={d}", (x, *packed, topk_w, ids),
+                    {"w13_scale": scales[0], "w2_scale": scales[1]},
+                    touched * 3 * d * i * (1 / 2 + 1 / 32) + 2 * tokens * d * x.element_size(),
+                    2 * tokens * k * 3 * d * i, tokens=tokens,
+                )  # fmt: skip
+                del packed, scales
             if small or d == 7168:  # V3's FP8 experts (W8A8): N(0, 1) e4m3 values, std in the scales
                 q13, q2 = (torch.empty_like(w, dtype=torch.float8_e4m3fn) for w in (w13, w2))
                 for e in range(experts):  # an expert at a time: no 22 GB temporary
@@ -259,6 +272,19 @@ def deepseek_workloads(ops: list[str], device: torch.device, small: bool) -> Ite
             yield Work(
                 "sparse_attention", f"h={heads} T={tokens} K={window}+{topk}", c.args(), {}, nbytes,
                 4 * rows * heads * dim, tokens=tokens,
+            )  # fmt: skip
+    if "index_scores" in ops:  # DeepSeek-V4-Flash's indexer: 64 heads, c 128; a prefill tile after 60K tokens
+        from runtime.gpu.kernels.index_scores.testing import index_case
+
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        heads, dim = (4, 32) if small else (64, 128)
+        for tokens, entries in ((16, 40),) if small else ((1024, 16384), (4096, 16384)):
+            c = index_case(tokens, heads, dim, entries, dtype, device, prefix=4 * entries - tokens)
+            seen, elem = int(c.visible.sum()), c.q.element_size()  # (query, entry) pairs scored
+            nbytes = (c.q.numel() + c.keys.numel()) * elem + tokens * entries * 4  # + the scores written
+            yield Work(
+                "index_scores", f"h={heads} T={tokens} N={entries}", c.args(), {}, nbytes,
+                2 * seen * heads * dim, tokens=tokens,
             )  # fmt: skip
     if "mhc_pre" in ops or "mhc_post" in ops:  # DeepSeek-V4-Flash: 4 streams, D 4096, 20 Sinkhorn iterations
         from runtime.gpu.kernels.mhc.reference import mhc_pre

@@ -1,8 +1,10 @@
-"""EngramShardActor: one process holding a row range [lo, hi) of the Engram tables in host memory and
+"""EngramShardActor: one process owning a row range [lo, hi) of the Engram tables in host memory and
 answering batched lookups (`EngramLookup`) from a worker's Engram client over the mailbox transport.
 
-Addresses and rows travel through shared memory the client names in each lookup: the shard reads the
-addresses there and writes the rows it owns into the output region in place, then answers with a small
+Its rows live in the table's shared-memory file (the client creates it; each shard fills its range),
+so a worker on CUDA reads them in place (the mapped `host` placement). Mailbox lookups: addresses and
+rows travel through shared memory the client names in each lookup: the shard reads the addresses there
+and writes the rows it owns into the output region in place, then answers with a small
 `EngramLookupDone`. Started by the client's actor system (`runtime/engram/host.py`) as
 `python -m runtime.actors.engram_shard` with `EngramShardArgs` on stdin; a shard that dies is restarted
 by that system and regenerates (or reloads) its rows."""
@@ -46,6 +48,7 @@ class EngramShardArgs(msgspec.Struct, frozen=True):
     engram: dict  # EngramConfig's fields
     layer_rows: dict[int, tuple[int, int]]
     dtype: str
+    table: str  # the table's shared-memory file (this shard fills rows lo..hi of it)
     client_node: str
     placement: dict[str, str]
     sock_dir: str
@@ -87,7 +90,13 @@ class EngramShardActor(Actor):
         cfg = EngramConfig(**{**a.engram, "layer_ids": tuple(a.engram["layer_ids"]),
                               "engram_vocab_size": tuple(a.engram["engram_vocab_size"])})  # fmt: skip
         dtype = getattr(torch, a.dtype)
-        self.rows = await asyncio.to_thread(load_rows, cfg, a.layer_rows, a.lo, a.hi, dtype)
+        dim = cfg.head_dim
+        table = map_segment(a.table)
+        self.rows = torch.frombuffer(
+            table, dtype=dtype, count=(a.hi - a.lo) * dim, offset=a.lo * dim * dtype.itemsize
+        ).view(-1, dim)
+        # a restarted shard rewrites the same bytes: a worker reading them meanwhile sees no change
+        self.rows.copy_(await asyncio.to_thread(load_rows, cfg, a.layer_rows, a.lo, a.hi, dtype))
         log.info("engram_shard_ready", shard=a.shard, rows=f"{a.lo}..{a.hi}", pid=os.getpid())
 
     async def handle(self, msg: Message) -> None:

@@ -80,6 +80,9 @@ class EngramOptions:
     shards: int = 2  # host: EngramShardActor processes
     prefetch: bool = True
     lookup_delay_s: float = 0.0  # injected per-lookup latency (benchmarks of the prefetch)
+    # host: the step's device reads rows from the shared-memory table in place (CUDA graphs on) or asks
+    # the shards over the mailbox; None: in place on CUDA, the mailbox on the CPU
+    mapped: bool | None = None
 
 
 def engram_config_of(config: Any) -> EngramConfig | None:

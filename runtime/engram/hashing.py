@@ -76,8 +76,8 @@ class NgramHasher:
         self.mult = layer_multipliers(cfg, self.compressed_vocab)
         heads = cfg.heads_per_layer
         # per layer, [heads] primes and the global row of each table's first row
-        self._primes = np.array([self.sizes[layer] for layer in cfg.layer_ids], dtype=np.int64)
-        flat = self._primes.reshape(-1)
+        self.primes = np.array([self.sizes[layer] for layer in cfg.layer_ids], dtype=np.int64)
+        flat = self.primes.reshape(-1)
         self.offsets = (np.cumsum(flat) - flat).reshape(len(cfg.layer_ids), heads)
         self.total_rows = int(flat.sum())
         # per column (layer, order, head): its layer's multiplier of the token itself, prime and offset
@@ -94,7 +94,7 @@ class NgramHasher:
         """The global row range of one layer's tables."""
         i = self.cfg.layer_ids.index(layer)
         start = int(self.offsets[i, 0])
-        return start, start + int(self._primes[i].sum())
+        return start, start + int(self.primes[i].sum())
 
     @property
     def layer_ranges(self) -> dict[int, tuple[int, int]]:
@@ -141,6 +141,6 @@ class NgramHasher:
             for order in range(2, cfg.max_ngram_size + 1):
                 mix = mix ^ (shifted[order - 1] * m[order - 1])
                 cols = slice((order - 2) * h, (order - 1) * h)
-                out[:, li, cols] = mix[:, None] % self._primes[li, cols][None, :]
+                out[:, li, cols] = mix[:, None] % self.primes[li, cols][None, :]
         out += self.offsets[None]
         return out.reshape(n, -1)

@@ -1,16 +1,23 @@
-"""The `host` placement: Engram rows in host memory, split by row range over EngramShardActor processes
-(runtime/actors/engram_shard.py) that this worker's client starts and supervises.
+"""The `host` placement: Engram rows in host memory, in one shared-memory table file whose row ranges
+EngramShardActor processes (runtime/actors/engram_shard.py) fill and serve; this worker's client starts
+and supervises them.
 
-The client is a small actor system of its own (node `engram-client-<pid>`, on a thread with its own
-event loop, beside the worker's): a lookup writes the step's addresses into a shared-memory segment,
-sends every shard an `EngramLookup` over the mailbox transport, and each shard writes the rows it owns
-into the segment's output region in place; the rows are ready when every shard answered
-`EngramLookupDone`. On the CPU the model reads them there without a copy (two segments alternate, so a
-step's rows stay valid while the next lookup fills the other); on CUDA they are copied to the device.
+Mapped (the default on CUDA): the worker maps the table and registers it with CUDA as pinned mapped
+memory (`cudaHostRegister`; under unified addressing the host pointer is valid in kernels), seen by
+torch as a CUDA tensor aliasing host memory (`device_table`). A step gathers its rows from it with one
+index on the device, over PCIe, with no process hop and no host sync, inside the decode CUDA graphs.
 
-A shard that dies fails the lookups waiting on it, and every lookup until it is back, with
-`StepFailed` (the scheduler fails that step's requests with a 503 and keeps serving); the actor system
-restarts the process, which rebuilds its rows."""
+Mailbox (the CPU worker, and the semantics oracle): the client is a small actor system of its own (node
+`engram-client-<pid>`, on a thread with its own event loop, beside the worker's): a lookup writes the
+step's addresses into a shared-memory segment, sends every shard an `EngramLookup` over the mailbox
+transport, and each shard writes the rows it owns into the segment's output region in place; the rows
+are ready when every shard answered `EngramLookupDone`. On the CPU the model reads them there without a
+copy (two segments alternate, so a step's rows stay valid while the next lookup fills the other); on
+CUDA they are copied to the device.
+
+A shard that dies fails the lookups waiting on it, and every lookup (mapped: every step) until it is
+back, with `StepFailed` (the scheduler fails that step's requests with a 503 and keeps serving); the
+actor system restarts the process, which rewrites its rows (the same bytes) in the table file."""
 
 from __future__ import annotations
 
@@ -70,6 +77,23 @@ class _Segment:
         self.pinned = pin and _pin(self.buf, size)
 
 
+def _room(directory: Path, nbytes: int) -> bool:
+    """Whether a file system (a small /dev/shm in containers) has room for `nbytes` and some to spare."""
+    st = os.statvfs(directory)
+    return st.f_bavail * st.f_frsize >= nbytes + (256 << 20)
+
+
+def _table_file(directory: Path, node: str, nbytes: int) -> Path:
+    """The table's shared-memory file, sized and empty (the shards fill their row ranges)."""
+    path = directory / f"{node}-table"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.ftruncate(fd, nbytes)
+    finally:
+        os.close(fd)
+    return path
+
+
 def _pin(buf: mmap.mmap, size: int) -> bool:
     """Page-lock the mapping for the GPU (cudaHostRegister), so rows go to the device by DMA without a
     staging copy; False (pageable copies) when CUDA refuses."""
@@ -79,6 +103,17 @@ def _pin(buf: mmap.mmap, size: int) -> bool:
         log.warning("engram_segment_not_pinned", error=int(err), bytes=size)
         return False
     return True
+
+
+class _HostArray:
+    """Registered host memory as a CUDA array for `torch.as_tensor` (as int16 / int32: the interface
+    has no bfloat16; the tensor is viewed as the table's dtype)."""
+
+    def __init__(self, ptr: int, rows: int, dim: int, itemsize: int) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": (rows, dim), "typestr": f"<i{itemsize}", "data": (ptr, False), "version": 3,
+            "strides": None,
+        }  # fmt: skip
 
 
 class HostPlacement(EngramPlacement):
@@ -91,13 +126,21 @@ class HostPlacement(EngramPlacement):
         device: torch.device,
         dtype: torch.dtype,
         shards: int = 2,
+        mapped: bool | None = None,
     ) -> None:
+        """`mapped`: the step's device reads rows from the table in place (None: on CUDA)."""
         super().__init__(cfg, hasher, device, dtype)
         self.ranges = shard_ranges(hasher.total_rows, shards)
         self.node = f"engram-client-{os.getpid()}-{id(self):x}"
         self.dir = Path(tempfile.mkdtemp(prefix="conduit-engram-"))
         shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else self.dir
         self._seg_prefix = shm / f"{self.node}-seg"
+        nbytes = hasher.total_rows * cfg.head_dim * dtype.itemsize
+        self.table_path = _table_file(shm if _room(shm, nbytes) else self.dir, self.node, nbytes)
+        self.mapped = device.type == "cuda" if mapped is None else mapped
+        self._table: torch.Tensor | None = None
+        self._host_table: torch.Tensor | None = None  # the mapping (the CUDA tensor aliases it)
+        self._registered: int | None = None  # the table's host pointer, while registered with CUDA
         self._segments: list[_Segment | None] = [None, None]
         self._ids = itertools.count()
         self._lock = threading.Lock()
@@ -114,9 +157,43 @@ class HostPlacement(EngramPlacement):
         self._thread.start()
         try:
             self._call(self._start(placement), START_TIMEOUT_S)
+            if self.mapped:
+                self._table = self._map_table(nbytes)
         except BaseException:
             self.close()
             raise
+
+    @property
+    def device_table(self) -> torch.Tensor | None:
+        return self._table
+
+    def check(self) -> None:
+        with self._lock:
+            if self.down:
+                raise StepFailed(next(iter(self.down.values())))
+
+    def _map_table(self, nbytes: int) -> torch.Tensor | None:
+        """The filled table as a tensor on the worker's device aliasing the shared memory (None, and
+        mailbox lookups, when CUDA cannot register it)."""
+        buf = map_segment(str(self.table_path))
+        table = self._host_table = torch.frombuffer(buf, dtype=self.dtype).view(-1, self.cfg.head_dim)
+        if self.device.type != "cuda":
+            return table
+        ptr = table.data_ptr()
+        # portable (every device) | mapped (device-visible); kept until close
+        err = int(torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 1 | 2))
+        if err != 0:
+            log.warning("engram_table_not_mapped", error=err, bytes=nbytes, fallback="mailbox lookups")
+            self.mapped = False
+            return None
+        self._registered = ptr
+        arr = _HostArray(ptr, table.shape[0], table.shape[1], self.dtype.itemsize)
+        try:
+            return torch.as_tensor(arr, device=self.device).view(self.dtype)
+        except (RuntimeError, TypeError) as exc:
+            log.warning("engram_table_not_mapped", error=str(exc), fallback="mailbox lookups")
+            self.mapped = False
+            return None
 
     def _call(self, coro, timeout: float):  # noqa: ANN001, ANN202
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
@@ -132,17 +209,10 @@ class HostPlacement(EngramPlacement):
         threads = max(1, (os.cpu_count() or 1) // len(self.ranges))  # the shards share the host's cores
         for i, (lo, hi) in enumerate(self.ranges):
             args = EngramShardArgs(
-                i,
-                lo,
-                hi,
-                engram,
-                self.hasher.layer_ranges,
-                dtype,
-                self.node,
-                placement,
-                str(self.dir),
-                threads,
-            )
+                shard=i, lo=lo, hi=hi, engram=engram, layer_rows=self.hasher.layer_ranges, dtype=dtype,
+                table=str(self.table_path), client_node=self.node, placement=placement, sock_dir=str(self.dir),
+                threads=threads,
+            )  # fmt: skip
             payload = msgspec.msgpack.encode(args)
             await system.start_child(
                 shard_node(self.node, i), "runtime.actors.engram_shard", payload, MAX_RESTARTS
@@ -253,6 +323,9 @@ class HostPlacement(EngramPlacement):
             self.loop.create_task(self.system.send(shard_address(i), msg))
 
     def close(self) -> None:
+        if self._registered is not None:
+            torch.cuda.cudart().cudaHostUnregister(self._registered)
+            self._registered = None
         if self.loop.is_running():
             try:
                 self._call(self.system.stop(), 30)
@@ -263,4 +336,5 @@ class HostPlacement(EngramPlacement):
         for seg in self._segments:
             if seg is not None:
                 seg.path.unlink(missing_ok=True)
+        self.table_path.unlink(missing_ok=True)
         shutil.rmtree(self.dir, ignore_errors=True)

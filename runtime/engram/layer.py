@@ -63,19 +63,18 @@ class EngramLayer(nn.Module):
         x = h.view(t, self.hc_mult, self.hidden)
         e = batch.engram.rows(self.layer_id).to(h.dtype)  # [T, (N - 1) * n_embed]
         scale = 1.0 / math.sqrt(self.hidden)
-        gates = []
-        for i in range(self.hc_mult):
-            k = self.norm1[i](self.key_projs[i](e))
-            q = self.norm2[i](x[:, i])
-            g = (k * q).sum(-1) * scale
-            gates.append(torch.sigmoid(g.sign() * g.abs().clamp_min(1e-6).sqrt()))
-        v = torch.stack(gates, dim=1)[..., None] * self.value_proj(e)[:, None]  # [T, hc, D]
+        # the streams' norms and gates in one go: a decode step's Engram layer is small kernels, whose
+        # count is what it costs, in a CUDA graph too
+        k = _stream_norm(torch.stack([p(e) for p in self.key_projs], dim=1), self.norm1)
+        g = (k * _stream_norm(x, self.norm2)).sum(-1) * scale  # [T, hc]
+        gates = torch.sigmoid(g.sign() * g.abs().clamp_min(1e-6).sqrt())
+        v = gates[..., None] * self.value_proj(e)[:, None]  # [T, hc, D]
         return (v + self._short_conv(v, batch)).view_as(h)
 
     def _short_conv(self, v: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         t = v.shape[0]
         conv = self.short_conv
-        normed = torch.cat([conv.norms[i](v[:, i]) for i in range(self.hc_mult)], dim=-1)  # [T, C]
+        normed = _stream_norm(v, conv.norms).view(t, -1)  # [T, C]
         cache = self._cache(batch, normed)
         if any(batch.replay_lens):  # replayed tokens' slots belong to a cached prefix: leave them
             keep = torch.ones(t, dtype=torch.bool)
@@ -86,21 +85,21 @@ class EngramLayer(nn.Module):
             cache[batch.out_loc[keep]] = normed[keep]
         else:
             cache[batch.out_loc] = normed
-        rows = torch.repeat_interleave(
-            batch.rows, torch.tensor(batch.extend_lens, device=batch.rows.device), output_size=t
-        )
+        if batch.extend_lens:
+            rows = torch.repeat_interleave(
+                batch.rows, torch.tensor(batch.extend_lens, device=batch.rows.device), output_size=t
+            )
+        else:  # a decode graph's step (no host lists): one token per row
+            rows = batch.rows
         w = conv.conv.weight[:, 0]  # [C, K]
         kernel, dil = w.shape[1], self.cfg.max_ngram_size
-        y = torch.zeros_like(normed)
-        for k in range(kernel):  # tap k reads position p - (kernel - 1 - k) * dilation
-            back = (kernel - 1 - k) * dil
-            if back == 0:
-                y += w[:, k] * normed
-                continue
-            pos = batch.positions - back
-            slots = batch.req_to_token[rows, pos.clamp(min=0)]
-            past = torch.where((pos >= 0)[:, None], cache[slots], 0.0)
-            y += w[:, k] * past
+        y = w[:, -1] * normed  # the last tap reads the token itself
+        if kernel > 1:  # tap k < K - 1 reads position p - (K - 1 - k) * dilation: all taps at once
+            back = torch.arange(kernel - 1, 0, -1, device=normed.device) * dil  # [K - 1]
+            pos = batch.positions[:, None] - back  # [T, K - 1]
+            slots = batch.req_to_token[rows[:, None], pos.clamp(min=0)]
+            past = torch.where((pos >= 0)[..., None], cache[slots], 0.0)  # [T, K - 1, C]
+            y = y + (past * w[:, :-1].t()).sum(1)
         return nn.functional.silu(y).view(t, self.hc_mult, self.hidden)
 
     def _cache(self, batch: ForwardBatch, like: torch.Tensor) -> torch.Tensor:
@@ -109,6 +108,15 @@ class EngramLayer(nn.Module):
         if c is None or c.shape[0] != n or c.dtype != like.dtype or c.device != like.device:
             self.conv_cache = c = torch.zeros(n, like.shape[1], dtype=like.dtype, device=like.device)
         return c
+
+
+def _stream_norm(x: torch.Tensor, norms: nn.ModuleList) -> torch.Tensor:
+    """x [T, streams, D] through stream i's RMSNorm for each i, in one op (float32: the per-stream
+    modules' values exactly; bf16: within a rounding of them, the weight applied after the normalised
+    value is rounded). eps None: the dtype's epsilon, as nn.RMSNorm takes it."""
+    eps = norms[0].eps
+    weight = torch.stack([n.weight for n in norms])  # [streams, D]
+    return nn.functional.rms_norm(x, (x.shape[-1],), eps=eps) * weight
 
 
 def engram_layer(config, layer_id: int, hidden: int, hc_mult: int = 1) -> EngramLayer | None:  # noqa: ANN001

@@ -2,14 +2,17 @@
 `runtime/engram/runtime.py`:
 
 - `device`: the whole table on each GPU (small tables); a lookup is one index_select.
-- `host`: rows in host memory owned by EngramShardActor processes, each a row range, answering batched
-  lookups over the mailbox transport (`runtime/engram/host.py`).
+- `host`: rows in a shared-memory table whose row ranges EngramShardActor processes fill and serve: on
+  CUDA the worker maps it and the GPU reads rows straight from host memory; on the CPU (or unmapped)
+  lookups go to the shards over the mailbox transport (`runtime/engram/host.py`).
 - `split`: rows sharded across the ranks of a torch.distributed group; each rank reads the rows it owns
   and the group sums the partial results (one owner per row, the rest add exact zeros).
 
-Every placement returns the same rows, so outputs are identical whichever is chosen. A lookup is
-started when the step's addresses are known (`start`) and waited for by the first Engram layer that
-reads it (`EngramRows.rows`), so the fetch overlaps the layers below."""
+Every placement returns the same rows, so outputs are identical whichever is chosen. A placement whose
+table the step's device reads directly (`device_table`: `device`, mapped `host`) is read inside the step,
+addresses hashed on the device (`device_hash.py`), so decode steps run as CUDA graphs. The others start
+a lookup when the step's addresses are known (`start`), and the first Engram layer that reads it waits
+(`EngramRows.rows`), so the fetch overlaps the layers below."""
 
 from __future__ import annotations
 
@@ -67,6 +70,15 @@ class EngramPlacement(ABC):
         """Start fetching rows [T, columns] of global addresses; the callable waits and returns them as
         [T, columns, head_dim] on the device in the model's dtype."""
 
+    @property
+    def device_table(self) -> torch.Tensor | None:
+        """The whole table [rows, head_dim] as a tensor the step's device reads rows of with an index,
+        without a host hop (None: lookups go through `fetch`)."""
+        return None
+
+    def check(self) -> None:  # noqa: B027 (optional hook)
+        """Raise StepFailed when rows cannot be read now (a crashed host shard); nothing by default."""
+
     def start(self, addresses: np.ndarray) -> EngramRows:
         """The rows of `addresses`, fetched now and waited for when a layer asks (tests and tools; the
         worker goes through `EngramRuntime`, which fetches on its lookup thread)."""
@@ -86,6 +98,10 @@ class DevicePlacement(EngramPlacement):
     ) -> None:
         super().__init__(cfg, hasher, device, dtype)
         self.table = load_rows(cfg, hasher.layer_ranges, 0, hasher.total_rows, dtype).to(device)
+
+    @property
+    def device_table(self) -> torch.Tensor:
+        return self.table
 
     def fetch(self, addresses: np.ndarray) -> Callable[[], torch.Tensor]:
         idx = torch.from_numpy(addresses).to(self.device, non_blocking=True)

@@ -1,5 +1,10 @@
 """The worker's half of Engram: the placement that holds the tables, and each step's lookup.
 
+On the device (placements with a `device_table`: `device`, mapped `host`): the step hashes its tokens
+on the device (`device_hash.py`) and gathers their rows from the table with one index, all on the
+step's stream with no host sync, so decode steps run as CUDA graphs (`graph_rows`); the scheduler
+sends no addresses (`wants_addresses`). Otherwise:
+
 `start(plan)` reads the step's addresses from the plan (computed by the scheduler, `addresses.py`) and
 starts the fetch at once on the lookup thread (prefetch). The fetch runs while the host builds the batch
 and the device runs the layers below the first Engram layer, and that layer waits for the rows
@@ -17,6 +22,7 @@ import numpy as np
 import torch
 
 from runtime.engram.config import EngramConfig, EngramOptions
+from runtime.engram.device_hash import DeviceHasher
 from runtime.engram.hashing import NgramHasher
 from runtime.engram.host import HostPlacement
 from runtime.engram.placement import DevicePlacement, EngramPlacement, EngramRows, SplitPlacement
@@ -27,6 +33,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from runtime.config import RunnerConfig
+    from runtime.gpu.forward_batch import ForwardBatch
     from runtime.mailbox.messages import StepPlan
 
 
@@ -47,22 +54,69 @@ def make_placement(
 
 
 class EngramRuntime:
-    def __init__(self, hasher: NgramHasher, placement: EngramPlacement, opts: EngramOptions) -> None:
+    def __init__(
+        self, hasher: NgramHasher, placement: EngramPlacement, opts: EngramOptions, rows: int
+    ) -> None:
+        """`rows`: request rows of the worker's tables (the device hashing keeps a history per row)."""
         self.hasher, self.placement, self.opts = hasher, placement, opts
+        self.on_device = (
+            DeviceHasher(hasher, rows, placement.device) if placement.device_table is not None else None
+        )
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engram-lookup")
         # per request row, where its last sampled token lands on the host: (tokens, index, copy event)
         self._last: dict[int, tuple[torch.Tensor, int, torch.cuda.Event | None]] = {}
 
     @classmethod
     def create(
-        cls, hasher: NgramHasher | None, opts: EngramOptions, device: torch.device, dtype: torch.dtype
+        cls,
+        hasher: NgramHasher | None,
+        opts: EngramOptions,
+        device: torch.device,
+        dtype: torch.dtype,
+        rows: int,
     ) -> EngramRuntime | None:
         if hasher is None:
             return None
-        kwargs = {"shards": opts.shards} if opts.placement == "host" else {}
+        kwargs = {"shards": opts.shards, "mapped": opts.mapped} if opts.placement == "host" else {}
         if opts.placement == "split":
             kwargs = {"group": _split_group()}
-        return cls(hasher, make_placement(opts.placement, hasher.cfg, hasher, device, dtype, **kwargs), opts)
+        placement = make_placement(opts.placement, hasher.cfg, hasher, device, dtype, **kwargs)
+        return cls(hasher, placement, opts, rows)
+
+    @property
+    def wants_addresses(self) -> bool:
+        """Plans carry the scheduler's addresses (`StepPlan.engram_addr`): lookups hashed on the host."""
+        return self.on_device is None
+
+    def begin(self, plan: StepPlan) -> None:
+        """Every plan, before its forward (eager or graph): fail a step while rows are unreadable, and
+        (device hashing) count its lookup and set the history of the requests entering rows."""
+        if plan.rows:
+            self.placement.check()
+        if self.on_device is None:
+            return
+        if plan.rows:
+            self.placement.stats.lookups += 1
+            self.placement.stats.rows += sum(plan.extend_lens) * self.hasher.columns
+        first = dict(zip(plan.rows, plan.prefix_lens, strict=True))
+        seqs = [[*s.prompt_ids, *s.output_ids] for s in plan.added]
+        # the next token a request processes: its first in this step, else (no step yet) past its prefix
+        starts = [first.get(s.row, len(s.prefix_slots)) for s in plan.added]
+        self.on_device.set_history([s.row for s in plan.added], seqs, starts)
+
+    def graph_rows(self, batch: ForwardBatch) -> EngramRows:
+        """A decode graph's rows (every row one token; padding rows are row 0's), read on the device."""
+        b = batch.rows.shape[0]
+        idx = torch.arange(b, device=batch.rows.device)
+        return self._device_rows(batch, torch.zeros_like(idx), idx, idx)
+
+    def _device_rows(
+        self, batch: ForwardBatch, offsets: torch.Tensor, owner: torch.Tensor, last: torch.Tensor
+    ) -> EngramRows:
+        addr = self.on_device.addresses(batch.input_ids, batch.rows, offsets, owner, last)
+        table = self.placement.device_table
+        rows = table.index_select(0, addr.view(-1)).view(*addr.shape, table.shape[1])
+        return EngramRows(self.hasher, lambda: rows, self.placement.stats)
 
     @property
     def stats(self):  # noqa: ANN201
@@ -90,7 +144,9 @@ class EngramRuntime:
 
     def sampled(self, rows: list[int], tokens: torch.Tensor) -> None:
         """`tokens` [rows, k] (a host tensor, its copy maybe still in flight) holds what `rows` just
-        sampled: the next step's decode rows complete their addresses with it."""
+        sampled: the next step's decode rows complete their addresses with it (host hashing only)."""
+        if self.on_device is not None:
+            return
         ready = None
         if tokens.device.type == "cpu" and self.placement.device.type == "cuda":
             ready = torch.cuda.Event()
@@ -98,7 +154,16 @@ class EngramRuntime:
         for i, row in enumerate(rows):
             self._last[row] = (tokens, i, ready)
 
-    def start(self, plan: StepPlan) -> EngramRows:
+    def start(self, plan: StepPlan, batch: ForwardBatch) -> EngramRows:
+        """An eager step's rows: read on the device, or fetched on the lookup thread."""
+        if self.on_device is not None:
+            ext = np.asarray(plan.extend_lens)
+            ends = np.cumsum(ext)
+            offsets = np.arange(ends[-1]) - np.repeat(ends - ext, ext)
+            cols = np.concatenate([offsets, np.repeat(np.arange(len(ext)), ext), ends - 1])
+            cols = torch.from_numpy(cols).to(batch.rows.device, non_blocking=True)
+            t = int(ends[-1])
+            return self._device_rows(batch, cols[:t], cols[t : 2 * t], cols[2 * t :])
         addr = self.addresses(plan)
         placement, delay = self.placement, self.opts.lookup_delay_s
         placement.stats.lookups += 1
@@ -157,7 +222,7 @@ def make_engram_runtime(
     )
     if hasher is None:
         return None
-    return EngramRuntime.create(hasher, cfg.engram or EngramOptions(), device, dtype)
+    return EngramRuntime.create(hasher, cfg.engram or EngramOptions(), device, dtype, cfg.max_reqs + 1)
 
 
 def _split_group():  # noqa: ANN202

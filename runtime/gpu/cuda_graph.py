@@ -23,6 +23,9 @@ attends a row's q_len queries causally over its length `prefix + q_len`; a paddi
 read the row's table past its real tokens, which holds valid slots. After the replay one gather picks
 the real positions' logits, in the eager path's order.
 
+An Engram model's graphs hash each row's token and gather its table rows on the device
+(`EngramRuntime.graph_rows`): only placements that read on the device get graphs.
+
 Off CUDA (or with `capture=False`) the same padded static-buffer path runs eagerly: that is how the CPU
 tests check the padding and buffer logic against the plain path."""
 
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import structlog
 import torch
@@ -39,6 +43,9 @@ from runtime.gpu.forward_batch import StepTables, make_batch
 from runtime.gpu.kv_pool import KVPool
 from runtime.gpu.models.base import CausalLM
 from runtime.mailbox.messages import StepPlan
+
+if TYPE_CHECKING:
+    from runtime.engram.runtime import EngramRuntime
 
 log = structlog.get_logger(__name__)
 
@@ -74,8 +81,10 @@ class GraphRunner:
         vocab_size: int,
         capture: bool = True,
         verify_q_len: int = 1,
+        engram: EngramRuntime | None = None,
     ) -> None:
         self.model, self.attn, self.pool, self.tables = model, attn, pool, tables
+        self.engram = engram
         self.device = dev = tables.last_token.device
         self.buckets = graph_buckets(max_bs)
         self.contexts = attn.graph_contexts(max_model_len)
@@ -244,6 +253,8 @@ class GraphRunner:
             back = self.tables.behind(rows, ahead)
             seq_lens = seq_lens - back
         batch = make_batch(self.tables, self.pool, ids, pos, loc, rows, use_last - 1, rows, back=back)
+        if self.engram is not None:
+            batch.engram = self.engram.graph_rows(batch)
         self.attn.prepare_decode_graph(batch, seq_lens, ctx)
         hidden = self.model(batch.input_ids, batch.positions, batch, self.attn)
         self.logits[:bs].copy_(self.model.compute_logits(hidden))

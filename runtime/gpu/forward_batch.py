@@ -67,6 +67,8 @@ class ForwardBatch:
     # for the layers named here (the DSpark drafter's context features); None: no layer is tapped
     taps: dict[int, torch.Tensor | None] | None = None
     engram: Any = field(default=None)  # the step's Engram rows (runtime/engram/placement.EngramRows)
+    # [T] each token's request row (`make_batch` sets it; a verify graph's padding places use row 0)
+    token_rows: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -114,6 +116,7 @@ def make_batch(
         req_to_token=tables.req_to_token,
         kv_pool=pool,
         replay_lens=replay,
+        token_rows=token_rows,
     )
 
 

@@ -190,8 +190,9 @@ def init_dummy_weights(model: nn.Module, seed: int = 0, std: float = 0.02) -> No
     with torch.no_grad():
         for module in model.modules():
             params = list(module.parameters(recurse=False))
-            if any(p.is_floating_point() and p.dtype.itemsize == 1 for p in params):
-                # FP8 weights (Fp8Linear, FP8 experts): the module draws floats and quantizes them
+            if any(p.dtype.itemsize == 1 and p.dtype != torch.bool for p in params):
+                # FP8 weights (Fp8Linear, FP8 experts), packed FP4 experts: the module draws floats and
+                # quantizes them
                 module.init_dummy(generator(params[0].device), std)
                 continue
             for p in module.parameters(recurse=False):

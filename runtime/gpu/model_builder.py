@@ -78,7 +78,7 @@ def _quant_kwargs(cls: type[CausalLM], cfg: RunnerConfig, config, device: torch.
     fp8.check_quantization(mode)  # also for models that never keep FP8 weights
     if not cls.abilities.fp8_weights:
         if mode == "fp8":
-            raise ValueError(f"--quantization fp8 is supported for DeepSeek-V2/V3, not {cls.__name__}")
+            raise ValueError(f"--quantization fp8 is supported for DeepSeek-V2/V3/V4, not {cls.__name__}")
         return {}
     return {"fp8_weights": True} if fp8.keep_fp8(mode, config, device) else {}
 

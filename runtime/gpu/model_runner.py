@@ -132,7 +132,11 @@ class ModelRunner:
         self.graphs: GraphRunner | None = None
         if self.engram is not None and cfg.speculative_algorithm:
             raise ValueError("speculative decoding is not supported with Engram (drafts live on the device)")
-        graphs_ok = self.attn.supports_cuda_graph and self.engram is None  # Engram steps run eager
+        # Engram read on the device runs in the decode graphs; lookups through the host (split, the
+        # mailbox) run eager
+        graphs_ok = self.attn.supports_cuda_graph and (
+            self.engram is None or self.engram.on_device is not None
+        )
         if cfg.cuda_graph and self.device.type == "cuda" and graphs_ok:
             self.graphs = self.make_graphs(min(cfg.cuda_graph_max_bs or cfg.max_reqs, cfg.max_reqs))
             if self.spec is not None:
@@ -182,7 +186,7 @@ class ModelRunner:
         return GraphRunner(
             self.model, self.attn, self.kv_pool, self.tables,
             max_bs=max_bs, max_model_len=self.cfg.max_model_len, vocab_size=self.vocab_size, capture=capture,
-            verify_q_len=q_len,
+            verify_q_len=q_len, engram=self.engram,
         )  # fmt: skip
 
     def _grammar_compiler(self) -> GrammarCompiler:
@@ -212,7 +216,7 @@ class ModelRunner:
             vocab_size=self.vocab_size,
             max_draft=self.spec.max_draft if self.spec is not None else 0,
             verify_ahead=self.verify_ahead,
-            engram=self.engram is not None,
+            engram=self.engram is not None and self.engram.wants_addresses,
             compute_bound_tokens=_compute_bound_tokens(self.device),
         )
 
@@ -340,6 +344,8 @@ class ModelRunner:
         )
         self.kv_pool.check_plan(plan)
         self._update_rows(plan)
+        if self.engram is not None:
+            self.engram.begin(plan)
 
     def _forward_plan(self, plan: StepPlan) -> Sampled:
         self._accept(plan)
@@ -353,17 +359,18 @@ class ModelRunner:
         if self.spec is not None and plan.draft_lens:
             self.spec.prepare(plan)
         if graph == "verify":
+            saved, saved_rows = self._save_blocks(plan)
             v = self.graphs.run_verify(plan)
             ks = list(plan.draft_lens)
             pos_rows = [r for r, k in zip(rows, ks, strict=True) for _ in range(k + 1)]
             verify = VerifyRows(ks, v.block_start, v.draft_lens, v.offsets, v.owner)
-            return Sampled(v.logits, rows, v.rows, pos_rows, v.pos_rows, verify)
+            return Sampled(v.logits, rows, v.rows, pos_rows, v.pos_rows, verify, saved, saved_rows)
         if graph == "decode":
             logits, rows_t = self.graphs.run(plan)
             return Sampled(logits, rows, rows_t)
         batch, sampled = self._build_batch(plan)
-        if sampled.verify is not None and self.kv_pool.max_verify_block is not None:
-            self._save_blocks(plan, sampled)
+        if sampled.verify is not None:
+            sampled.saved, sampled.saved_rows = self._save_blocks(plan)
         if self.spec is not None and self.spec.drafter.taps:
             batch.taps = dict.fromkeys(self.spec.drafter.taps)
         hidden = self.model(batch.input_ids, batch.positions, batch, self.attn)
@@ -373,20 +380,13 @@ class ModelRunner:
         return sampled
 
     def _graph_path(self, plan: StepPlan) -> str | None:
-        """The graph the step replays ("verify" or "decode"), None when it runs eagerly."""
-        if self.graphs is None or self._eager_verify(any(plan.draft_lens)):
+        """The graph the step replays ("verify" or "decode"), None when it runs eagerly. Hidden-state
+        drafters (mtp, dspark) read every step's hidden states or layer outputs: eager steps."""
+        if self.graphs is None or (self.spec is not None and self.spec.wants_hidden):
             return None
         if any(plan.draft_lens):
             return "verify" if self.graphs.fits_verify(plan) else None
         return "decode" if self.graphs.fits(plan) else None
-
-    def _eager_verify(self, verifies: bool = True) -> bool:
-        """Whether a step (a verify step: `verifies`) must run eagerly whatever its shape: hidden-state
-        drafters (mtp, dspark) read every step's hidden states or layer outputs, and a pool with per-row
-        state written in place (V4) saves what a verify block overwrites."""
-        return (self.spec is not None and self.spec.wants_hidden) or (
-            verifies and self.kv_pool.max_verify_block is not None
-        )
 
     @property
     def verify_ahead(self) -> bool:
@@ -398,18 +398,25 @@ class ModelRunner:
         if self.spec is None or not self.spec.drafter.drafts_ahead:
             return False
         graphs = self.graphs is not None and self.graphs.q_len > 1
-        return self.device.type == "cpu" or (graphs and not self._eager_verify())
+        wants_hidden = self.spec.wants_hidden
+        return self.device.type == "cpu" or (graphs and not wants_hidden)
 
-    def _save_blocks(self, plan: StepPlan, sampled: Sampled) -> None:
-        """Before a verify step: the pool keeps what the verify rows' blocks overwrite of its per-row
-        state, to restore the rejected positions once the counts are known (nothing for paged pools)."""
-        verify = [(r, p) for r, p, k in zip(plan.rows, plan.prefix_lens, plan.draft_lens, strict=True) if k]
-        among = [i for i, k in enumerate(sampled.verify.draft_lens) if k]  # their index among sampled rows
-        rows, first, index = columns_to_device(
-            [[r for r, _ in verify], [p for _, p in verify], among], self.device
+    def _save_blocks(self, plan: StepPlan) -> tuple[object | None, torch.Tensor | None]:
+        """Before a verify step: what the verify rows' blocks overwrite of the pool's per-row state, to
+        restore the rejected positions once the counts are known, and those rows' index among the sampled
+        rows (None, None for paged pools). A row planned ahead (a graph step's) starts its block where
+        the device moves it back to."""
+        if self.kv_pool.max_verify_block is None:
+            return None, None
+        among = itertools.accumulate([0, *plan.sample[:-1]])  # sampled rows before each row
+        ahead = plan.assume_accepted or [False] * len(plan.rows)
+        cols = zip(plan.rows, plan.prefix_lens, plan.draft_lens, among, ahead, strict=True)
+        verify = [(r, p, i, a) for r, p, k, i, a in cols if k]
+        rows, first, index, behind = columns_to_device(
+            [list(c) for c in zip(*verify, strict=True)], self.device
         )
-        sampled.saved = self.kv_pool.save_blocks(rows, first, self.spec.max_draft + 1)
-        sampled.saved_rows = index
+        first = first - self.tables.behind(rows, behind)
+        return self.kv_pool.save_blocks(rows, first, self.spec.max_draft + 1), index
 
     def release_rows(self, rows: list[int]) -> None:
         for row in rows:
@@ -454,7 +461,7 @@ class ModelRunner:
         cols, host, sampled = eager_inputs(plan, self.device)
         batch = make_batch(self.tables, self.kv_pool, *cols, host)
         if self.engram is not None:
-            batch.engram = self.engram.start(plan)
+            batch.engram = self.engram.start(plan, batch)
         self.attn.prepare(batch)
         return batch, sampled
 

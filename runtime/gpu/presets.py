@@ -33,8 +33,8 @@ _LLAMA = dict(
 # DeepSeek-V4-Flash's config.json as released (values: transformers' DeepseekV4Config defaults, which are
 # Flash's, and public copies of the file; docs/deepseek_v4.md). Upstream keys transformers folds:
 # `compress_ratios` (0 sliding, 4 CSA, 128 HCA; 43 layers + the MTP block), `num_hash_layers`,
-# `qk_rope_head_dim`. The released weights are FP8 with FP4 experts; dummy weights take --dtype instead,
-# so no quantization_config here.
+# `qk_rope_head_dim`. The released weights are FP8 with FP4 experts (`expert_dtype`); dummy weights take
+# --dtype unless `--quantization fp8` makes them in those formats, so no quantization_config here.
 _V4_FLASH = dict(
     architectures=["DeepseekV4ForCausalLM"],
     model_type="deepseek_v4",
@@ -71,6 +71,7 @@ _V4_FLASH = dict(
     norm_topk_prob=True,
     routed_scaling_factor=1.5,
     swiglu_limit=10.0,
+    expert_dtype="fp4",
     num_nextn_predict_layers=1,
     max_position_embeddings=1048576,
     rms_norm_eps=1e-6,

@@ -1,8 +1,8 @@
 """DeepSeek-V4 on CUDA (TorchV4Backend through the paged pools, its attention on the `sparse_attention`
 op): float32 logits match transformers' use_cache=False forwards (prefill, chunked prefill, decode),
 bfloat16 stays within bf16 tolerance of them, an exact-replay prefix hit equals a cold run on the
-device, and decode steps captured in CUDA graphs (the batched path, models/deepseek_v4/attention_decode.py) compute what
-eager request-by-request decode computes."""
+device, and decode and verify steps captured in CUDA graphs (the batched path,
+models/deepseek_v4/attention_decode.py) compute what eager request-by-request steps compute."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from runtime.gpu.testing import (
     seq_start,
     v4_decode_scenario,
     v4_hit_vs_cold,
+    v4_verify_scenario,
 )
 
 pytestmark = pytest.mark.gpu
@@ -93,6 +94,34 @@ def test_cuda_graph_decode_matches_eager_request_by_request(model):
     eager, captured = runner(False), runner(True)
     assert eager.graphs is None and captured.graphs is not None and captured.graphs.capture_graphs
     want, got = v4_decode_scenario(eager), v4_decode_scenario(captured)
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        err = (g.float() - w.float()).abs().max().item()
+        assert err < TOL, f"step {i}: max abs logit diff {err:.3g}"
+
+
+def test_cuda_verify_graphs_match_eager_request_by_request(model):
+    """Verify graphs (q_len = 4 places a row, rows of 0-3 drafts, rejected positions rolled back): the
+    runner captures its verify buckets (1, 2, 4) over the batched path and replays them for every verify
+    step of the shared V4 verify scenario, which matches a runner without graphs attending request by
+    request, float32."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    path, _ = model
+
+    def runner(graphs: bool) -> ModelRunner:
+        cfg = RunnerConfig(str(path), device="cuda", dtype="float32", num_kv_slots=1024, max_reqs=4,
+                           max_model_len=128, cuda_graph=graphs, speculative_algorithm="ngram",
+                           speculative_num_draft_tokens=3)  # fmt: skip
+        r = ModelRunner(cfg)
+        r.attn.batched_decode = graphs
+        return r
+
+    eager, captured = runner(False), runner(True)
+    assert captured.graphs is not None and captured.graphs.verify_graphs and captured.graphs.q_len == 4
+    replays = []
+    run_verify = captured.graphs.run_verify
+    captured.graphs.run_verify = lambda plan: replays.append(len(plan.rows)) or run_verify(plan)
+    want, got = v4_verify_scenario(eager, 4, ragged=True), v4_verify_scenario(captured, 4, ragged=True)
+    assert len(replays) == 16
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         err = (g.float() - w.float()).abs().max().item()
         assert err < TOL, f"step {i}: max abs logit diff {err:.3g}"

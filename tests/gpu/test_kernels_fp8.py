@@ -156,6 +156,26 @@ def test_fp8_linear_end_to_end(tokens: tuple[int, int], k: int) -> None:
     assert y.shape == (*tokens, 2112) and rel < (0.005 if weight_only else 0.06)
 
 
+@pytest.mark.parametrize("rows", [1, 16, 64, 2048])
+def test_fp8_linear_grouped_at_v4_flash_o_a_proj(rows: int) -> None:
+    """DeepSeek-V4-Flash's o_a_proj: 8 groups of 1024 rows over 4096 columns each, bf16 x [rows, 8 * 4096];
+    decode rows in one weight-only launch, longer ones a block GEMM per group, vs float32 per group."""
+    from runtime.gpu.kernels.fp8_gemm.linear import WEIGHT_ONLY_MAX_M, fp8_linear
+
+    x = torch.randn(rows, 8, 4096, device="cuda").to(torch.bfloat16)
+    wq, ws = quantize(torch.randn(8 * 1024, 4096, device="cuda") * 0.02, (128, 128))
+    w = reference.dequant_weight(wq, ws).view(8, 1024, 4096)
+    y = fp8_linear(x.flatten(1), wq, ws, groups=8)
+    rel = _rel(y, torch.einsum("mgk,gnk->mgn", x.float(), w).flatten(1))
+    import triton.testing
+
+    us = triton.testing.do_bench(lambda: fp8_linear(x.flatten(1), wq, ws, groups=8), warmup=5, rep=20) * 1e3
+    print(
+        f"\n  grouped fp8_linear rows={rows}: rel. error {rel:.4f}, {us:.1f} us, {wq.numel() / us / 1e3:.0f} GB/s of weights"
+    )
+    assert y.shape == (rows, 8 * 1024) and rel < (0.005 if rows <= WEIGHT_ONLY_MAX_M else 0.06)
+
+
 WEIGHT_ONLY_SHAPES = [
     (1, 7168, 2048),
     (1, 576, 7168),

@@ -1,7 +1,8 @@
 """The MoE ops on CUDA. `fused_moe`: Triton vs the PyTorch reference at DeepSeek-V2-Lite and V3 expert
 shapes, decode- and prefill-sized batches, with V4's SwiGLU clamp, and with FP8 experts (e4m3, 128x128
 block scales, activations quantized per token and 128-group); the one-program layout vs the torch
-one; `moe_route` vs its reference (V3 groups, V2 softmax, V4 sqrt-softplus); and the whole op captured in a CUDA graph
+one; FP4 experts (packed e2m1, UE8M0 scales per 32, W4A16) at DeepSeek-V4-Flash's shape;
+`moe_route` vs its reference (V3 groups, V2 softmax, V4 sqrt-softplus); and the whole op captured in a CUDA graph
 (capture fails on any host sync) and replayed on new routing. `pytest -s` prints the error ratio
 (<= 1 passes), the time of one call and the bandwidth over the expert weights it touches."""
 
@@ -12,11 +13,18 @@ import torch
 
 from runtime.gpu.kernels import registry
 from runtime.gpu.kernels.testing import TOLERANCE, close_ratio
+from runtime.gpu.quant import fp4
 from runtime.gpu.quant.fp8 import quantize
 
 pytestmark = pytest.mark.gpu
 
-SHAPES = {"v2lite": (64, 6, 2048, 1408), "v3": (256, 8, 7168, 2048), "ragged": (5, 2, 200, 96)}
+SHAPES = {
+    "v2lite": (64, 6, 2048, 1408),
+    "v3": (256, 8, 7168, 2048),
+    "v4flash": (256, 6, 4096, 2048),
+    "ragged": (5, 2, 200, 96),
+    "ragged32": (5, 2, 224, 96),  # FP4: K in whole groups of 32, not whole K steps
+}
 
 
 def _impl(name: str):
@@ -59,6 +67,32 @@ def fp8_weights():
                     torch.randn(2 * i, d, device="cuda", generator=g) * d**-0.5, (128, 128)
                 )
                 w2[j], s2[j] = quantize(torch.randn(d, i, device="cuda", generator=g) * i**-0.5, (128, 128))
+            cache[shape] = (w13, w2, s13, s2)
+        return cache[shape]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def fp4_weights():
+    """(w13, w2, w13_scale, w2_scale): random experts (std 1/sqrt(fan-in)) as packed e2m1 with UE8M0
+    scales per 32, as DeepSeek-V4-Flash's checkpoints store them (V4-Flash: 3.4 GB)."""
+    cache = {}
+
+    def get(shape: str):
+        if shape not in cache:
+            cache.clear()
+            e, _, d, i = SHAPES[shape]
+            g = torch.Generator(device="cuda").manual_seed(e + d + i)
+
+            def packed(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+                w = torch.empty(e, n, k // 2, device="cuda", dtype=fp4.PACKED)
+                s = torch.empty(e, n, k // fp4.GROUP, device="cuda", dtype=torch.uint8)
+                for j in range(e):
+                    fp4.load_float(w[j], s[j], torch.randn(n, k, device="cuda", generator=g) * k**-0.5)
+                return w, s
+
+            (w13, s13), (w2, s2) = packed(2 * i, d), packed(d, i)
             cache[shape] = (w13, w2, s13, s2)
         return cache[shape]
 
@@ -131,15 +165,45 @@ def test_fused_moe_fp8_matches_reference(fp8_weights, shape, tokens, limit):
     assert got.dtype == torch.bfloat16 and ratio <= 1.0 and rel <= 1e-2
 
 
-@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+@pytest.mark.parametrize(
+    "shape,tokens,limit",
+    [("v4flash", 1, 10.0), ("v4flash", 64, 10.0), ("v4flash", 512, None), ("v4flash", 4096, None),
+     ("ragged32", 33, 0.7)],
+)  # fmt: skip
+def test_fused_moe_fp4_matches_reference(fp4_weights, shape, tokens, limit):
+    """W4A16: both sides multiply bf16 activations by the same dequantized weights (exact in bf16);
+    only the float32 accumulation order differs, so the bf16 tolerance holds."""
+    e, k, d, i = SHAPES[shape]
+    w13, w2, s13, s2 = fp4_weights(shape)
+    x = torch.randn(tokens, d, device="cuda").to(torch.bfloat16)
+    topk_w, ids = _routing(tokens, e, k, seed=tokens)
+    scales = dict(w13_scale=s13, w2_scale=s2)
+    got = _impl("triton")(x, w13, w2, topk_w, ids, limit, **scales)
+    want = _impl("reference")(x, w13, w2, topk_w, ids, limit, **scales)
+    ratio = close_ratio(got, want, *TOLERANCE[torch.bfloat16])
+    import triton.testing
+
+    ms = triton.testing.do_bench(
+        lambda: _impl("triton")(x, w13, w2, topk_w, ids, limit, **scales), warmup=5, rep=20
+    )
+    touched = ids.unique().numel()
+    gbytes = touched * 3 * d * i * (0.5 + 1 / fp4.GROUP) / 1e9  # half a byte per weight, a scale per 32
+    print(
+        f"\n  fp4 {shape} T={tokens}: {ratio:.3f}x tol, {ms * 1e3:.1f} us, {touched} experts, "
+        f"{gbytes / ms * 1e3:.0f} GB/s of expert weights, {2 * tokens * k * 3 * d * i / ms / 1e9:.1f} TFLOP/s"
+    )
+    assert got.dtype == torch.bfloat16 and ratio <= 1.0
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8", "fp4"])
 @pytest.mark.parametrize("tokens", [1, 24])
-def test_fused_moe_replays_in_a_cuda_graph_on_new_routing(weights, fp8_weights, tokens, fp8):
+def test_fused_moe_replays_in_a_cuda_graph_on_new_routing(weights, fp8_weights, fp4_weights, tokens, fmt):
     e, k, d, i = SHAPES["v2lite"]
-    if fp8:
-        w13, w2, s13, s2 = fp8_weights("v2lite")
-        scales = dict(w13_scale=s13, w2_scale=s2)
-    else:
+    if fmt == "bf16":
         (w13, w2), scales = weights("v2lite"), {}
+    else:
+        w13, w2, s13, s2 = (fp8_weights if fmt == "fp8" else fp4_weights)("v2lite")
+        scales = dict(w13_scale=s13, w2_scale=s2)
     fn = _impl("triton")
     x = torch.randn(tokens, d, device="cuda").to(torch.bfloat16)
     topk_w, ids = _routing(tokens, e, k, seed=1)
@@ -155,7 +219,7 @@ def test_fused_moe_replays_in_a_cuda_graph_on_new_routing(weights, fp8_weights, 
         ids.copy_(new_ids)
         graph.replay()
         want = _impl("reference")(x, w13, w2, topk_w, ids, **scales)
-        tol = _fp8_tolerance(want) if fp8 else TOLERANCE[torch.bfloat16]
+        tol = _fp8_tolerance(want) if fmt == "fp8" else TOLERANCE[torch.bfloat16]
         assert close_ratio(out, want, *tol) <= 1.0
 
 

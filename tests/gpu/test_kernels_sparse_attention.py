@@ -2,7 +2,7 @@
 registry lists matches the PyTorch reference on CUDA at V4-Flash shapes (H 64, d 512, 128 window rows +
 512 top-k entries per token, T 1 / 64 / 4096), with early tokens whose lists are mostly -1, ragged
 `topk_length`, two sources, no sink, bf16 / fp16 / fp32 and small test shapes; under a CUDA graph; and
-the V4 backend's `attend_selected` equals `attend_with_sink`. Rows no index names, and the row before
+V4 prefill's HCA call, one entry list shared by a tile of queries and cut per query. Rows no index names, and the row before
 each pool (index -1), hold NaN. `pytest -s` prints each case's error ratio (<= 1 passes) and time."""
 
 from __future__ import annotations
@@ -84,20 +84,19 @@ def test_triton_under_cuda_graph() -> None:
     assert close_ratio(out, want, *TOLERANCE[torch.bfloat16]) <= 1.0
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_v4_backend_attend_selected_equals_attend_with_sink(dtype: torch.dtype) -> None:
-    """What TorchV4Backend runs on CUDA (the registry's op on each request's keys and mask) against the
-    PyTorch attention it replaces: a 40-token chunk, 7 ring rows + 40 new + 30 entries, top-8 of them."""
-    from runtime.gpu.models.deepseek_v4.attention import attend_selected, attend_with_sink
-
-    g = torch.Generator("cuda").manual_seed(0)
-    q = torch.randn(40, 8, 64, generator=g, device="cuda").to(dtype)
-    keys = torch.randn(77, 64, generator=g, device="cuda").to(dtype)
-    pos = torch.arange(47, device="cuda")
-    window = (pos[None, :] <= pos[7:, None]) & (pos[None, :] > pos[7:, None] - 8)
-    entries = torch.rand(40, 30, generator=g, device="cuda").argsort(1) < 8
-    mask = torch.cat([window, entries], 1)
-    sinks = torch.randn(8, generator=g, device="cuda")
-    got = attend_selected(q, keys, mask, sinks, 0.125)
-    want = attend_with_sink(q.float(), keys.float(), mask, sinks, 0.125)
-    assert close_ratio(got, want, *TOLERANCE[dtype]) <= 1.0
+@pytest.mark.parametrize("name", impl_names(OP))
+def test_hca_prefill_tile_with_one_shared_entry_list(name: str) -> None:
+    """V4's HCA prefill call (TorchV4Backend._attend_row): a 4096-query tile after 60K tokens, its window
+    rows as the first source and the 512 HCA entries the tile sees as one list shared by every query
+    (stride 0), cut per query by extra_topk_length to the entries it sees."""
+    prefix, tokens, rate = 61440, 4096, 128
+    c = sparse_case(
+        tokens, H, D, WINDOW, 1, torch.bfloat16, "cuda", prefix=prefix, rate=rate, two_sources=True
+    )
+    entries = (prefix + tokens) // rate
+    shared = torch.arange(entries, dtype=torch.int32, device="cuda").expand(tokens, -1)
+    seen = ((torch.arange(prefix, prefix + tokens, device="cuda") + 1) // rate).int()
+    kw = dict(extra_kv=c.extra_kv, extra_indices=shared, extra_topk_length=seen)
+    args = (c.q, c.kv, c.indices, c.sinks, c.scale)
+    got = load_impl(OP, name)(*args, **kw)
+    assert close_ratio(got, load_reference(OP)(*args, **kw), *TOLERANCE[torch.bfloat16]) <= 1.0

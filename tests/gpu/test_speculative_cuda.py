@@ -1,8 +1,9 @@
 """Speculative decoding on CUDA: verify steps replay their own CUDA graphs (the decode kernel with
-q_len = 4 query tokens per row), plain decode steps theirs, mixed steps run eagerly; greedy outputs
-equal plain decoding's through the real scheduler, float32. With overlap on, rows are planned into the
-step after their verify step before its counts reach the host, and the verify graphs move them back on
-the device (`StepPlan.assume_accepted`)."""
+q_len = 4 query tokens per row; DeepSeek-V4: its batched path, rejected drafts rolled back around the
+replay), plain decode steps theirs, mixed steps run eagerly; greedy outputs equal plain decoding's
+through the real scheduler, float32. With overlap on, rows are planned into the step after their verify
+step before its counts reach the host, and the verify graphs move them back on the device
+(`StepPlan.assume_accepted`)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,14 @@ import torch
 from runtime.actors.scheduler.testing import run_scheduler
 from runtime.config import RunnerConfig, ServerConfig
 from runtime.gpu.model_runner import ModelRunner
-from runtime.gpu.testing import save_tiny_deepseek_v3, save_tiny_llama
+from runtime.gpu.testing import save_tiny_deepseek_v3, save_tiny_deepseek_v4, save_tiny_llama
 
 pytestmark = pytest.mark.gpu
 
+SAVE = {"llama": save_tiny_llama, "deepseek_v3": save_tiny_deepseek_v3, "deepseek_v4": save_tiny_deepseek_v4}
 
-@pytest.mark.parametrize("family", ["llama", "deepseek_v3"])
+
+@pytest.mark.parametrize("family", sorted(SAVE))
 def test_greedy_outputs_equal_plain_decoding_on_cuda(tmp_path, family):
     import sys
     from pathlib import Path
@@ -28,11 +31,14 @@ def test_greedy_outputs_equal_plain_decoding_on_cuda(tmp_path, family):
     from test_lossless import batch  # the CPU test's requests (repetitive motifs)
 
     torch.backends.cuda.matmul.allow_tf32 = False
-    (save_tiny_llama if family == "llama" else save_tiny_deepseek_v3)(tmp_path)
+    SAVE[family](tmp_path)
+    # V4: exact replay, so a prefix hit rebuilds the ring and tails from position 0 (rejected drafts are
+    # rolled back around the verify graphs)
+    v4 = {"swa_replay_exact": True} if family == "deepseek_v4" else {}
 
     def runner(**spec) -> ModelRunner:
         return ModelRunner(RunnerConfig(str(tmp_path), device="cuda", dtype="float32", num_kv_slots=4096,
-                                        max_reqs=8, max_model_len=256, **spec))  # fmt: skip
+                                        max_reqs=8, max_model_len=256, **v4, **spec))  # fmt: skip
 
     plain, spec = runner(), runner(speculative_algorithm="ngram", speculative_num_draft_tokens=3)
     assert spec.graphs is not None and spec.graphs.verify_graphs and spec.graphs.q_len == 4
@@ -43,7 +49,11 @@ def test_greedy_outputs_equal_plain_decoding_on_cuda(tmp_path, family):
     spec.graphs.run_verify = lambda plan: replays.append(any(plan.assume_accepted)) or run_verify(plan)
     reqs = batch(False)
     cfg = ServerConfig(
-        device="cuda", max_total_tokens=4096, max_running_requests=8, chunked_prefill_size=2048
+        device="cuda",
+        max_total_tokens=4096,
+        max_running_requests=8,
+        chunked_prefill_size=2048,
+        page_size=spec.page_size,  # V4's pages hold whole compressor windows
     )
     want, _ = asyncio.run(run_scheduler(cfg, reqs, runner=plain, max_model_len=256))
     got, _ = asyncio.run(run_scheduler(cfg, reqs, runner=spec, max_model_len=256))

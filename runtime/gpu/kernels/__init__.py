@@ -10,6 +10,7 @@ from runtime.gpu.kernels import (  # noqa: F401  (imported to register their imp
     extend_attention,
     fp8_gemm,
     fused_moe,
+    index_scores,
     mhc,
     mla_decode,
     mla_prefill,

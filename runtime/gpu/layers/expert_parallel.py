@@ -160,6 +160,7 @@ class ExpertParallelMoE(torch.nn.Module):
     def __init__(self, placement: ExpertPlacement) -> None:
         super().__init__()
         self.placement = placement
+        self._identity = placement.slots == tuple(range(placement.num_experts))  # slot e holds expert e
         # built on first use on the activations' device (the model is built on the meta device, then
         # moved empty: buffers made here would hold nothing)
         self._tables: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -181,9 +182,12 @@ class ExpertParallelMoE(torch.nn.Module):
         return self._tables
 
     def _slots(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids [T, k] logical experts -> [T, k] physical slots: a copy per pair, by its token (one
-        gather when every expert has one copy: a decode step's layer pays for every op here)."""
+        """ids [T, k] logical experts -> [T, k] physical slots: a copy per pair, by its token. A decode
+        step's layer pays for every op here: none when slot e holds expert e, one gather when every
+        expert has one copy."""
         copy_table, num_copies = self._tables_on(ids.device)
+        if self._identity:
+            return ids
         if copy_table.shape[1] == 1:
             return copy_table[:, 0][ids]
         t, k = ids.shape

@@ -55,11 +55,42 @@ class Fp8Linear(nn.Module):
         if self.bias is not None:
             self.bias.data.copy_(normal(self.bias.shape, w.device, std, generator))
 
+    @property
+    def gemm_shape(self) -> tuple[int, int]:
+        """(N, K) of the GEMM the forward runs (what `fp8_linear.precompile` compiles for)."""
+        return self.out_features, self.in_features
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return fp8_linear(x, self.weight, self.weight_scale_inv, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, fp8 blocks {fp8.BLOCK}"
+
+
+class Fp8GroupedLinear(Fp8Linear):
+    """A block-diagonal projection in FP8 (DeepSeek-V4's `o_a_proj`): input [T, g, in/g], group i through
+    rows [i*out/g, (i+1)*out/g), one grouped `fp8_linear` (decode rows: one launch). Each group's rows
+    fill whole 128-row scale blocks, so its scales are whole rows of the scale grid."""
+
+    def __init__(self, in_per_group: int, out_features: int, groups: int) -> None:
+        if out_features % (groups * fp8.BLOCK[0]):
+            raise ValueError(
+                f"FP8 groups of {out_features // groups} rows must be whole {fp8.BLOCK[0]}-row blocks"
+            )
+        super().__init__(in_per_group, out_features)
+        self.groups = groups
+
+    @staticmethod
+    def fits(out_features: int, groups: int) -> bool:
+        return out_features % (groups * fp8.BLOCK[0]) == 0
+
+    @property
+    def gemm_shape(self) -> tuple[int, int]:
+        return self.out_features // self.groups, self.in_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = fp8_linear(x.flatten(1), self.weight, self.weight_scale_inv, groups=self.groups)
+        return y.view(x.shape[0], self.groups, -1)
 
 
 class MergedFp8Linear(Fp8Linear):
@@ -89,6 +120,11 @@ class MergedFp8Linear(Fp8Linear):
         return super().forward(x).split(self.out_sizes, dim=-1)
 
 
+def linear(in_features: int, out_features: int, bias: bool = False, fp8_weights: bool = False) -> nn.Module:
+    """A projection that keeps FP8 weights under `fp8_weights` (`--quantization`), else a float one."""
+    return (Fp8Linear if fp8_weights else nn.Linear)(in_features, out_features, bias=bias)
+
+
 def normal(shape: torch.Size, device: torch.device, std: float, generator: torch.Generator) -> torch.Tensor:
     return torch.empty(shape, device=device).normal_(0.0, std, generator=generator)
 
@@ -105,4 +141,4 @@ def load_float(weight: torch.Tensor, scale: torch.Tensor, value: torch.Tensor) -
 
 def weight_shapes(model: nn.Module) -> set[tuple[int, int]]:
     """(N, K) of every FP8 linear layer in `model` (what `fp8_linear.precompile` compiles for)."""
-    return {(m.out_features, m.in_features) for m in model.modules() if isinstance(m, Fp8Linear)}
+    return {m.gemm_shape for m in model.modules() if isinstance(m, Fp8Linear)}

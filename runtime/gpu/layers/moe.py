@@ -5,8 +5,9 @@ as they are. The routed experts run through the `fused_moe` op (`runtime/gpu/ker
 CUDA two Triton GEMMs over a device-built layout, with no host sync, so a decode step can be captured
 in a CUDA graph; on the CPU the PyTorch reference (expert-sorted, one matmul pair per expert).
 Routing runs the `moe_route` op: one Triton program per token on CUDA, the PyTorch reference elsewhere.
-With `fp8_weights` the stacked weights are e4m3 with per-expert 128 x 128 block scales (DeepSeek-V3's
-checkpoint format), passed to `fused_moe` as `w13_scale` / `w2_scale`."""
+`weight_format` "fp8": the stacked weights are e4m3 with per-expert 128 x 128 block scales (DeepSeek-V3's
+checkpoint format); "fp4": packed e2m1 codes with a UE8M0 scale byte per 32 along K (DeepSeek-V4's
+routed experts, `quant/fp4.py`). Either way the scales go to `fused_moe` as `w13_scale` / `w2_scale`."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from runtime.gpu.kernels.fused_moe.reference import swiglu
 from runtime.gpu.kernels.moe_route import MOE_ROUTE
 from runtime.gpu.kernels.moe_route.reference import score
 from runtime.gpu.layers.fp8_linear import fp8_parameter, keep_dtypes, load_float, normal, scale_parameter
-from runtime.gpu.quant import fp8
+from runtime.gpu.quant import fp4, fp8
 
 __all__ = ["HashRouter", "RoutedExperts", "TopkRouter", "score", "swiglu"]
 
@@ -73,7 +74,9 @@ class TopkRouter(nn.Module):
 
 class RoutedExperts(nn.Module):
     """E SwiGLU experts with stacked weights; checkpoint tensors `experts.{e}.{gate,up,down}_proj.weight`
-    (and with FP8 weights their `weight_scale_inv`) land in slices of them (see `checkpoint_slice`)."""
+    (and with quantized weights their `weight_scale_inv`) land in slices of them (see `checkpoint_slice`)."""
+
+    FORMATS = ("float", "fp8", "fp4")
 
     def __init__(
         self,
@@ -81,19 +84,30 @@ class RoutedExperts(nn.Module):
         hidden: int,
         intermediate: int,
         swiglu_limit: float | None = None,
-        fp8_weights: bool = False,
+        weight_format: str = "float",
         logical: list[int] | None = None,
     ) -> None:
         super().__init__()
-        self.num_experts, self.intermediate = num_experts, intermediate
+        if weight_format not in self.FORMATS:
+            raise ValueError(f"expert weight format {weight_format!r} is not one of {self.FORMATS}")
+        self.num_experts, self.hidden, self.intermediate = num_experts, hidden, intermediate
         # under expert parallelism: the logical expert of each local one (ExpertPlacement.local)
         self.logical = logical
         self.swiglu_limit = swiglu_limit  # V4: silu(min(gate, L)) * clamp(up, -L, L)
-        self.fp8_weights = fp8_weights
+        self.weight_format = weight_format
         w13, w2 = (num_experts, 2 * intermediate, hidden), (num_experts, hidden, intermediate)
-        if not fp8_weights:
+        if weight_format == "float":
             self.gate_up_proj = nn.Parameter(torch.empty(w13))
             self.down_proj = nn.Parameter(torch.empty(w2))
+            return
+        if weight_format == "fp4":
+            g = fp4.GROUP
+            if hidden % g or intermediate % g:
+                raise ValueError(f"FP4 experts need hidden and intermediate sizes % {g} == 0, got {w2[1:]}")
+            self.gate_up_proj = _bytes(num_experts, 2 * intermediate, hidden // 2)
+            self.down_proj = _bytes(num_experts, hidden, intermediate // 2)
+            self.gate_up_proj_scale_inv = _bytes(num_experts, 2 * intermediate, hidden // g)
+            self.down_proj_scale_inv = _bytes(num_experts, hidden, intermediate // g)
             return
         bn, bk = fp8.BLOCK
         if intermediate % bn:  # gate and up stack their scale blocks along 2I
@@ -103,10 +117,19 @@ class RoutedExperts(nn.Module):
         self.down_proj_scale_inv = scale_parameter(num_experts, -(-hidden // bn), intermediate // bk)
 
     PARTS = ("gate_proj", "up_proj", "down_proj")
-    _FP8_NAMES = ("gate_up_proj", "down_proj", "gate_up_proj_scale_inv", "down_proj_scale_inv")
+    _QUANTIZED_NAMES = ("gate_up_proj", "down_proj", "gate_up_proj_scale_inv", "down_proj_scale_inv")
+
+    @property
+    def quantized(self) -> bool:
+        return self.weight_format != "float"
+
+    @property
+    def params_per_expert(self) -> int:
+        """Logical weights of one expert (FP4 packs two in a byte)."""
+        return 3 * self.hidden * self.intermediate
 
     def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202
-        return keep_dtypes(self, fn, self._FP8_NAMES) if self.fp8_weights else super()._apply(fn, recurse)
+        return keep_dtypes(self, fn, self._QUANTIZED_NAMES) if self.quantized else super()._apply(fn, recurse)
 
     def logical_ids(self) -> list[int]:
         """The checkpoint's expert ids this module holds, in local order."""
@@ -116,16 +139,16 @@ class RoutedExperts(nn.Module):
         self, expert: int, part: str, scale: bool = False
     ) -> tuple[str, torch.Tensor] | None:
         """(our parameter leaf, the view of it that `experts.{expert}.{part}.weight` fills), or with
-        `scale` the view its `weight_scale_inv` fills (None without FP8 weights)."""
-        if scale and not self.fp8_weights:
+        `scale` the view its `weight_scale_inv` fills (None with float weights)."""
+        if scale and not self.quantized:
             return None
         if self.logical is not None:  # a logical expert this rank does not hold: nothing to fill
             if expert not in self.logical:
                 return None
             expert = self.logical.index(expert)
         suffix, rows = "", self.intermediate
-        if scale:
-            suffix, rows = fp8.SCALE_SUFFIX, rows // fp8.BLOCK[0]
+        if scale:  # FP8: a scale row per 128-row block; FP4: per row
+            suffix, rows = fp8.SCALE_SUFFIX, (rows // fp8.BLOCK[0] if self.weight_format == "fp8" else rows)
         if part == "down_proj":
             leaf = "down_proj" + suffix
             return leaf, getattr(self, leaf).data[expert]
@@ -134,17 +157,19 @@ class RoutedExperts(nn.Module):
         return leaf, getattr(self, leaf).data[expert, off : off + rows]
 
     def init_dummy(self, generator: torch.Generator, std: float) -> None:
-        """Dummy FP8 weights: normal(0, std) floats quantized, one expert at a time (V3's stacked
+        """Dummy quantized weights: normal(0, std) floats quantized, one expert at a time (V3's stacked
         float32 experts would be 30 GB per layer)."""
+        quantize_into = fp4.load_float if self.weight_format == "fp4" else load_float
         pairs = (self.gate_up_proj, self.gate_up_proj_scale_inv), (self.down_proj, self.down_proj_scale_inv)
         for w, s in pairs:
+            rows, cols = w.shape[1], (self.hidden if w is self.gate_up_proj else self.intermediate)
             for e in range(self.num_experts):
-                load_float(w.data[e], s.data[e], normal(w.shape[1:], w.device, std, generator))
+                quantize_into(w.data[e], s.data[e], normal((rows, cols), w.device, std, generator))
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """x: [T, D]; weights, ids: [T, k]. Returns sum_k weights[t, k] * expert_{ids[t, k]}(x[t])."""
         fn = FUSED_MOE.get(x.device)
-        if not self.fp8_weights:
+        if not self.quantized:
             return fn(x, self.gate_up_proj, self.down_proj, weights, ids, self.swiglu_limit)
         scales = dict(w13_scale=self.gate_up_proj_scale_inv, w2_scale=self.down_proj_scale_inv)
         return fn(x, self.gate_up_proj, self.down_proj, weights, ids, self.swiglu_limit, **scales)
@@ -173,3 +198,8 @@ class HashRouter(nn.Module):
         weights = scores.gather(1, ids)
         weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
         return weights * self.scaling, ids
+
+
+def _bytes(*shape: int) -> nn.Parameter:
+    """Packed FP4 codes or their UE8M0 scale bytes (integers: `model.to(dtype)` leaves them alone)."""
+    return nn.Parameter(torch.empty(*shape, dtype=fp4.PACKED), requires_grad=False)

@@ -7,7 +7,11 @@ K. The real weight is `value(code) * scale`.
 
 Sources: the official `inference/model.py` `Linear` (FP4 branch) and `convert.py` (`FP4_TABLE`,
 nibble order) as quoted by ports, and transformers' `Fp8Dequantize._unpack_fp4` (same table and
-order). No released checkpoint was opened here; see docs/deepseek_v4.md for what that leaves open."""
+order). No released checkpoint was opened here; see docs/deepseek_v4.md for what that leaves open.
+
+Kept on the GPU as stored (`--quantization`, `keep_fp8`, when the config says `expert_dtype: fp4`): the
+packed codes as `PACKED` (uint8) and the scales as their UE8M0 exponent bytes (uint8, value 2^(b - 127)),
+so `model.to(bfloat16)` leaves both alone and the kernels read one byte per scale."""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ GROUP = 32  # elements per scale along K
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 E2M1_MAX = 6.0
 PACKED_DTYPES = (torch.int8, torch.uint8, getattr(torch, "float4_e2m1fn_x2", torch.int8))
+PACKED = torch.uint8  # kept weights' codes and scale exponents
 
 
 def is_packed(t: torch.Tensor) -> bool:
@@ -60,8 +65,32 @@ def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     amax = w.abs().amax(-1, keepdim=True).clamp(min=E2M1_MAX * 2.0**-126)
     scale = torch.exp2(torch.ceil(torch.log2(amax / E2M1_MAX)))
     x = (w / scale).clamp(-E2M1_MAX, E2M1_MAX).flatten(-2)
-    table = torch.tensor(E2M1[:8], dtype=torch.float32)
+    table = torch.tensor(E2M1[:8], dtype=torch.float32, device=weight.device)
     mag = (x.abs().unsqueeze(-1) - table).abs().argmin(-1)  # nearest magnitude code 0..7
     codes = (mag | ((x < 0).long() << 3)).to(torch.uint8)
     packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
     return packed.view(torch.int8), scale.squeeze(-1).to(torch.float8_e8m0fnu)
+
+
+def scale_bits(scale: torch.Tensor) -> torch.Tensor | None:
+    """Scales as UE8M0 exponent bytes (uint8, 2^(b - 127)): `float8_e8m0fnu` and uint8 as they are,
+    float scales when every one is a power of two in range; None otherwise (the weight is then
+    dequantized and quantized again, `load_float`)."""
+    if scale.dtype == torch.float8_e8m0fnu:
+        return scale.view(torch.uint8)
+    if scale.dtype == torch.uint8:
+        return scale
+    exp = torch.log2(scale.float())
+    if not bool(((exp == exp.round()) & (exp >= -127) & (exp <= 127)).all()):
+        return None
+    return (exp + 127).to(torch.uint8)
+
+
+def load_float(weight: torch.Tensor, scale: torch.Tensor, value: torch.Tensor) -> None:
+    """Quantize a float weight [..., N, K] (on the destination's device) into views of a kept packed
+    weight [..., N, K/2] and its scale bytes [..., N, K/32] (one expert, a gate or up half of one)."""
+    q, s = quantize(value.to(weight.device))
+    if q.shape != weight.shape or s.shape != scale.shape:
+        raise ValueError(f"float weight {tuple(value.shape)} does not fit FP4 {tuple(weight.shape)} (packed)")
+    weight.copy_(q.view(PACKED))
+    scale.copy_(s.view(torch.uint8))

@@ -33,7 +33,7 @@ from runtime.gpu.testing.plans import (
     seq_start,
     shuffled_slots,
 )
-from runtime.gpu.testing.v4_decode import v4_decode_scenario
+from runtime.gpu.testing.v4_decode import v4_decode_scenario, v4_verify_scenario
 from runtime.gpu.testing.v4_prefix import HitVsCold, v4_hit_vs_cold
 
 __all__ = [
@@ -69,6 +69,7 @@ __all__ = [
     "tiny_deepseek_v4_config",
     "tiny_llama_config",
     "v4_decode_scenario",
+    "v4_verify_scenario",
     "v4_hit_vs_cold",
     "write_fp8_checkpoint",
 ]

@@ -1,6 +1,8 @@
 """Every placement returns the rows the device placement (the whole table) returns: `host` through
-EngramShardActor processes over the mailbox transport, `split` over a 2-process gloo group. A host
-shard that is killed fails the lookups that need it with StepFailed, is restarted, and serves again."""
+EngramShardActor processes over the mailbox transport and read in place from the shared-memory table
+the shards fill (mapped; on the CPU without the CUDA registration), `split` over a 2-process gloo group.
+A host shard that is killed fails the lookups that need it (mapped: every step) with StepFailed, is
+restarted, and serves again."""
 
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ def device(hasher):
 
 @pytest.fixture(scope="module")
 def host(hasher):
-    p = HostPlacement(CFG, hasher, torch.device("cpu"), torch.float32, shards=3)
+    p = HostPlacement(CFG, hasher, torch.device("cpu"), torch.float32, shards=3, mapped=True)
     yield p
     p.close()
 
@@ -49,7 +51,9 @@ def host(hasher):
 def test_host_shards_return_the_device_rows(hasher, device, host):
     for seed in range(3):
         addr = _addresses(hasher, seed)
-        torch.testing.assert_close(host.fetch(addr)(), device.fetch(addr)(), rtol=0, atol=0)
+        want = device.fetch(addr)()
+        torch.testing.assert_close(host.fetch(addr)(), want, rtol=0, atol=0)
+        torch.testing.assert_close(host.device_table[torch.from_numpy(addr)], want, rtol=0, atol=0)
 
 
 def test_killed_host_shard_fails_lookups_then_restarts(hasher, device, host):
@@ -60,9 +64,15 @@ def test_killed_host_shard_fails_lookups_then_restarts(hasher, device, host):
     with pytest.raises(StepFailed, match="Engram shard 1 .* crashed"):
         for _ in range(1000):  # until the death is noticed: every lookup from then on fails
             host.fetch(addr)()
-    assert host.wait_all_up(60)  # the restarted shard announced itself (NodeReady)
+    if host.down:  # mapped reads fail too until the shard is back
+        with pytest.raises(StepFailed, match="Engram shard 1 .* crashed"):
+            host.check()
+    assert host.wait_all_up(60)
+    host.check()  # the restarted shard announced itself (NodeReady)
     assert host.restarts == ready_before + 1 and host.pids[1] != pid
-    torch.testing.assert_close(host.fetch(addr)(), device.fetch(addr)(), rtol=0, atol=0)
+    want = device.fetch(addr)()
+    torch.testing.assert_close(host.fetch(addr)(), want, rtol=0, atol=0)
+    torch.testing.assert_close(host.device_table[torch.from_numpy(addr)], want, rtol=0, atol=0)
 
 
 def _split_rank(rank: int, port: int, out: dict) -> None:

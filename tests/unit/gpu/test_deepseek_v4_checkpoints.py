@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 
 from runtime.config import RunnerConfig
 from runtime.gpu.model_runner import ModelRunner
-from runtime.gpu.models.deepseek_v4.weights import dequantized
+from runtime.gpu.models.deepseek_v4.weights import paired
 from runtime.gpu.quant import fp4, fp8
 from runtime.gpu.testing import PlanBuilder, random_deepseek_v4, seq_start
 
@@ -99,7 +99,8 @@ def quantize_upstream(state: dict[str, torch.Tensor], block) -> tuple[dict, dict
 
 
 def quantize_hf(state: dict[str, torch.Tensor], block) -> tuple[dict, dict]:
-    """transformers' FineGrainedFP8 serialization: `X.weight` e4m3 + float32 `X.weight_scale_inv`;
+    """transformers' FineGrainedFP8 serialization: `X.weight` e4m3 + float32 `X.weight_scale_inv` (the
+    attention projections and shared experts);
     stacked experts packed FP4 `...experts.gate_up_proj` + UE8M0 `...experts.gate_up_proj_scale_inv`."""
     out, values = {}, {}
     for name, t in state.items():
@@ -107,7 +108,9 @@ def quantize_hf(state: dict[str, torch.Tensor], block) -> tuple[dict, dict]:
             q, s = fp4.quantize(t)
             out[name], out[f"{name}_scale_inv"] = q, s
             values[name] = fp4.dequantize(q, s)
-        elif re.search(r"self_attn\.(q_a_proj|q_b_proj|kv_proj|o_a_proj|o_b_proj)\.weight$", name):
+        elif re.search(
+            r"self_attn\.(q_a_proj|q_b_proj|kv_proj|o_a_proj|o_b_proj)\.weight$|shared_experts\.", name
+        ):
             q, s = fp8.quantize(t, block)
             out[name], out[name + "_scale_inv"] = q, s
             values[name] = fp8.dequantize(q, s, block)
@@ -218,11 +221,11 @@ def test_fp4_round_trip_is_within_half_a_step():
 def test_orphan_quantized_weight_or_scale_is_an_error_but_a_plain_scale_parameter_passes():
     q, s = fp8.quantize(torch.randn(8, 8), (8, 8), ue8m0=True)
     with pytest.raises(ValueError, match="without a scale"):
-        list(dequantized(iter([("a.weight", q)]), (8, 8)))
+        list(paired(iter([("a.weight", q)])))
     with pytest.raises(ValueError, match="scales without a weight"):
-        list(dequantized(iter([("a.scale", s)]), (8, 8)))
+        list(paired(iter([("a.scale", s)])))
     hc_scale = torch.ones(3)  # transformers' `attn_hc.scale`: a parameter, no weight beside it
-    assert [n for n, _ in dequantized(iter([("x.attn_hc.scale", hc_scale), ("x.w", hc_scale)]), (8, 8))] == [
+    assert [n for n, _, _ in paired(iter([("x.attn_hc.scale", hc_scale), ("x.w", hc_scale)]))] == [
         "x.w",
         "x.attn_hc.scale",
     ]

@@ -46,3 +46,23 @@ def test_the_path_depends_on_rows_and_k(ops_called: list[str], rows: int, k: int
         assert ops_called == ["fp8_weight_gemm"] and rel < 1e-5  # float32 x, unquantized: exact up to sums
     else:
         assert ops_called == ["fp8_act_quant", "fp8_block_gemm"] and 1e-4 < rel < 0.06  # e4m3 x
+
+
+@pytest.mark.parametrize(("rows", "path"), [(3, "weight-only"), (WEIGHT_ONLY_MAX_M + 1, "w8a8")])
+def test_grouped_weights_read_their_own_columns_on_both_paths(
+    ops_called: list[str], rows: int, path: str
+) -> None:
+    """A block-diagonal weight (DeepSeek-V4's o_a_proj, 2 groups of 128 rows over 256 columns each):
+    the weight-only path in one launch, the W8A8 one a block GEMM per group; both equal the per-group
+    products with the dequantized weight (W8A8: up to the activation rounding)."""
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 2, 256, generator=g)
+    wq, ws = quantize(torch.randn(256, 256, generator=g) * 0.05, (128, 128))
+    y = fp8_linear(x.flatten(1), wq, ws, groups=2)
+    w = reference.dequant_weight(wq, ws)
+    want = torch.cat([x[:, 0] @ w[:128].T, x[:, 1] @ w[128:].T], dim=1)
+    rel = ((y - want).norm() / want.norm()).item()
+    if path == "weight-only":
+        assert ops_called == ["fp8_weight_gemm"] and rel < 1e-5
+    else:
+        assert ops_called == ["fp8_act_quant", "fp8_block_gemm"] and 1e-4 < rel < 0.06

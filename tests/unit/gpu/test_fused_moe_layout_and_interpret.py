@@ -1,6 +1,7 @@
 """The MoE ops on the CPU (`fused_moe`, `moe_route`): the device-side layout puts every (token, expert)
 pair in exactly one row of a block of its expert; the reference equals a loop over tokens (FP8 experts:
-over dequantized weights and per-token quantized activations); the Triton kernels (bf16 and FP8 experts,
+over dequantized weights and per-token quantized activations; FP4 experts: the float path on their
+dequantized weights); the Triton kernels (bf16, FP8 and FP4 experts,
 one-program layout, router) match the references under the Triton interpreter (in a subprocess, as in
 test_kernels_interpret.py: this file run as a script with TRITON_INTERPRET=1 prints {case: closeness
 ratio}). Skipped without triton."""
@@ -17,6 +18,7 @@ from runtime.gpu.kernels.fp8_gemm.reference import act_quant, dequant_act
 from runtime.gpu.kernels.fused_moe import reference
 from runtime.gpu.kernels.fused_moe.layout import max_blocks, moe_layout
 from runtime.gpu.kernels.testing import InterpreterCases
+from runtime.gpu.quant import fp4
 from runtime.gpu.quant.fp8 import dequantize, quantize
 
 
@@ -48,6 +50,21 @@ def _random_fp8_moe(tokens: int, experts: int, k: int, hidden: int, inter: int, 
         return torch.stack(q), torch.stack(scale)
 
     (w13, s13), (w2, s2) = fp8(w13), fp8(w2)
+    return x.to(dtype), w13, w2, weights, ids, s13, s2
+
+
+def _random_fp4_moe(tokens: int, experts: int, k: int, hidden: int, inter: int, dtype, seed: int):
+    """x, (w13, w2 packed uint8), weights, ids, (w13_scale, w2_scale UE8M0 bytes): DeepSeek-V4's routed
+    experts. Magnitudes vary 16x between groups of 32, so a scale read from the wrong group shows."""
+    x, w13, w2, weights, ids = _random_moe(tokens, experts, k, hidden, inter, torch.float32, seed)
+    g = torch.Generator().manual_seed(seed + 2)
+
+    def packed(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        spread = 4.0 ** (torch.rand(*w.shape[:-1], w.shape[-1] // fp4.GROUP, generator=g) * 2 - 1)
+        q, s = fp4.quantize(w * spread.repeat_interleave(fp4.GROUP, -1))
+        return q.view(fp4.PACKED), s.view(torch.uint8)
+
+    (w13, s13), (w2, s2) = packed(w13), packed(w2)
     return x.to(dtype), w13, w2, weights, ids, s13, s2
 
 
@@ -123,6 +140,19 @@ def test_fp8_reference_needs_both_scales_on_the_block_grid():
         reference.fused_moe(x, w13, w2, weights, ids, w13_scale=s13)
     with pytest.raises(AssertionError):
         reference.fused_moe(x, w13, w2, weights, ids, w13_scale=s13, w2_scale=s2[:, :1])
+    x, w13, w2, weights, ids, s13, s2 = _random_fp4_moe(2, 4, 2, 64, 32, torch.bfloat16, seed=6)
+    with pytest.raises(AssertionError):  # FP4: one scale byte per row and 32 along K
+        reference.fused_moe(x, w13, w2, weights, ids, w13_scale=s13, w2_scale=s2[..., :0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp4_reference_is_the_float_path_on_the_dequantized_weights(dtype):
+    """W4A16: nothing is quantized but the weights, whose dequantized values bf16 holds exactly."""
+    x, w13, w2, weights, ids, s13, s2 = _random_fp4_moe(11, 4, 2, 64, 96, dtype, seed=7)
+    got = reference.fused_moe(x, w13, w2, weights, ids, 0.5, w13_scale=s13, w2_scale=s2)
+    w13d, w2d = fp4.dequantize(w13, s13), fp4.dequantize(w2, s2)
+    assert torch.equal(w13d.to(dtype).float(), w13d) and w13d.shape == (4, 192, 64)
+    assert torch.equal(got, reference.fused_moe(x, w13d.to(dtype), w2d.to(dtype), weights, ids, 0.5))
 
 
 def test_reference_rounds_like_the_kernels_in_bfloat16():
@@ -190,6 +220,26 @@ def _run_fp8_case(tokens, experts, k, hidden, inter, limit) -> float:
     return close_ratio(got, want, 2e-3 * want.abs().max().item(), 1.6e-2)
 
 
+FP4_CASES = {
+    # tokens, experts, k, hidden, inter, dtype, swiglu limit: packed e2m1 experts, UE8M0 scales per 32
+    "fp4_fp32_decode_batch1": (1, 4, 2, 64, 32, "float32", None),
+    "fp4_bf16_crowded_expert_v4_limit": (9, 4, 2, 96, 64, "bfloat16", 0.5),
+}
+
+
+def _run_fp4_case(tokens, experts, k, hidden, inter, dtype, limit) -> float:
+    """The kernels see exactly the reference's dequantized weights: only accumulation order differs."""
+    from runtime.gpu.kernels.fused_moe import triton as fused_triton
+    from runtime.gpu.kernels.testing import close_ratio
+
+    x, w13, w2, weights, ids, s13, s2 = _random_fp4_moe(
+        tokens, experts, k, hidden, inter, getattr(torch, dtype), tokens
+    )
+    got = fused_triton.fused_moe(x, w13, w2, weights, ids, limit, w13_scale=s13, w2_scale=s2)
+    want = reference.fused_moe(x, w13, w2, weights, ids, limit, w13_scale=s13, w2_scale=s2)
+    return close_ratio(got, want, *_TOL[dtype])
+
+
 LAYOUT_CASES = {  # tokens, experts, k, block_m
     "layout_triton_equals_torch_v2lite_decode": (1, 64, 6, 16),
     "layout_triton_equals_torch_crowded": (37, 8, 3, 16),
@@ -247,6 +297,7 @@ CASES = InterpreterCases()
 for _table, _run in (
     (KERNEL_CASES, _run_case),
     (FP8_CASES, _run_fp8_case),
+    (FP4_CASES, _run_fp4_case),
     (LAYOUT_CASES, _run_layout_case),
     (ROUTE_CASES, _run_route_case),
 ):

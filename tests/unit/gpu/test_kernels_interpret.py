@@ -428,6 +428,22 @@ def fp8_weight_gemm_bf16_ragged():
     )
 
 
+@case
+def fp8_weight_gemm_grouped_bf16():
+    """W8A16 on a block-diagonal weight (DeepSeek-V4's o_a_proj): 2 groups of 128 rows, each reading its
+    own 96 columns of x, in one launch."""
+    from runtime.gpu.kernels.fp8_gemm import reference, weight_only
+    from runtime.gpu.kernels.testing import close_ratio
+    from runtime.gpu.quant.fp8 import quantize
+
+    g = torch.Generator().manual_seed(12)
+    wq, ws = quantize(torch.randn(256, 96, generator=g) * 0.05, (128, 128))
+    x = torch.randn(3, 192, generator=g).to(torch.bfloat16)
+    want = reference.fp8_weight_gemm(x, wq, ws, groups=2).float()
+    got = weight_only.fp8_weight_gemm(x, wq, ws, groups=2).float()
+    return close_ratio(got, want, 2e-3 * want.abs().max().item(), 1e-2)
+
+
 def _fp8_gemm(m: int, n: int, k: int, split: int) -> float:
     from runtime.gpu.kernels.fp8_gemm import reference, triton
     from runtime.gpu.kernels.testing import close_ratio
@@ -573,10 +589,56 @@ def sparse_attention_fp32_20_heads_two_head_blocks():
     return _sparse(3, 32, 4, 3, torch.float32, heads=20, prefix=12)
 
 
+def _sparse_shared_list(tokens: int, dim: int, entries: int, dtype) -> float:
+    """The HCA call of V4's prefill: one entry list shared by every token (stride 0) and cut per token by
+    `extra_topk_length`; the list's tail past a token's length would be NaN rows if read."""
+    from runtime.gpu.kernels.sparse_attention import reference, triton
+    from runtime.gpu.kernels.sparse_attention.testing import sparse_case
+    from runtime.gpu.kernels.testing import close_ratio
+
+    c = sparse_case(tokens, 4, dim, 4, 1, dtype, "cpu", prefix=entries, two_sources=True, seed=tokens + dim)
+    shared = torch.randperm(c.extra_kv.shape[0] - 4, generator=torch.Generator().manual_seed(0))[:entries]
+    lengths = torch.randint(0, entries + 1, (tokens,), generator=torch.Generator().manual_seed(1)).int()
+    kw = dict(extra_kv=c.extra_kv, extra_indices=shared.int().expand(tokens, -1), extra_topk_length=lengths)
+    args = (c.q, c.kv, c.indices, c.sinks, c.scale)
+    return close_ratio(
+        triton.sparse_attention(*args, **kw), reference.sparse_attention(*args, **kw), *_tol(dtype)
+    )
+
+
+@case
+def sparse_attention_fp32_shared_entry_list_cut_per_token():
+    return _sparse_shared_list(7, 32, 9, torch.float32)
+
+
+def _index(tokens: int, heads: int, dim: int, entries: int, dtype, prefix: int = 0) -> float:
+    """Lightning Indexer scores: blocks no query sees (-inf, nothing loaded), partly seen blocks."""
+    from runtime.gpu.kernels.index_scores import reference, triton
+    from runtime.gpu.kernels.index_scores.testing import index_case, score_ratio
+
+    c = index_case(tokens, heads, dim, entries, dtype, "cpu", prefix=prefix, seed=tokens + entries)
+    return score_ratio(triton.index_scores(*c.args()), reference.index_scores(*c.args()), *_tol(dtype))
+
+
+@case
+def index_scores_fp32_causal_start():
+    return _index(37, 3, 16, 40, torch.float32)  # queries 0..3 see nothing; entry blocks 1, 2 no query sees
+
+
+@case
+def index_scores_bf16_c32_after_prefix():
+    return _index(20, 5, 32, 40, torch.bfloat16, prefix=100)
+
+
+@case
+def index_scores_fp32_c24_padded_many_blocks():
+    return _index(18, 2, 24, 70, torch.float32, prefix=200)  # c padded to 32, 5 entry blocks
+
+
 def _moe_blocks(t: int, k: int, d: int, ep: int, per_rank: int, cap: int, dtype) -> float:
     """Pack, a stand-in for the experts (each row scaled by its weight and its local expert + 1), combine:
-    Triton against the reference. Also: every pair took a row of its own in its destination's block, and
-    the rows no pair took are cleared."""
+    Triton against the reference. Also: every pair took a row of its own in its destination's block (the
+    same row in both), and the rows no pair took are cleared."""
     from runtime.gpu.kernels.moe_blocks import reference
     from runtime.gpu.kernels.moe_blocks import triton as kernels
     from runtime.gpu.kernels.testing import close_ratio
@@ -595,9 +657,10 @@ def _moe_blocks(t: int, k: int, d: int, ep: int, per_rank: int, cap: int, dtype)
         assert (rows[untouched] == 0).all() and (w[untouched] == 0).all() and (ids[untouched] == 0).all()
         return (rows.float() * w[:, None] * (ids[:, None] + 1)).to(dtype), where
 
-    got = kernels.combine(*through_experts(kernels.pack))
-    want = reference.combine(*through_experts(reference.pack))
-    return close_ratio(got, want, *_tol(dtype))
+    got, got_where = through_experts(kernels.pack)
+    want, want_where = through_experts(reference.pack)
+    assert torch.equal(got_where, want_where)  # the same layout: pair order inside each block
+    return close_ratio(kernels.combine(got, got_where), reference.combine(want, want_where), *_tol(dtype))
 
 
 @case

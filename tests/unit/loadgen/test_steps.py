@@ -20,6 +20,13 @@ def test_steps_prints_a_sane_table_on_cpu_with_a_tiny_config(capsys):
         mbu, mfu = float(r[7].rstrip("%")), float(r[8].rstrip("%"))
         assert step_ms > 0 and tok_s > 0
         assert 0 <= mbu < 100 and 0 < mfu < 100
+        roof_ms, layer_ms, of_roof = float(r[9]), float(r[10]), float(r[11].rstrip("%"))
+        assert roof_ms > 0 and layer_ms == pytest.approx(roof_ms / 2, abs=1e-3)  # the tiny Llama's 2 layers
+        assert (
+            of_roof
+            == pytest.approx(100 * roof_ms / step_ms, abs=0.1)
+            == pytest.approx(max(mbu, mfu), abs=0.1)
+        )
     assert "copy" in out and "matmul" in out
 
 

@@ -43,11 +43,18 @@ class Fp8ActQuant(Protocol):
 
 class Fp8WeightGemm(Protocol):
     def __call__(
-        self, x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, out: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        w: torch.Tensor,
+        w_scale: torch.Tensor,
+        out: torch.Tensor | None = None,
+        groups: int = 1,
     ) -> torch.Tensor:
         """W8A16: y [M, N] = x @ dequant(w, w_scale)^T in float32, x unquantized, rounded to x's dtype
         (`out` if given). x [M, K] bf16/fp16/fp32 (unit last stride), w [N, K] e4m3, w_scale
-        [ceil(N/128), ceil(K/128)] float32."""
+        [ceil(N/128), ceil(K/128)] float32. `groups` > 1: a block-diagonal weight (DeepSeek-V4's
+        o_a_proj): x [M, groups * K], and output columns g*N/groups .. (g+1)*N/groups read x's
+        columns g*K .. (g+1)*K (N/groups a multiple of 128)."""
         ...
 
 

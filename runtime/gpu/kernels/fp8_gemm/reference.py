@@ -51,9 +51,10 @@ def fp8_act_quant(x, group=GROUP):
     return act_quant(x, group)
 
 
-def fp8_weight_gemm(x, w, w_scale, out=None):
+def fp8_weight_gemm(x, w, w_scale, out=None, groups=1):
     """`Fp8WeightGemm`."""
-    y = x.float() @ dequant_weight(w, w_scale).T
+    wd = dequant_weight(w, w_scale).view(groups, w.shape[0] // groups, w.shape[1])
+    y = torch.einsum("mgk,gnk->mgn", x.float().view(x.shape[0], groups, -1), wd).flatten(1)
     if out is None:
         return y.to(x.dtype)
     out.copy_(y)

@@ -9,7 +9,8 @@ the dequantized-weight product than W8A8's. Without split-K it loses to W8A8 at 
 which is why `fp8_linear` sends it only K <= 4096.
 
 One program per (BLOCK_N columns, BLOCK_M rows); BLOCK_N divides 128, so a program's columns share one
-weight-scale row, and each K step is one scale group."""
+weight-scale row, and each K step is one scale group. A block-diagonal weight (`groups`, DeepSeek-V4's
+o_a_proj) is one launch too: a program's columns lie in one group, whose columns of x it reads."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from runtime.gpu.kernels.triton_utils import dot_f32, dot_operand
 
 @triton.jit
 def _gemm(
-    X, W, WS, Y, M, N, K,
+    X, W, WS, Y, M, N, K, group_rows,
     stride_xm, stride_wn, stride_wsn, stride_ym,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     DOT_F32: tl.constexpr,
@@ -36,7 +37,8 @@ def _gemm(
     offs_k = tl.arange(0, BLOCK_K)
     mask_m = offs_m < M
     mask_n = offs_n < N
-    x_ptrs = X + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :]
+    x_group = ((pid_n * BLOCK_N) // group_rows) * K  # block-diagonal weights: this group's columns of x
+    x_ptrs = X + offs_m[:, None].to(tl.int64) * stride_xm + x_group + offs_k[None, :]
     w_ptrs = W + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
     ws_ptr = WS + ((pid_n * BLOCK_N) // BLOCK_K) * stride_wsn
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
@@ -65,11 +67,12 @@ def launch(m: int, n: int, device: torch.device) -> tuple[int, int, int, int]:
     return block_m, block_n, 4, 4
 
 
-def fp8_weight_gemm(x, w, w_scale, out=None):
+def fp8_weight_gemm(x, w, w_scale, out=None, groups=1):
     """`Fp8WeightGemm`."""
-    m, k = x.shape
+    m, k = x.shape[0], x.shape[1] // groups
     n = w.shape[0]
-    assert w.shape[1] == k and x.stride(1) == 1 and w.stride(1) == 1
+    assert w.shape[1] == k and x.shape[1] == groups * k and x.stride(1) == 1 and w.stride(1) == 1
+    assert groups == 1 or (n // groups) % GROUP == 0, (n, groups)
     assert w_scale.shape == (-(-n // GROUP), -(-k // GROUP)), (w.shape, w_scale.shape)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device) if out is None else out
     assert out.shape == (m, n) and out.stride(1) == 1
@@ -78,7 +81,7 @@ def fp8_weight_gemm(x, w, w_scale, out=None):
     block_m, block_n, warps, stages = launch(m, n, x.device)
     w_scale = w_scale.float()
     _gemm[(-(-n // block_n), -(-m // block_m))](
-        x, w, w_scale, out, m, n, k, x.stride(0), w.stride(0), w_scale.stride(0), out.stride(0),
+        x, w, w_scale, out, m, n, k, n // groups, x.stride(0), w.stride(0), w_scale.stride(0), out.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=GROUP, EVEN_K=k % GROUP == 0, DOT_F32=dot_f32(x),
         num_warps=warps, num_stages=stages,
     )  # fmt: skip

@@ -1,6 +1,7 @@
 """Routed DeepSeekMoE experts (op `fused_moe`): device-side routing layout, gate/up GEMM with the SwiGLU
-in its epilogue, down GEMM with the routing weights and unpermute in its epilogue; bf16 experts, or FP8
-ones (e4m3 with 128x128 block scales, activations quantized per token and 128-group: W8A8). The Triton
+in its epilogue, down GEMM with the routing weights and unpermute in its epilogue; bf16 experts, FP8
+ones (e4m3 with 128x128 block scales, activations quantized per token and 128-group: W8A8), or FP4 ones
+(packed e2m1 with UE8M0 scales per 32, dequantized in the kernel against bf16 activations: W4A16). The Triton
 path never reads the device on the host (CUDA-graph safe); the reference sorts on the host."""
 
 from __future__ import annotations
@@ -35,7 +36,13 @@ class FusedMoe(Protocol):
         FP8 experts (W8A8, DeepSeek-V3's format): w13, w2 float8_e4m3fn with w13_scale
         [E, ceil(2I/128), ceil(D/128)] and w2_scale [E, ceil(D/128), ceil(I/128)] (float32, unit stride
         along K); each matmul's activation is quantized per token and 128-group of K
-        (`fp8_gemm.reference.act_quant`: x before gate/up, the rounded SwiGLU output before down)."""
+        (`fp8_gemm.reference.act_quant`: x before gate/up, the rounded SwiGLU output before down).
+
+        FP4 experts (W4A16, DeepSeek-V4's format, `runtime.gpu.quant.fp4`): w13 [E, 2I, D/2] and w2
+        [E, D, I/2] uint8, two e2m1 codes per byte (element 2j in the low nibble), with w13_scale
+        [E, 2I, D/32] and w2_scale [E, D, I/32] uint8 UE8M0 exponents (2^(b - 127)), one per 32 along
+        K (D and I multiples of 32); activations are not quantized: the float experts on the
+        dequantized weights, which bf16 holds exactly."""
         ...
 
 

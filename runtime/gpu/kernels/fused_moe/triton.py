@@ -23,7 +23,10 @@ kernel then gathers e4m3 rows and their scales), and H (still written in x's dty
 rounds it) between the two kernels. Quantizing in the GEMM kernels' registers instead would skip these
 launches, but every program would redo it (x once per column tile of I, H once per column tile of D:
 56x at V3) on the CUDA cores inside the K loop, the Triton interpreter casts float32 to e4m3 wrongly,
-and the separate quantizer is the one whose rounding is tested against `act_quant`."""
+and the separate quantizer is the one whose rounding is tested against `act_quant`.
+
+FP4 experts (W4A16, DeepSeek-V4's routed experts): two kernels of their own over the same layout,
+`triton_fp4.py`."""
 
 from __future__ import annotations
 
@@ -37,8 +40,9 @@ from runtime.gpu.kernels.common import dot_precision
 from runtime.gpu.kernels.fp8_gemm import FP8_ACT_QUANT
 from runtime.gpu.kernels.fp8_gemm.reference import GROUP
 from runtime.gpu.kernels.fused_moe.layout import MoELayout, moe_layout
-from runtime.gpu.kernels.fused_moe.reference import fp8_experts
-from runtime.gpu.kernels.fused_moe.triton_layout import LAYOUT_MAX_PAIRS, moe_layout_triton
+from runtime.gpu.kernels.fused_moe.reference import expert_format
+from runtime.gpu.kernels.fused_moe.triton_fp4 import launch_fp4
+from runtime.gpu.kernels.fused_moe.triton_layout import LAYOUT_MAX_PAIRS, block_tile, moe_layout_triton
 from runtime.gpu.kernels.triton_utils import dot_f32, dot_operand
 
 
@@ -72,18 +76,6 @@ def choose_config(
 
 
 @triton.jit
-def _block_tile(b, Pairs, BlockExpert, num_pairs, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Block b of the expert-sorted layout and this program's output columns: the block's expert, its
-    rows (pair indices; padding rows hold num_pairs, so `valid` is False there) and the column mask."""
-    e = tl.load(BlockExpert + b).to(tl.int64)
-    offs_m = b * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(Pairs + offs_m)
-    valid = pair < num_pairs
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    return e, offs_m, pair, valid, offs_n, offs_n < N
-
-
-@triton.jit
 def _k_step(
     acc, a, w, a_s_ptrs, w_s_ptrs, valid, mask_n,
     FP8: tl.constexpr, DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr,
@@ -113,9 +105,7 @@ def _gate_up_swiglu(
     b = tl.program_id(0)
     if b * BLOCK_M >= tl.load(NumRows):
         return
-    e, offs_m, pair, valid, offs_n, mask_n = _block_tile(
-        b, Pairs, BlockExpert, num_pairs, N, BLOCK_M, BLOCK_N
-    )
+    e, offs_m, pair, valid, offs_n, mask_n = block_tile(b, Pairs, BlockExpert, num_pairs, N, BLOCK_M, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     tok = (pair // TOPK).to(tl.int64)
     x_ptrs = X + tok[:, None] * stride_xm + offs_k[None, :]
@@ -160,9 +150,7 @@ def _down_weighted(
     b = tl.program_id(0)
     if b * BLOCK_M >= tl.load(NumRows):
         return
-    e, offs_m, pair, valid, offs_n, mask_n = _block_tile(
-        b, Pairs, BlockExpert, num_pairs, N, BLOCK_M, BLOCK_N
-    )
+    e, offs_m, pair, valid, offs_n, mask_n = block_tile(b, Pairs, BlockExpert, num_pairs, N, BLOCK_M, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     h_ptrs = H + offs_m[:, None].to(tl.int64) * stride_hm + offs_k[None, :]
     w_ptrs = W + e * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
@@ -185,18 +173,23 @@ def _down_weighted(
 def fused_moe(x, w13, w2, topk_weights, topk_ids, swiglu_limit=None, w13_scale=None, w2_scale=None):
     """`FusedMoe`."""
     num_tokens, hidden = x.shape
+    fmt = expert_format(w13, w2, w13_scale, w2_scale)
     num_experts, two_i, _ = w13.shape
     inter, k = two_i // 2, topk_ids.shape[1]
-    assert w13.shape[2] == hidden and w2.shape == (num_experts, hidden, inter), (w13.shape, w2.shape)
+    pack = 2 if fmt == "fp4" else 1  # elements per byte along K
+    shapes = w13.shape[2] * pack == hidden and w2.shape == (num_experts, hidden, inter // pack)
+    assert shapes, (x.shape, w13.shape, w2.shape)
     assert x.stride(1) == 1 and w13.stride(2) == 1 and w2.stride(2) == 1
-    scales = (w13_scale, w2_scale) if fp8_experts(w13, w2, w13_scale, w2_scale) else None
-    if scales is not None:
+    scales = None if fmt == "float" else (w13_scale, w2_scale)
+    if fmt == "fp8":
         assert all(s.dtype == torch.float32 and s.stride(2) == 1 for s in scales)
         assert w13.dtype == w2.dtype == torch.float8_e4m3fn, (w13.dtype, w2.dtype)
+    if fmt == "fp4":
+        assert all(s.stride(2) == 1 for s in scales)
     if num_tokens == 0:
         return x.new_zeros(0, hidden)
-    cfg = choose_config(num_tokens * k, num_experts, x.device, x.dtype, scales is not None)
-    assert scales is None or cfg.block_k == GROUP, "FP8 experts take one 128-group per K step"
+    cfg = choose_config(num_tokens * k, num_experts, x.device, x.dtype, fmt == "fp8")
+    assert fmt != "fp8" or cfg.block_k == GROUP, "FP8 experts take one 128-group per K step"
     small = num_tokens * k <= LAYOUT_MAX_PAIRS  # decode: one launch instead of a dozen
     lay = (moe_layout_triton if small else moe_layout)(topk_ids, num_experts, cfg.block_m)
     # The Triton interpreter (CPU) rounds float32 to bf16 toward zero: there H and Y are written in
@@ -205,7 +198,8 @@ def fused_moe(x, w13, w2, topk_weights, topk_ids, swiglu_limit=None, w13_scale=N
     h = torch.empty(lay.max_blocks * cfg.block_m, inter, dtype=store_dtype, device=x.device)
     y = torch.empty(num_tokens * k, hidden, dtype=store_dtype, device=x.device)
     weights = topk_weights.reshape(-1).float().contiguous()
-    _launch(x, w13, w2, h, y, weights, lay, cfg, k, swiglu_limit, scales)
+    launch = launch_fp4 if fmt == "fp4" else _launch
+    launch(x, w13, w2, h, y, weights, lay, cfg, k, swiglu_limit, scales)
     return y.to(x.dtype).view(num_tokens, k, hidden).sum(1)
 
 

@@ -5,7 +5,9 @@ One program, two passes over the T*k expert ids, BLOCK at a time, as one-hot [BL
 pass 1 counts pairs per expert, giving the padded segment starts (cumsum); pass 2 gives each pair its
 row, segment start + pairs of the same expert before it (earlier tiles: a running count; this tile:
 a cumsum down the one-hot column), which is the stable order `argsort(stable=True)` gives. The work
-grows as T*k*E, so large batches (prefill) use the PyTorch version: see `LAYOUT_MAX_PAIRS`."""
+grows as T*k*E, so large batches (prefill) use the PyTorch version: see `LAYOUT_MAX_PAIRS`.
+
+`block_tile` is how the GEMM kernels read a block of either layout."""
 
 from __future__ import annotations
 
@@ -76,3 +78,15 @@ def moe_layout_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int) ->
         num_warps=4 if flat.is_cuda else 1,
     )  # fmt: skip
     return MoELayout(sorted_pairs, block_expert, num_rows, pairs, block_m)
+
+
+@triton.jit
+def block_tile(b, Pairs, BlockExpert, num_pairs, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Block b of the expert-sorted layout and this program's output columns: the block's expert, its
+    rows (pair indices; padding rows hold num_pairs, so `valid` is False there) and the column mask."""
+    e = tl.load(BlockExpert + b).to(tl.int64)
+    offs_m = b * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(Pairs + offs_m)
+    valid = pair < num_pairs
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    return e, offs_m, pair, valid, offs_n, offs_n < N

@@ -1,7 +1,8 @@
-"""The fixed blocks in Triton. `pack`: one program per pair; its row in the destination's block comes
-from an atomic counter per rank (so the order inside a block follows the programs' timing; the experts
-treat rows independently, so the result does not depend on it), then the pair copies its token's row.
-`combine`: one program per (token, column block) sums the token's k rows in float32."""
+"""The fixed blocks in Triton. `pack`: one program per pair; its row in the destination's block is the
+number of earlier pairs going to the same rank (the reference's layout), counted by the program itself
+over the slots before it (at most a few thousand pairs in a low-latency step, read from L2), so there
+are no counters to clear and no atomics; then the pair copies its token's row. `combine`: one program per
+(token, column block) sums the token's k rows in float32."""
 
 from __future__ import annotations
 
@@ -10,17 +11,24 @@ import triton
 import triton.language as tl
 
 BLOCK_D = 1024
+BLOCK_P = 1024  # slots counted per loop step
 
 
 @triton.jit
 def _pack(
-    X, W, Slots, Counts, Rows, RowW, RowIds, Where, k, per_rank, cap, d, stride_x,
-    BLOCK_D: tl.constexpr,
+    X, W, Slots, Rows, RowW, RowIds, Where, k, per_rank, cap, d, stride_x,
+    BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr,
 ):  # fmt: skip
     pair = tl.program_id(0).to(tl.int64)
     slot = tl.load(Slots + pair)
     dest = slot // per_rank
-    row = dest * cap + tl.atomic_add(Counts + dest, 1).to(tl.int64)
+    earlier = 0
+    for p0 in range(0, pair, BLOCK_P):
+        offs = p0 + tl.arange(0, BLOCK_P)
+        before = offs < pair
+        other = tl.load(Slots + offs, mask=before, other=0)
+        earlier += tl.sum(((other // per_rank == dest) & before).to(tl.int32))
+    row = dest * cap + earlier
     tl.store(Where + pair, row)
     tl.store(RowW + row, tl.load(W + pair).to(tl.float32))
     tl.store(RowIds + row, slot % per_rank)
@@ -56,11 +64,10 @@ def pack(x, weights, slots, per_rank, ep, cap):  # noqa: ANN001, ANN201
     w = alloc(n, dtype=torch.float32, device=x.device)
     ids = alloc(n, dtype=torch.int64, device=x.device)
     where = torch.empty(t, k, dtype=torch.int64, device=x.device)
-    counts = torch.zeros(ep, dtype=torch.int32, device=x.device)
     if t * k:
         _pack[(t * k,)](
-            x, weights, slots, counts, rows, w, ids, where, k, per_rank, cap, d, x.stride(0),
-            BLOCK_D=min(BLOCK_D, triton.next_power_of_2(d)), num_warps=4,
+            x, weights, slots, rows, w, ids, where, k, per_rank, cap, d, x.stride(0),
+            BLOCK_D=min(BLOCK_D, triton.next_power_of_2(d)), BLOCK_P=BLOCK_P, num_warps=4,
         )  # fmt: skip
     return rows, w, ids, where
 

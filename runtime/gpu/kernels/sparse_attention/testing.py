@@ -1,4 +1,5 @@
-"""Random DeepSeek-V4-shaped inputs for the sparse attention tests and the benchmark.
+"""Random DeepSeek-V4-shaped inputs for the sparse attention tests and the benchmark, and the dense
+attention over a mask (`attend_with_sink`) the reference is checked against.
 
 T consecutive tokens at positions prefix .. prefix + T - 1 of one request. Token p selects its sliding
 window (the K=V rows of positions p - window + 1 .. p, -1 below position 0) and `topk` compressed
@@ -16,6 +17,18 @@ from dataclasses import dataclass
 import torch
 
 POISON_ROWS = 4
+
+
+def attend_with_sink(
+    q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Dense DeepSeek-V4 attention: q [L, H, d], kv [K, d] (keys = values), mask [L, K] bool, sinks [H]
+    -> [L, H, d], the softmax over the kept keys and the sink (which adds no value)."""
+    logits = torch.einsum("lhd,kd->hlk", q, kv) * scale
+    logits = logits.masked_fill(~mask, float("-inf"))
+    sink = sinks.to(logits.dtype).view(-1, 1, 1).expand(-1, logits.shape[1], 1)
+    probs = torch.cat([logits, sink], dim=-1).softmax(-1)[..., :-1]
+    return torch.einsum("hlk,kd->lhd", probs.to(kv.dtype), kv)
 
 
 @dataclass

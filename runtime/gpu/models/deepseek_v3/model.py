@@ -36,7 +36,7 @@ from runtime.gpu.kernels.fused_moe import FUSED_MOE
 from runtime.gpu.kernels.silu_and_mul import SILU_AND_MUL
 from runtime.gpu.kv_pool import KVPoolSpec
 from runtime.gpu.layers import MergedLinear, RMSNorm, RotaryEmbedding, expert_parallel
-from runtime.gpu.layers.fp8_linear import Fp8Linear, MergedFp8Linear
+from runtime.gpu.layers.fp8_linear import MergedFp8Linear, linear
 from runtime.gpu.layers.moe import RoutedExperts, TopkRouter
 from runtime.gpu.layers.parallel import (
     ColumnParallelLinear,
@@ -67,16 +67,12 @@ def softmax_scale(config) -> float:
     return scale
 
 
-def _linear(in_features: int, out_features: int, bias: bool = False, fp8_weights: bool = False) -> nn.Module:
-    return (Fp8Linear if fp8_weights else nn.Linear)(in_features, out_features, bias=bias)
-
-
 def _column(
     in_features: int, out_features: int, rows: tuple[int, int], fp8_weights: bool = False
 ) -> nn.Module:
     """A projection whose output features split over the TP ranks (whole on one rank)."""
     if distributed.tp().size == 1:
-        return _linear(in_features, out_features, fp8_weights=fp8_weights)
+        return linear(in_features, out_features, fp8_weights=fp8_weights)
     return ColumnParallelLinear(in_features, out_features, False, rows)
 
 
@@ -85,7 +81,7 @@ def _row(
 ) -> nn.Module:
     """A projection whose input features split over the TP ranks, summed by all-reduce."""
     if distributed.tp().size == 1:
-        return _linear(in_features, out_features, bias, fp8_weights)
+        return linear(in_features, out_features, bias, fp8_weights)
     return RowParallelLinear(in_features, out_features, bias, cols)
 
 
@@ -123,10 +119,10 @@ class DeepseekV3Attention(nn.Module):
         if self.q_lora_rank is None:
             self.q_proj = _column(hidden, heads * qk_dim, q_rows, fp8_weights=f8)
         else:
-            self.q_a_proj = _linear(hidden, self.q_lora_rank, bias, f8)
+            self.q_a_proj = linear(hidden, self.q_lora_rank, bias, f8)
             self.q_a_layernorm = RMSNorm(self.q_lora_rank)  # eps 1e-6 in the reference, not rms_norm_eps
             self.q_b_proj = _column(self.q_lora_rank, heads * qk_dim, q_rows, fp8_weights=f8)
-        self.kv_a_proj_with_mqa = _linear(hidden, self.kv_lora_rank + self.rope_dim, bias, f8)
+        self.kv_a_proj_with_mqa = linear(hidden, self.kv_lora_rank + self.rope_dim, bias, f8)
         self.kv_a_layernorm = RMSNorm(self.kv_lora_rank)
         # always in the model dtype: MLA reads it as W_UK / W_UV (absorbed into q and the output)
         kv_dim = self.nope_dim + self.v_dim
@@ -202,7 +198,8 @@ class DeepseekV3MoE(nn.Module):
         if self.ep is not None:
             logical = self.ep.placement.local(distributed.ep().rank)
             n_experts = len(logical)
-        self.experts = RoutedExperts(n_experts, d, inter, fp8_weights=fp8_experts, logical=logical)
+        fmt = "fp8" if fp8_experts else "float"
+        self.experts = RoutedExperts(n_experts, d, inter, weight_format=fmt, logical=logical)
         n_shared = getattr(config, "n_shared_experts", 0) or 0
         self.shared_experts = DeepseekV3MLP(d, inter * n_shared, fp8_weights) if n_shared else None
 

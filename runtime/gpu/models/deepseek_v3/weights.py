@@ -1,10 +1,11 @@
 """DeepSeek checkpoints (V2/V3, and V4 after its name mapping) into our models: by Hugging Face name,
-routed experts into slices of their stacked weights, FP8 block-scaled weights into FP8 modules."""
+routed experts into slices of their stacked weights, FP8 block-scaled weights into FP8 modules (and V4's
+packed FP4 experts into FP4 experts)."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import structlog
 import torch
@@ -14,11 +15,13 @@ from runtime.gpu import loader
 from runtime.gpu.layers import MergedLinear
 from runtime.gpu.layers.fp8_linear import MergedFp8Linear, load_float
 from runtime.gpu.layers.moe import RoutedExperts
-from runtime.gpu.quant import fp8
+from runtime.gpu.quant import fp4, fp8
 
 log = structlog.get_logger(__name__)
 
 _EXPERT_TENSOR = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+# a float tensor loaded into a quantized one (weight dtype -> how to quantize into it and its scale)
+_QUANTIZE_INTO = {fp8.FP8: load_float, fp4.PACKED: fp4.load_float}
 
 
 def load_deepseek_checkpoint(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
@@ -26,22 +29,31 @@ def load_deepseek_checkpoint(model: nn.Module, tensors: Iterator[tuple[str, torc
     every other FP8 weight is dequantized (and requantized by `load_named` if its module is FP8)."""
     block = fp8.block_size(model.config)
     if block:
-        params = dict(model.named_parameters())
-
-        def keep(name: str) -> bool:
-            dst = _destination(model, params, name)
-            return block == fp8.BLOCK and dst is not None and dst[0].dtype == fp8.FP8
-
-        tensors = fp8.dequantize_stream(tensors, block, keep)
+        dtype_of = destination_dtype(model)
+        tensors = fp8.dequantize_stream(
+            tensors, block, lambda name: block == fp8.BLOCK and dtype_of(name) == fp8.FP8
+        )
     load_named(model, tensors)
+
+
+def destination_dtype(model: nn.Module) -> Callable[[str], torch.dtype | None]:
+    """For a checkpoint weight name (ours): the dtype of the model tensor it fills (FP8, packed FP4 or a
+    float), None when the model has none: whether a quantized weight can stay as stored."""
+    params = dict(model.named_parameters())
+
+    def dtype_of(name: str) -> torch.dtype | None:
+        dst = _destination(model, params, name)
+        return None if dst is None else dst[0].dtype
+
+    return dtype_of
 
 
 def load_named(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
     """Checkpoint tensors by Hugging Face name into `model`. Expert tensors land in slices of the stacked
     expert weights; MTP layers' copies of the embedding and head are skipped (shared with the main
     model); MTP layers absent from the checkpoint are dropped. Anything else missing is an error.
-    FP8 weights and their `weight_scale_inv` fill FP8 modules; a float weight for an FP8 module is
-    quantized into its weight and scale."""
+    FP8 weights and their `weight_scale_inv` fill FP8 modules (packed FP4 ones FP4 experts); a float
+    weight for a quantized module is quantized into its weight and scale."""
     params = dict(model.named_parameters())
     pending = {key for name in params for key in _keys_of(model, name)}
     first_mtp = model.model.num_layers
@@ -58,9 +70,9 @@ def load_named(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor]]) ->
                 unknown.append(name)
             continue
         dst, key = found
-        if dst.dtype == fp8.FP8 and tensor.dtype != fp8.FP8:
+        if dst.dtype in _QUANTIZE_INTO and tensor.dtype != dst.dtype:
             scale_dst, scale_key = _destination(model, params, name + fp8.SCALE_SUFFIX)
-            load_float(dst, scale_dst, tensor)
+            _QUANTIZE_INTO[dst.dtype](dst, scale_dst, tensor)
             pending -= {key, scale_key}
             continue
         if getattr(_module_of(model, key[0]), "tp_padded", False):  # the last vocabulary part

@@ -1,29 +1,43 @@
-"""DeepSeek-V4 attention for a decode step, every row at once (no Python loop over requests).
+"""DeepSeek-V4 attention for decode and verify steps, every row at once (no Python loop over requests).
 
-`attention.py` attends request by request (any step: prefill, chunked prefill, replay). A decode step, one
-new token per row, has the same shape for every row, so here each layer runs a fixed number of batched
-ops whatever the batch size, and no op's shape depends on a row's length except through the entries'
-padded width (the step's largest; under a CUDA graph, max_model_len / rate). Padding rows of a graph
-batch (row 0, position 0) write only row 0's slices and page 0, and their outputs are dropped:
+`attention.py` attends request by request (any step: prefill, chunked prefill, replay). A decode step (one
+new token per row) or a verify step (a row's last token and its k drafts: q_len = k + 1 consecutive
+positions, every row the same q_len) has the same shape for every row, so here each layer runs a fixed
+number of batched ops whatever the batch size, and no op's shape depends on a row's length except
+through the entries' padded width (the step's largest; under a CUDA graph, max_model_len / rate).
 
-- the sliding window is read in place from the pooled rings (`V4KVPool.rings`, [rows, window, d]):
-  the token is written at its ring slot first, then each row attends every slot of its ring whose
-  position (the latest one congruent to the slot, p - ((p - j) mod window)) is at or past the row's
-  state start;
-- a compressor pushes every row's token into its tail and pools the window the token closes for every
-  row, written only where (p + 1) % rate == 0 (rows whose window stays open write their entry's old
-  value back, so no host branch);
+The step's T tokens are B groups of q_len places (group b's at b * q_len ..), each place its own (row,
+position) (`ForwardBatch.token_rows`). A place attends its own row's places up to itself: those of its
+group with the same row at consecutive positions before it (its run; a CUDA graph's padding places, row
+0 at position 0, are runs of one whose outputs are dropped; they write only row 0's slices and page 0):
+
+- the sliding window is read in place from the pooled rings (`V4KVPool.rings`): every place's key is
+  written at its ring slot first, then each place attends every slot whose position (the latest one
+  congruent to the slot up to its run's last place) is at or past the row's state start and at most its
+  own; a slot a later place of its run overwrote still holds, for this place, the key that slot held
+  before the step, which the step first copied to the scratch behind the rings (`window_keys`; q_len > 1
+  only: one token per row overwrites only a position out of its window);
+- a compressor pools the windows each row's run closes (0, 1 or 2 of rate 4 for q_len <= 8: the
+  positions p of the run with (p + 1) % rate == 0, each at its own window), reading their raw tokens from
+  the row's tail (positions before the run) and from this step's projections (the rest), and writes them
+  where a window closes (a window left open writes the padding page's entry 0 with its own value, so no
+  host branch); then it pushes every place's token into its tail;
 - the compressed entries are read in place from the paged pool through req_to_token (entry w of a row
-  at `req_to_token[row, w * rate] // rate`), CSA's narrowed to the Lightning Indexer's top-k (a list of
-  top-k indices, so the attention's width is top-k however many entries a row has);
-- one `sparse_attention` call takes the rings as its first source and the entry pool as its second.
+  at `req_to_token[row, w * rate] // rate`), each place's those w < (p + 1) // rate; CSA's narrowed to the
+  Lightning Indexer's top-k (its keys gathered once per group, scored per place);
+- one `sparse_attention` call takes the window keys (rings, scratch) as its first source and the entry
+  pool as its second.
+
+Rejected drafts: the model runner saves the ring and tail entries a verify block overwrites before the
+step and restores the rejected ones after it (`V4KVPool.save_blocks` / `restore_rejected`); an entry a
+rejected token pooled is written again, when its window closes again, before any query can see it.
 
 The math is attention.py's; only the order of the keys in the softmax sums differs (tests/unit/gpu/
 test_deepseek_v4_decode.py compares the two paths' logits)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -36,39 +50,73 @@ from runtime.gpu.models.deepseek_v4.rope import InterleavedRope
 
 @dataclass
 class DecodeMeta:
-    """What every layer of one decode step shares."""
+    """What every layer of one step shares (T places: B groups of q_len)."""
 
-    rows: torch.Tensor  # [B] req_to_token rows (also the state rows)
-    positions: torch.Tensor  # [B] each row's new token's position
-    ring_index: torch.Tensor  # [B, window] int32: flat ring row (row * window + slot) or -1 (not visible)
-    entries: dict[int, torch.Tensor]  # rate -> [B, W] int32 entry-pool index of window w, -1 past the row's
+    q_len: int
+    rows: torch.Tensor  # [T] each place's state row
+    positions: torch.Tensor  # [T]
+    window_index: torch.Tensor  # [T, window] int32 rows of `window_keys` (ring slot or scratch) or -1
+    group_rows: torch.Tensor  # [B] the row of each group's place 0
+    in_run: torch.Tensor  # [B, q_len] bool: place j continues place 0's run (the group's row's new tokens)
+    groups: dict[int, torch.Tensor]  # rate -> [B, W] entry-pool index of window w of group b's row
+    entries: dict[int, torch.Tensor]  # rate -> [T, W] int32: groups' row for each place, -1 past its own
+    # `closing`'s tensors by (rate, tail length), computed by the step's first layer that needs them
+    closing: dict[tuple[int, int], tuple[torch.Tensor, ...]] = field(default_factory=dict)
 
 
-def is_decode(batch: ForwardBatch) -> bool:
-    """One new token per row and no replay: the step `forward` serves."""
-    return bool(batch.extend_lens) and all(n == 1 for n in batch.extend_lens) and not any(batch.replay_lens)
+def batched_len(batch: ForwardBatch, max_len: int) -> int:
+    """The new tokens every row has when the step can take the batched path (the same number per row, at
+    most `max_len`, the scratch's share of a row; no replay), else 0."""
+    lens = set(batch.extend_lens)
+    if len(lens) != 1 or any(batch.replay_lens):
+        return 0
+    n = lens.pop()
+    return n if 0 < n <= max_len else 0
 
 
-def prepare(batch: ForwardBatch, cache: V4KVPool, window: int, max_seq_len: int | None = None) -> DecodeMeta:
-    """Once per step: the ring slots each row sees and, per compression rate, its entries' pool indices.
-    Entry widths: the step's largest (from the host's prefix lengths), or with `max_seq_len` the most
-    any row can have, for a CUDA graph (device tensors only, fixed shapes)."""
+def prepare(
+    batch: ForwardBatch, cache: V4KVPool, window: int, q_len: int = 1, max_seq_len: int | None = None
+) -> DecodeMeta:
+    """Once per step: each place's run, the window keys it sees (each ring slot's row in the ring or in
+    the scratch) and, per compression rate, its entries' pool indices. Entry widths: the step's largest
+    (from the host's lengths), or with `max_seq_len` the most any row can have, for a CUDA graph (device
+    tensors only, fixed shapes)."""
     device = batch.positions.device
-    rows, pos = batch.rows.long(), batch.positions.long()
-    starts = cache.starts[rows]
+    rows, pos = batch.token_rows.long(), batch.positions.long()
+    t = rows.shape[0]
+    grid_rows, grid_pos = rows.view(-1, q_len), pos.view(-1, q_len)
+    place = torch.arange(q_len, device=device)
+    lag = place[:, None] - place[None, :]  # [j, i]: how many places i comes before j
+    # [B, j, i]: place i is in place j's run (same row, `lag` positions earlier)
+    run = (
+        (lag >= 0)
+        & (grid_rows[:, :, None] == grid_rows[:, None, :])
+        & (grid_pos[:, None, :] == grid_pos[:, :, None] - lag)
+    )
+    last = pos + torch.where(run.transpose(1, 2), -lag, -1).amax(-1).flatten()  # the run's last place
+    # after the step's writes slot j holds the latest position congruent to j up to `last`; one past
+    # this place's position was written by a later place of its run, whose scratch row keeps the old key
     slot = torch.arange(window, device=device)
-    key_pos = pos[:, None] - torch.remainder(pos[:, None] - slot, window)
-    ring_index = torch.where(key_pos >= starts[:, None], rows[:, None] * window + slot, -1).int()
-    entries = {}
+    key_pos = last[:, None] - torch.remainder(last[:, None] - slot, window)
+    later = key_pos > pos[:, None]
+    lowest = torch.maximum(cache.starts[rows], pos - window + 1)
+    ring = rows[:, None] * window + slot
+    scratch = cache.scratch_start + torch.arange(t, device=device)[:, None] + key_pos - pos[:, None]
+    key_pos = torch.where(later, key_pos - window, key_pos)
+    window_index = torch.where(key_pos >= lowest[:, None], torch.where(later, scratch, ring), -1).int()
+    group_rows, in_run = grid_rows[:, 0], run[:, :, 0]
+    groups, entries = {}, {}
     for rate in cache.rates:
         if max_seq_len is None:
-            width = max((p + 1) // rate for p in batch.prefix_lens)
+            width = max((p + n) // rate for p, n in zip(batch.prefix_lens, batch.extend_lens, strict=True))
         else:
             width = max_seq_len // rate
         w = torch.arange(width, device=device)
-        index = batch.req_to_token[rows[:, None], w * rate] // rate
-        entries[rate] = torch.where(w[None, :] < ((pos + 1) // rate)[:, None], index, -1).int()
-    return DecodeMeta(rows, pos, ring_index, entries)
+        index = batch.req_to_token[group_rows[:, None], w * rate] // rate
+        visible = (w[None, :] < ((pos + 1) // rate)[:, None]) & in_run.flatten()[:, None]
+        groups[rate] = index
+        entries[rate] = torch.where(visible, index.repeat_interleave(q_len, 0), -1).int()
+    return DecodeMeta(q_len, rows, pos, window_index, group_rows, in_run, groups, entries)
 
 
 def forward(
@@ -81,12 +129,14 @@ def forward(
     meta: DecodeMeta,
     scale: float,
 ) -> torch.Tensor:
-    """q [B, H, d], kv [B, d] (roped), x [B, D] the layer input, qr [B, q_lora] the normed q latent.
-    Returns [B, H, d]."""
+    """q [T, H, d], kv [T, d] (roped), x [T, D] the layer input, qr [T, q_lora] the normed q latent.
+    Returns [T, H, d]."""
     cache, lid = batch.kv_pool, attn.layer_id
-    ring = cache.rings[lid]
-    window = ring.shape[1]
-    ring[meta.rows, meta.positions % window] = kv
+    keys, ring = cache.window_keys[lid], cache.rings[lid]
+    slots = meta.positions % ring.shape[1]
+    if meta.q_len > 1:  # what the places overwrite, for the earlier places of their runs
+        keys[cache.scratch_start : cache.scratch_start + kv.shape[0]] = ring[meta.rows, slots]
+    ring[meta.rows, slots] = kv
     extra = {}
     comp = attn.compressor
     if comp is not None:
@@ -97,11 +147,29 @@ def forward(
             push_and_pool(
                 comp.indexer, cache.index_keys[lid], cache.index_tails[lid], x, meta, table, attn.rope
             )
-            index = select(comp.indexer, x, qr, meta.positions, cache.index_keys[lid], index, attn.rope)
+            index = select(comp.indexer, x, qr, meta, cache.index_keys[lid], comp.rate, attn.rope)
         if index.shape[1]:
             extra = {"extra_kv": cache.entries[lid], "extra_indices": index}
-    attend = SPARSE_ATTENTION.get(q.device)
-    return attend(q, ring.view(-1, ring.shape[-1]), meta.ring_index, attn.sinks, scale, **extra)
+    return SPARSE_ATTENTION.get(q.device)(q, keys, meta.window_index, attn.sinks, scale, **extra)
+
+
+def closing(meta: DecodeMeta, rate: int, span: int) -> tuple[torch.Tensor, ...]:
+    """The windows each group's run may close, n = ceil(q_len / rate) of them ([B, n] each): whether it
+    does (its last position is a place of the run), the window, and ([B, n, span] each) where its last
+    `span` raw tokens are: their tail slots (positions modulo span) and, for those at or past the
+    group's first position, True and their place in the step."""
+    if (rate, span) not in meta.closing:
+        q_len, first = meta.q_len, meta.positions.view(-1, meta.q_len)[:, 0, None]
+        device = first.device
+        # the i-th position p >= first with (p + 1) % rate == 0
+        last = first + (rate - 1 - first) % rate + rate * torch.arange(-(-q_len // rate), device=device)
+        offset = last - first  # its place in the group
+        closes = (offset < q_len) & meta.in_run.gather(1, offset.clamp(max=q_len - 1))
+        raw = last[..., None] - torch.arange(span - 1, -1, -1, device=device)
+        group = q_len * torch.arange(first.shape[0], device=device)[:, None, None]
+        place = (group + raw - first[..., None]).clamp(0, meta.positions.shape[0] - 1)
+        meta.closing[rate, span] = (closes, last // rate, raw % span, raw >= first[..., None], place)
+    return meta.closing[rate, span]
 
 
 def push_and_pool(
@@ -113,28 +181,30 @@ def push_and_pool(
     table: torch.Tensor,
     rope: InterleavedRope,
 ) -> None:
-    """Every row's token into its tail; the window it closes pooled into `pool` (attention.compress_step
-    for one token per row). Rows whose window stays open rewrite an entry of theirs with its own value:
-    no other row writes that entry this step (an entry is written only by the step that closes its
-    window; padding rows, row 0, use page 0, which is never handed out)."""
+    """The windows each row's run of places closes pooled into `pool`, then every place's token into its
+    tail (attention.compress_step for a run per row). A window left open rewrites entry 0, of the
+    padding page (never handed out), with its own value: no host branch, and no real entry written
+    twice."""
     m, span = comp.rate, comp.tail_len
-    rows, pos = meta.rows, meta.positions
     kv, gate = comp.project(x)
-    tail.kv[rows, pos % span] = kv
-    tail.gate[rows, pos % span] = gate
-    raw = (pos[:, None] + 1 - span + torch.arange(span, device=pos.device)) % span  # the last span tokens
-    window = (pos + 1) // m - 1  # the window this token closes, if it does
-    entry = pool_window(comp, tail.kv[rows[:, None], raw], tail.gate[rows[:, None], raw], window, rope)
-    dst = table[rows, window.clamp(min=0) * m] // m
-    closes = ((pos + 1) % m == 0)[:, None]
-    pool[dst] = torch.where(closes, entry, pool[dst])
+    closes, window, slots, new, place = closing(meta, m, span)
+    rows = meta.group_rows[:, None, None]
+    raw_kv = torch.where(new[..., None], kv[place], tail.kv[rows, slots]).flatten(0, 1)
+    raw_gate = torch.where(new[..., None], gate[place], tail.gate[rows, slots]).flatten(0, 1)
+    entry = pool_window(comp, raw_kv, raw_gate, window.flatten(), rope)
+    dst = torch.where(closes, table[meta.group_rows[:, None], torch.where(closes, window, 0) * m] // m, 0)
+    dst = dst.flatten()
+    pool[dst] = torch.where(closes.flatten()[:, None], entry, pool[dst])
+    slot = meta.positions % span
+    tail.kv[meta.rows, slot] = kv
+    tail.gate[meta.rows, slot] = gate
 
 
 def pool_window(
     comp: Compressor, kv: torch.Tensor, gate: torch.Tensor, window: torch.Tensor, rope: InterleavedRope
 ) -> torch.Tensor:
-    """Raw kv / gate [B, tail_len, width] of each row's last tail_len tokens -> the entry [B, dim] of the
-    window they end, by `Compressor.pool`. With overlap the tail is the window before and this one (the
+    """Raw kv / gate [N, tail_len, width] of N windows' last tail_len tokens -> the entries [N, dim] of the
+    windows they end, by `Compressor.pool`. With overlap the tail is the window before and this one (the
     first entry, that window's, is dropped); window 0 has no window before it, so its gate is -inf."""
     if comp.overlap:
         gate = gate.clone()
@@ -147,16 +217,22 @@ def select(
     indexer: Indexer,
     x: torch.Tensor,
     qr: torch.Tensor,
-    positions: torch.Tensor,
+    meta: DecodeMeta,
     keys: torch.Tensor,
-    index: torch.Tensor,
+    rate: int,
     rope: InterleavedRope,
 ) -> torch.Tensor:
-    """`Indexer.select` for one query per row over its entries `index` [B, W] (-1: none) of the key pool
-    `keys` -> the top-k each row attends, as entry indices [B, min(top-k, W)] (-1: none; the attention
-    then walks top-k columns, not W)."""
-    k = keys[index.clamp(min=0).long()].float()  # [B, W, c]
-    scores = indexer.scores(x, qr, positions, rope, lambda q: torch.einsum("bhc,bwc->bhw", q, k))
+    """`Indexer.select` for every place over its entries (`meta.entries[rate]`, -1: none) of the key pool
+    `keys` -> the top-k each place attends, as entry indices [T, min(top-k, W)] (-1: none; the attention
+    then walks top-k columns, not W). A group's keys are gathered once for its places."""
+    k = keys[meta.groups[rate]].float()  # [B, W, c]
+    q_len, index = meta.q_len, meta.entries[rate]
+
+    def dot(q: torch.Tensor) -> torch.Tensor:  # [T, heads, c] -> [T, heads, W]
+        t, heads, c = q.shape
+        return torch.einsum("bjhc,bwc->bjhw", q.view(-1, q_len, heads, c), k).reshape(t, heads, -1)
+
+    scores = indexer.scores(x, qr, meta.positions, rope, dot)
     valid = index >= 0
     scores = scores.masked_fill(~valid, float("-inf"))
     picked = scores.topk(min(indexer.topk, index.shape[1]), dim=-1).indices

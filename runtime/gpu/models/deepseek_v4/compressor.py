@@ -5,7 +5,8 @@ window's tokens of `gate + position_bias` weights their `kv`; the sum is RMS-nor
 table) at the window's first position. HCA (rate 128) uses disjoint windows. CSA (rate 4) overlaps:
 `kv_proj` / `gate_proj` give two series [Ca | Cb], and entry w pools Ca of window w-1 with Cb of window
 w (2 * rate slots; window 0's Ca half is empty). The indexer is a CSA compressor at `index_head_dim`
-plus a scorer that picks, per query, the `index_topk` entries CSA attends."""
+plus a scorer that picks, per query, the `index_topk` entries CSA attends (`Indexer.select`, in tiles of
+entries with a running top-k, for prefill; `scores` for decode rows, attention_decode.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from runtime.gpu.kernels.index_scores import INDEX_SCORES
 from runtime.gpu.layers.norm import RMSNorm
 from runtime.gpu.models.deepseek_v4.rope import InterleavedRope
 
@@ -81,14 +83,21 @@ class Indexer(Compressor):
         self.q_b_proj = nn.Linear(config.q_lora_rank, self.n_heads * self.dim, bias=False)
         self.scorer = IndexerScorer(config.hidden_size, self.n_heads)
 
+    def queries(
+        self, x: torch.Tensor, qr: torch.Tensor, positions: torch.Tensor, rope: InterleavedRope
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The roped queries [L, heads, c] of x [L, D] / qr [L, q_lora_rank] at `positions`, and their
+        head weights [L, heads] float32 with both scales folded in: score = sum_h weights_h ReLU(q_h . K)."""
+        q = rope(self.q_b_proj(qr).view(-1, self.n_heads, self.dim), positions)
+        weights = self.scorer.weights_proj(x).float() * (self.n_heads**-0.5 * self.dim**-0.5)
+        return q, weights
+
     def scores(self, x: torch.Tensor, qr: torch.Tensor, positions: torch.Tensor, rope, dot) -> torch.Tensor:
         """score[t, w] for queries x [L, D] / qr [L, q_lora_rank] at `positions`: `dot` maps the roped
-        float32 queries [L, heads, c] to their dot products with the keys, [L, heads, N] (one request's
-        keys, or each decode row's own), -> [L, N] float32."""
-        q = rope(self.q_b_proj(qr).view(-1, self.n_heads, self.dim), positions)
-        scores = F.relu(dot(q.float())) * self.dim**-0.5
-        weights = self.scorer.weights_proj(x).float() * self.n_heads**-0.5
-        return (scores * weights.unsqueeze(-1)).sum(1)
+        float32 queries [L, heads, c] to their dot products with the keys, [L, heads, N] (each decode
+        row's own keys), -> [L, N] float32."""
+        q, weights = self.queries(x, qr, positions, rope)
+        return (F.relu(dot(q.float())) * weights.unsqueeze(-1)).sum(1)
 
     def select(
         self,
@@ -97,14 +106,26 @@ class Indexer(Compressor):
         positions: torch.Tensor,
         keys: torch.Tensor,
         rope: InterleavedRope,
+        entry_tile: int,
     ) -> torch.Tensor:
         """x [L, D], qr [L, q_lora_rank] of one request's queries at `positions`; keys [N, c] its indexer
-        entries so far. -> [L, N] bool: the top-k entries each query may attend (causal ones only)."""
-        scores = self.scores(x, qr, positions, rope, lambda q: torch.einsum("lhc,nc->lhn", q, keys.float()))
-        causal = (
-            torch.arange(keys.shape[0], device=x.device)[None, :] < ((positions + 1) // self.rate)[:, None]
-        )
-        scores = scores.masked_fill(~causal, float("-inf"))
-        picked = scores.topk(min(self.topk, keys.shape[0]), dim=-1).indices
-        chosen = torch.zeros_like(causal).scatter_(1, picked, True)
-        return chosen & causal
+        entries (at least those the last query sees). -> [L, min(topk, N)] int64: the entries each query
+        attends, its top-k of those it sees (w < (position + 1) // rate), -1 where it sees fewer.
+
+        The `index_scores` op scores `entry_tile` entries at a time and a running top-k keeps the best:
+        the largest tensor is a tile's float32 scores [L, entry_tile] (plus the op's own bounded chunks),
+        never [L, heads, N] or [L, N]."""
+        q, weights = self.queries(x, qr, positions, rope)
+        score = INDEX_SCORES.get(x.device)
+        visible = (positions + 1) // self.rate
+        n, rows = keys.shape[0], x.shape[0]
+        k = min(self.topk, n)
+        best = torch.full((rows, k), float("-inf"), device=x.device)
+        picked = torch.full((rows, k), -1, dtype=torch.int64, device=x.device)
+        for e0 in range(0, n, entry_tile):
+            e1 = min(n, e0 + entry_tile)
+            tile = score(q, weights, keys[e0:e1].to(q.dtype), visible - e0)
+            top = tile.topk(min(k, e1 - e0), dim=1)  # the tile's best, then merged with the running ones
+            best, at = torch.cat([best, top.values], 1).topk(k, dim=1)
+            picked = torch.cat([picked, top.indices + e0], 1).gather(1, at)
+        return torch.where(best > float("-inf"), picked, -1)

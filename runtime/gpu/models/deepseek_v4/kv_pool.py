@@ -20,7 +20,10 @@ ring or tail position below it, so a reused row never sees its previous request'
 The per-row state is allocated up front for every request row (`rows`: the runner's max_reqs + 1), one
 tensor per layer and kind indexed by row (`rings[layer]` [rows, window, head_dim], tails likewise), so
 its memory is reserved when the server starts and a row's state lives at a fixed address (what CUDA
-graphs over the decode step will need); a `RowState` is a set of views of the row's slices."""
+graphs over the decode step will need); a `RowState` is a set of views of the row's slices. Each layer's
+rings are the head of one flat tensor (`window_keys`) whose tail is a step's scratch: the batched path
+(attention_decode.py) keeps there the keys a verify block's later tokens overwrite in the ring while its
+earlier tokens still attend them, so one kernel source holds every key a token's window needs."""
 
 from __future__ import annotations
 
@@ -78,12 +81,23 @@ class V4KVPool(KVPool):
         self.entries: dict[int, torch.Tensor] = {}  # layer id -> [num_slots // rate, head_dim]
         self.index_keys: dict[int, torch.Tensor] = {}  # CSA layer id -> [num_slots // rate, index_head_dim]
         self.rings: dict[int, torch.Tensor] = {}  # layer id -> [rows, sliding_window, head_dim]
+        # layer id -> [rows * sliding_window + scratch, head_dim]: the rings flattened, then a scratch row
+        # per token of a batched step (up to max_verify_block a row) for the ring key it overwrites
+        self.window_keys: dict[int, torch.Tensor] = {}
         self.tails: dict[int, Tail] = {}  # compressor layer id -> [rows, tail_len, width] kv and gate
         self.index_tails: dict[int, Tail] = {}  # CSA layer id -> the indexer's, likewise
         cfg, rates = config, [1]
+        # A verify block's positions must land on distinct ring and tail entries (by position modulo their
+        # lengths), so that restoring the rejected ones cannot touch an accepted one.
+        comps = [a.compressor for a in layers if a.compressor is not None]
+        comps += [c.indexer for c in comps if c.indexer is not None]
+        self.max_verify_block = min([cfg.sliding_window, *(c.tail_len for c in comps)])
+        self.scratch_start = rows * cfg.sliding_window  # the scratch's first row in `window_keys`
         for attn in layers:
             lid = attn.layer_id
-            self.rings[lid] = self._zeros(rows, cfg.sliding_window, cfg.head_dim)
+            keys = self._zeros(self.scratch_start + rows * self.max_verify_block, cfg.head_dim)
+            self.window_keys[lid] = keys
+            self.rings[lid] = keys[: self.scratch_start].view(rows, cfg.sliding_window, cfg.head_dim)
             comp = attn.compressor
             if comp is None:
                 continue
@@ -207,14 +221,6 @@ class V4KVPool(KVPool):
 
     # ------------------------------------------------------------------ rejected drafts
 
-    @property
-    def max_verify_block(self) -> int:
-        """A block's positions must land on distinct ring and tail entries (by position modulo their
-        lengths), so that restoring the rejected ones cannot touch an accepted one."""
-        lengths = [self.config.sliding_window]
-        lengths += [t.kv.shape[1] for tails in (self.tails, self.index_tails) for t in tails.values()]
-        return min(lengths)
-
     def _row_tensors(self) -> list[torch.Tensor]:
         """Every per-row tensor written in place by position: rings, compressor and indexer tails."""
         out = list(self.rings.values())
@@ -253,12 +259,18 @@ class V4KVPool(KVPool):
 
     @staticmethod
     def bytes_per_row(config, dtype: torch.dtype) -> int:
-        """Per running request, outside the page budget: rings and compressor / indexer tails."""
+        """Per running request, outside the page budget: rings (with their share of the scratch) and
+        compressor / indexer tails."""
         size = dtype_bytes(dtype)
         rates = config.compress_rates
+        tails = {"compressed_sparse_attention": 2, "heavily_compressed_attention": 1}  # x rate (overlap: 2)
+        block = min(
+            [config.sliding_window]
+            + [n * rates[kind] for kind, n in tails.items() if kind in config.layer_types]
+        )
         total = 0
         for kind in config.layer_types:
-            total += config.sliding_window * config.head_dim
+            total += (config.sliding_window + block) * config.head_dim
             if kind == "compressed_sparse_attention":  # overlap: 2 * rate tokens of 2x-wide kv and gate
                 total += 2 * (2 * rates[kind]) * 2 * (config.head_dim + config.index_head_dim)
             elif kind == "heavily_compressed_attention":

@@ -10,6 +10,12 @@ entries, across steps, is the backend's (attention.py and attention_decode.py, s
 
 Loads Hugging Face names and the upstream ones (`attn.wq_a`, `ffn.experts.N.w1`, `hc_attn_fn`...), float,
 FP8 or with FP4 experts (weights.py).
+Weights as stored (`fp8_weights`, from `--quantization` as for V3): the projections the releases store in
+FP8 128 x 128 blocks (q/kv, the grouped o_a and o_b, the shared experts, the MTP block's e/h) stay FP8
+(`layers/fp8_linear.py`) and the routed experts stay packed FP4 when the config says `expert_dtype:
+fp4` (else FP8 as V3's, `expert_format`), run by `fused_moe`'s FP4 kernels; a float checkpoint or dummy
+weights are quantized at load. The indexer's q_b_proj (FP8 in the releases) is dequantized: it lives in
+compressor.py. The router, norms, compressors, mHC, embedding and head stay in the model dtype.
 The MTP block (`mtp.{i}.*`, official code only) loads as `layers.{n + i}` and runs through
 `mtp_forward` (the MTP drafter, runtime/speculative/mtp.py). Checkpoints without it drop it."""
 
@@ -27,15 +33,17 @@ from runtime.gpu.forward_batch import ForwardBatch
 from runtime.gpu.kernels.rms_norm.reference import unit_rms
 from runtime.gpu.kv_pool import KVPoolSpec
 from runtime.gpu.layers import MergedLinear, RMSNorm, expert_parallel
+from runtime.gpu.layers.fp8_linear import Fp8GroupedLinear, MergedFp8Linear, linear
 from runtime.gpu.layers.moe import HashRouter, RoutedExperts, TopkRouter, swiglu
 from runtime.gpu.models.base import CausalLM, ModelAbilities
-from runtime.gpu.models.deepseek_v3.weights import load_named, skips_tensor
+from runtime.gpu.models.deepseek_v3.weights import destination_dtype, load_named, skips_tensor
 from runtime.gpu.models.deepseek_v4.attention import TorchV4Backend
 from runtime.gpu.models.deepseek_v4.compressor import Compressor, Indexer
 from runtime.gpu.models.deepseek_v4.kv_pool import V4KVPool
 from runtime.gpu.models.deepseek_v4.mhc import HyperConnection, HyperHead
 from runtime.gpu.models.deepseek_v4.rope import InterleavedRope
 from runtime.gpu.models.deepseek_v4.weights import checkpoint_tensors
+from runtime.gpu.quant import fp4, fp8
 
 log = structlog.get_logger(__name__)
 
@@ -59,7 +67,7 @@ class DeepseekV4Attention(nn.Module):
     roped on its last `qk_rope_head_dim` channels, so the output is rotated back before the grouped
     low-rank output projection."""
 
-    def __init__(self, config, layer_id: int, layer_type: str) -> None:
+    def __init__(self, config, layer_id: int, layer_type: str, fp8_weights: bool = False) -> None:
         super().__init__()
         self.layer_id, self.layer_type = layer_id, layer_type
         self.num_heads, self.head_dim, self.eps = (
@@ -69,15 +77,18 @@ class DeepseekV4Attention(nn.Module):
         )
         hidden, eps = config.hidden_size, config.rms_norm_eps
         self.rope = InterleavedRope(config, "main" if self.layer_type == "sliding_attention" else "compress")
-        self.q_a_proj = nn.Linear(hidden, config.q_lora_rank, bias=False)
+        f8 = fp8_weights
+        self.q_a_proj = linear(hidden, config.q_lora_rank, fp8_weights=f8)
         self.q_a_norm = RMSNorm(config.q_lora_rank, eps)
-        self.q_b_proj = nn.Linear(config.q_lora_rank, self.num_heads * self.head_dim, bias=False)
-        self.kv_proj = nn.Linear(hidden, self.head_dim, bias=False)
+        self.q_b_proj = linear(config.q_lora_rank, self.num_heads * self.head_dim, fp8_weights=f8)
+        self.kv_proj = linear(hidden, self.head_dim, fp8_weights=f8)
         self.kv_norm = RMSNorm(self.head_dim, eps)
         self.o_groups = config.o_groups
         per_group = self.num_heads * self.head_dim // config.o_groups
-        self.o_a_proj = GroupedLinear(per_group, config.o_groups * config.o_lora_rank, config.o_groups)
-        self.o_b_proj = nn.Linear(config.o_groups * config.o_lora_rank, hidden, bias=False)
+        o_rows = config.o_groups * config.o_lora_rank
+        o_a = Fp8GroupedLinear if f8 and Fp8GroupedLinear.fits(o_rows, config.o_groups) else GroupedLinear
+        self.o_a_proj = o_a(per_group, o_rows, config.o_groups)
+        self.o_b_proj = linear(o_rows, hidden, fp8_weights=f8)
         self.sinks = nn.Parameter(torch.zeros(self.num_heads, dtype=torch.float32))
         self.compressor: Compressor | None = None
         if self.layer_type in (CSA, HCA):
@@ -104,10 +115,14 @@ class DeepseekV4Attention(nn.Module):
 class DeepseekV4MLP(nn.Module):
     """The shared expert: SwiGLU with V4's clamp."""
 
-    def __init__(self, hidden: int, intermediate: int, limit: float | None) -> None:
+    def __init__(
+        self, hidden: int, intermediate: int, limit: float | None, fp8_weights: bool = False
+    ) -> None:
         super().__init__()
-        self.gate_up_proj = MergedLinear(hidden, [intermediate, intermediate], ["gate_proj", "up_proj"])
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        sizes, names = [intermediate, intermediate], ["gate_proj", "up_proj"]
+        merged = MergedFp8Linear if fp8_weights and MergedFp8Linear.fits(sizes) else MergedLinear
+        self.gate_up_proj = merged(hidden, sizes, names)
+        self.down_proj = linear(intermediate, hidden, fp8_weights=fp8_weights)
         self.limit = limit
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -119,7 +134,7 @@ class DeepseekV4MoE(nn.Module):
     """Routed experts (hash-routed by token id in `hash_moe` layers, else top-k of sqrt-softplus scores
     plus correction bias) plus the shared expert."""
 
-    def __init__(self, config, hashed: bool) -> None:
+    def __init__(self, config, hashed: bool, fp8_weights: bool = False) -> None:
         super().__init__()
         self.hashed = hashed
         self.gate = HashRouter(config) if self.hashed else TopkRouter(config)
@@ -128,8 +143,10 @@ class DeepseekV4MoE(nn.Module):
         self.ep = expert_parallel.for_rank(config.n_routed_experts)
         logical = self.ep.placement.local(distributed.ep().rank) if self.ep is not None else None
         n_experts = len(logical) if logical is not None else config.n_routed_experts
-        self.experts = RoutedExperts(n_experts, config.hidden_size, inter, limit, logical=logical)
-        self.shared_experts = DeepseekV4MLP(config.hidden_size, inter * (config.n_shared_experts or 1), limit)
+        fmt = expert_format(config, fp8_weights)
+        self.experts = RoutedExperts(n_experts, config.hidden_size, inter, limit, fmt, logical=logical)
+        shared = inter * (config.n_shared_experts or 1)
+        self.shared_experts = DeepseekV4MLP(config.hidden_size, shared, limit, fp8_weights)
 
     def forward(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate(x, input_ids) if self.hashed else self.gate(x)
@@ -137,9 +154,25 @@ class DeepseekV4MoE(nn.Module):
         return routed + self.shared_experts(x)
 
 
+def expert_format(config, fp8_weights: bool) -> str:
+    """The routed experts' `RoutedExperts.weight_format` when the model keeps weights as stored: FP4 when
+    the checkpoint stores them so (V4-Flash's `expert_dtype: fp4`), else V3's FP8 where I fills whole
+    128-row blocks; float without `fp8_weights`."""
+    if not fp8_weights:
+        return "float"
+    if getattr(config, "expert_dtype", None) == "fp4":
+        return "fp4"
+    return "fp8" if config.moe_intermediate_size % fp8.BLOCK[0] == 0 else "float"
+
+
 class DeepseekV4DecoderLayer(nn.Module):
     def __init__(
-        self, config, layer_id: int, layer_type: str | None = None, mlp_type: str | None = None
+        self,
+        config,
+        layer_id: int,
+        layer_type: str | None = None,
+        mlp_type: str | None = None,
+        fp8_weights: bool = False,
     ) -> None:
         super().__init__()
         layer_type = layer_type or config.layer_types[layer_id]
@@ -153,9 +186,9 @@ class DeepseekV4DecoderLayer(nn.Module):
         )
         self.attn_hc, self.ffn_hc = HyperConnection(*hc), HyperConnection(*hc)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = DeepseekV4Attention(config, layer_id, layer_type)
+        self.self_attn = DeepseekV4Attention(config, layer_id, layer_type, fp8_weights)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = DeepseekV4MoE(config, mlp_type == "hash_moe")
+        self.mlp = DeepseekV4MoE(config, mlp_type == "hash_moe", fp8_weights)
         self.engram = engram_layer(config, layer_id, config.hidden_size, config.hc_mult)  # None without
 
     def forward(
@@ -180,11 +213,12 @@ class DeepseekV4MTPBlock(DeepseekV4DecoderLayer):
     `e_proj(enorm(embed(t+1))) + h_proj(hnorm(h_t))` per stream, with its own hyper-head and norm;
     the embedding and lm_head are the main model's."""
 
-    def __init__(self, config, layer_id: int) -> None:
-        super().__init__(config, layer_id, "sliding_attention", "moe")
+    def __init__(self, config, layer_id: int, fp8_weights: bool = False) -> None:
+        super().__init__(config, layer_id, "sliding_attention", "moe", fp8_weights)
         d, eps = config.hidden_size, config.rms_norm_eps
         self.enorm, self.hnorm = RMSNorm(d, eps), RMSNorm(d, eps)
-        self.e_proj, self.h_proj = nn.Linear(d, d, bias=False), nn.Linear(d, d, bias=False)
+        self.e_proj = linear(d, d, fp8_weights=fp8_weights)
+        self.h_proj = linear(d, d, fp8_weights=fp8_weights)
         self.hc_head = HyperHead(config.hc_mult, d, config.hc_eps, eps)
         self.norm = RMSNorm(d, eps)
 
@@ -203,13 +237,13 @@ class DeepseekV4MTPBlock(DeepseekV4DecoderLayer):
 
 
 class DeepseekV4Model(nn.Module):
-    def __init__(self, config) -> None:
+    def __init__(self, config, fp8_weights: bool = False) -> None:
         super().__init__()
         self.hc_mult, self.num_layers = config.hc_mult, config.num_hidden_layers
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         n_mtp = getattr(config, "num_nextn_predict_layers", 0) or 0
-        layers = [DeepseekV4DecoderLayer(config, i) for i in range(self.num_layers)]
-        layers += [DeepseekV4MTPBlock(config, self.num_layers + i) for i in range(n_mtp)]
+        layers = [DeepseekV4DecoderLayer(config, i, fp8_weights=fp8_weights) for i in range(self.num_layers)]
+        layers += [DeepseekV4MTPBlock(config, self.num_layers + i, fp8_weights) for i in range(n_mtp)]
         self.layers = nn.ModuleList(layers)  # MTP blocks last, as `layers.{n + i}`
         self.hc_head = HyperHead(config.hc_mult, config.hidden_size, config.hc_eps, config.rms_norm_eps)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -258,9 +292,10 @@ class DeepseekV4ForCausalLM(CausalLM):
     # compressor tails are rebuilt by replaying the tokens before the hit (kv_pool.py, StepPlan.replay).
     # The sliding-window ring and compressor tails hold positions in place: rejected drafts cannot be
     # dropped yet (V4KVPool.truncate), so no speculative decoding.
-    abilities = ModelAbilities(prefix_cache=True)
+    # fp8_weights: the runner passes fp8_weights=True under --quantization fp8 / auto (weights as stored)
+    abilities = ModelAbilities(prefix_cache=True, fp8_weights=True)
 
-    def __init__(self, config, max_positions: int | None = None) -> None:
+    def __init__(self, config, max_positions: int | None = None, fp8_weights: bool = False) -> None:
         super().__init__()
         if distributed.tp().size > 1:
             raise ValueError(
@@ -269,7 +304,7 @@ class DeepseekV4ForCausalLM(CausalLM):
             )
         self.config = config
         self.max_positions = max_positions or config.max_position_embeddings
-        self.model = DeepseekV4Model(config)
+        self.model = DeepseekV4Model(config, fp8_weights)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
 
@@ -307,8 +342,14 @@ class DeepseekV4ForCausalLM(CausalLM):
     # ------------------------------------------------------------------ weights
 
     def load_weights(self, tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
-        """Hugging Face or upstream DeepSeek names, float or FP8/FP4 (weights.py)."""
-        load_named(self, checkpoint_tensors(tensors, self.config, self.model.num_layers))
+        """Hugging Face or upstream DeepSeek names, float or FP8/FP4 (weights.py); quantized weights stay
+        as stored where their module keeps that format."""
+        dtype_of = destination_dtype(self)
+
+        def keep(name: str, weight: torch.Tensor) -> bool:
+            return dtype_of(name) == (fp4.PACKED if fp4.is_packed(weight) else weight.dtype)
+
+        load_named(self, checkpoint_tensors(tensors, self.config, self.model.num_layers, keep))
 
     def skips_checkpoint_tensor(self, name: str) -> bool:
         return skips_tensor(self, name)

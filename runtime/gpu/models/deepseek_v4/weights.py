@@ -1,4 +1,4 @@
-"""DeepSeek-V4 checkpoints -> our (Hugging Face) parameter names, quantized weights dequantized on load.
+"""DeepSeek-V4 checkpoints -> our (Hugging Face) parameter names, quantized weights kept or dequantized.
 
 Layouts read, in any mix and any shard order:
 - **Hugging Face** (transformers' `DeepseekV4ForCausalLM` state dict): `model.layers.N.self_attn.q_a_proj`,
@@ -17,14 +17,16 @@ Layouts read, in any mix and any shard order:
 Quantization (V4-Flash: `quantization_config` fp8 e4m3, `scale_fmt: ue8m0`, blocks 128x128, and
 `expert_dtype: fp4`): e4m3 weights with block scales (quant/fp8.py), packed e2m1 routed experts with
 one scale per 32 along K (quant/fp4.py); scales UE8M0 (`float8_e8m0fnu`) or float32. The kind is read
-off the weight's dtype (e4m3 -> FP8, int8 -> FP4), so one checkpoint may mix them. Everything is
-dequantized to float32 as it streams by, like V3; the model then keeps its own dtype (no FP8/FP4 GEMMs
-yet)."""
+off the weight's dtype (e4m3 -> FP8, int8 -> FP4), so one checkpoint may mix them. A quantized weight
+whose destination keeps that format (`keep`: the model's FP8 projections under `--quantization`, its FP4
+routed experts) streams on as stored, its scale beside it as `X.weight_scale_inv` (FP8 only in the
+kernels' 128 x 128 blocks; FP4 scales as UE8M0 bytes); every other one is dequantized to float32 as it
+streams by, like V3's, and the loader quantizes it again if its module is quantized."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -33,13 +35,18 @@ from runtime.gpu.quant import fp4, fp8
 Tensors = Iterator[tuple[str, torch.Tensor]]
 
 
-def checkpoint_tensors(tensors: Tensors, config, num_layers: int) -> Tensors:
-    """Any V4 layout -> float tensors by our names, experts per expert (what deepseek_v3._load takes)."""
+def checkpoint_tensors(
+    tensors: Tensors, config, num_layers: int, keep: Callable[[str, torch.Tensor], bool] = lambda n, t: False
+) -> Tensors:
+    """Any V4 layout -> tensors by our names, experts per expert (what deepseek_v3's `load_named` takes):
+    quantized weights `keep(our name, weight)` accepts as stored, with their scales; the rest float."""
     block = fp8.block_size(config) or (128, 128)
-    return per_expert(hf_names(dequantized(tensors, block), num_layers))
+    return stored_or_dequantized(per_expert(hf_names(paired(tensors), num_layers), block), block, keep)
 
 
 # ---------------------------------------------------------------------------------------- quantization
+
+Triples = Iterator[tuple[str, torch.Tensor, torch.Tensor | None]]  # (name, tensor, its scale or None)
 
 
 def _is_quantized(t: torch.Tensor) -> bool:
@@ -55,9 +62,9 @@ def _dequantize(name: str, weight: torch.Tensor, scale: torch.Tensor, block: tup
         raise ValueError(f"{name}: {e}") from None
 
 
-def dequantized(tensors: Tensors, block: tuple[int, int]) -> Tensors:
+def paired(tensors: Tensors) -> Triples:
     """Pair each quantized weight with its scale (`X.weight` + `X.scale`, or `X` + `X_scale_inv`), in
-    any order across shards, and yield it dequantized under the weight's name.
+    any order across shards: (weight name, weight, scale); other tensors as (name, tensor, None).
 
     `X.scale` is also an ordinary parameter name (transformers' `attn_hc.scale`), so a `.scale` that
     no quantized `X.weight` claims by the end passes through unchanged; unpaired quantized weights and
@@ -73,20 +80,20 @@ def dequantized(tensors: Tensors, block: tuple[int, int]) -> Tensors:
             base = None
         if base is not None:
             if base in weights:
-                yield base, _dequantize(base, weights.pop(base), t, block)
+                yield base, weights.pop(base), t
             else:
                 scales[base] = (name, t)
         elif _is_quantized(t):
             if name in scales:
-                yield name, _dequantize(name, t, scales.pop(name)[1], block)
+                yield name, t, scales.pop(name)[1]
             else:
                 weights[name] = t
         else:
-            yield name, t
+            yield name, t, None
     orphans = []
     for scale_name, t in scales.values():
         if scale_name.endswith(".scale") and t.is_floating_point() and t.dtype != torch.float8_e8m0fnu:
-            yield scale_name, t
+            yield scale_name, t, None
         else:
             orphans.append(scale_name)
     if weights or orphans:
@@ -94,6 +101,27 @@ def dequantized(tensors: Tensors, block: tuple[int, int]) -> Tensors:
             f"quantized checkpoint: weights without a scale {sorted(weights)[:5]}, scales without a "
             f"weight {sorted(orphans)[:5]}"
         )
+
+
+def stored_or_dequantized(
+    triples: Triples, block: tuple[int, int], keep: Callable[[str, torch.Tensor], bool]
+) -> Tensors:
+    """Kept quantized weights as (name, weight) then (name + `_scale_inv`, scale) in the form the model
+    holds them (FP4: uint8 codes and UE8M0 bytes); other quantized weights dequantized; the rest as is."""
+    for name, t, scale in triples:
+        if scale is None:
+            yield name, t
+            continue
+        if keep(name, t):
+            if fp4.is_packed(t) and (bits := fp4.scale_bits(scale)) is not None:
+                yield name, t.view(fp4.PACKED)
+                yield name + fp8.SCALE_SUFFIX, bits
+                continue
+            if t.dtype == fp8.FP8 and block == fp8.BLOCK:
+                yield name, t
+                yield name + fp8.SCALE_SUFFIX, scale
+                continue
+        yield name, _dequantize(name, t, scale, block)
 
 
 # ---------------------------------------------------------------------------------------- names
@@ -145,24 +173,30 @@ def hf_name(name: str, num_layers: int) -> str | None:
     return name if name.startswith("lm_head.") else f"model.{name}"
 
 
-def hf_names(tensors: Tensors, num_layers: int) -> Tensors:
-    for name, tensor in tensors:
+def hf_names(triples: Triples, num_layers: int) -> Triples:
+    for name, tensor, scale in triples:
         ours = hf_name(name, num_layers)
         if ours is not None:
-            yield ours, tensor
+            yield ours, tensor, scale
 
 
-def per_expert(tensors: Tensors) -> Tensors:
-    """Stacked `experts.gate_up_proj` [E, 2I, D] / `experts.down_proj` [E, D, I] -> per-expert names."""
-    for name, tensor in tensors:
+def per_expert(triples: Triples, block: tuple[int, int]) -> Triples:
+    """Stacked `experts.gate_up_proj` [E, 2I, D] / `experts.down_proj` [E, D, I] -> per-expert names.
+    FP4 scales (one per row) split with their rows; stacked FP8 experts are dequantized first (their
+    scale blocks may straddle gate and up)."""
+    for name, tensor, scale in triples:
         m = re.match(r"^(.*\.experts)\.(gate_up_proj|down_proj)$", name)
         if not m:
-            yield name, tensor
+            yield name, tensor, scale
             continue
+        if scale is not None and not fp4.is_packed(tensor):
+            tensor, scale = _dequantize(name, tensor, scale, block), None
         for e in range(tensor.shape[0]):
+            s = None if scale is None else scale[e]
             if m[2] == "down_proj":
-                yield f"{m[1]}.{e}.down_proj.weight", tensor[e]
-            else:
-                gate, up = tensor[e].chunk(2, dim=0)
-                yield f"{m[1]}.{e}.gate_proj.weight", gate
-                yield f"{m[1]}.{e}.up_proj.weight", up
+                yield f"{m[1]}.{e}.down_proj.weight", tensor[e], s
+                continue
+            gate, up = tensor[e].chunk(2, dim=0)
+            s_gate, s_up = (None, None) if s is None else s.chunk(2, dim=0)
+            yield f"{m[1]}.{e}.gate_proj.weight", gate, s_gate
+            yield f"{m[1]}.{e}.up_proj.weight", up, s_up

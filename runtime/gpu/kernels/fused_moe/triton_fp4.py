@@ -1,0 +1,138 @@
+"""The `fused_moe` Triton kernels for FP4 experts (W4A16, DeepSeek-V4's routed experts): the same two
+launches over the same layout as the bf16 ones (`triton.py`), reading half a byte per weight.
+
+A K step of BLOCK_K elements reads BLOCK_K/2 bytes per weight row. Byte j of a row holds elements 2j
+(low nibble) and 2j+1 (high nibble), so instead of interleaving the nibbles back in registers the step
+splits the activations: the even columns of x meet the low nibbles and the odd columns the high ones,
+two dots of BLOCK_K/2 into the same float32 accumulator. A code becomes its value by bit placement (the
+sign and 3 magnitude bits put where an fp16 keeps its sign, its two low exponent bits and its top
+mantissa bit make the value times 2^-14, subnormal 0.5 included), times its group's UE8M0 scale (the
+exponent byte shifted into a float32's exponent field). Every e2m1 value times a power of two is exact
+in bf16, so the dots see exactly the reference's dequantized weights: only the order of the float32
+accumulation differs. The activations are never quantized (W4A16), so no quantizer launches either.
+
+At decode the grid is a few programs per touched expert and the step is a stream of packed bytes; the
+unpacking is a handful of integer ops per weight on the CUDA cores, in the shadow of the loads."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from runtime.gpu.kernels.common import dot_precision
+from runtime.gpu.kernels.fused_moe.layout import MoELayout
+from runtime.gpu.kernels.fused_moe.triton_layout import block_tile
+from runtime.gpu.kernels.triton_utils import dot_f32, dot_operand
+from runtime.gpu.quant.fp4 import GROUP  # elements per scale along K; a K step is whole groups
+
+
+@triton.jit
+def _e2m1(code):
+    """e2m1 codes (int32, 0..15) -> float32 values."""
+    bits = ((code & 8) << 12) | ((code & 7) << 9)
+    return bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * 16384.0
+
+
+@triton.jit
+def _fp4_step(acc, x_even, x_odd, w_ptrs, s_ptrs, mask, DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr):
+    """acc + x @ W for one K step: packed bytes [BLOCK_K/2, BLOCK_N] at w_ptrs, their groups' scale
+    bytes at s_ptrs (same shape: a byte's group, per column), x split into even and odd columns."""
+    packed = tl.load(w_ptrs, mask=mask, other=0).to(tl.int32)
+    scale = (tl.load(s_ptrs, mask=mask, other=127).to(tl.int32) << 23).to(tl.float32, bitcast=True)
+    lo = (_e2m1(packed & 15) * scale).to(x_even.dtype)
+    hi = (_e2m1((packed >> 4) & 15) * scale).to(x_even.dtype)
+    acc = tl.dot(dot_operand(x_even, DOT_F32), dot_operand(lo, DOT_F32), acc, input_precision=DOT_PREC)
+    return tl.dot(dot_operand(x_odd, DOT_F32), dot_operand(hi, DOT_F32), acc, input_precision=DOT_PREC)
+
+
+@triton.jit
+def _gate_up_swiglu_fp4(
+    X, W, WS, H, Pairs, BlockExpert, NumRows,
+    num_pairs, N, K, limit,
+    stride_xm, stride_we, stride_wn, stride_wse, stride_wsn, stride_hm,
+    TOPK: tl.constexpr, HAS_LIMIT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
+    DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr,
+):  # fmt: skip
+    """`triton._gate_up_swiglu` on packed W [E, 2N, K/2] with scale bytes WS [E, 2N, K/32]."""
+    b = tl.program_id(0)
+    if b * BLOCK_M >= tl.load(NumRows):
+        return
+    e, offs_m, pair, valid, offs_n, mask_n = block_tile(b, Pairs, BlockExpert, num_pairs, N, BLOCK_M, BLOCK_N)
+    offs_j = tl.arange(0, BLOCK_K // 2)  # bytes of a K step: elements 2j, 2j + 1
+    tok = (pair // TOPK).to(tl.int64)
+    x_ptrs = X + tok[:, None] * stride_xm + 2 * offs_j[None, :]
+    rows = offs_n[None, :].to(tl.int64)
+    g_ptrs = W + e * stride_we + rows * stride_wn + offs_j[:, None]
+    u_ptrs = g_ptrs + N * stride_wn  # the up rows follow the N gate rows
+    gs_ptrs = WS + e * stride_wse + rows * stride_wsn + offs_j[:, None] // (GROUP // 2)
+    us_ptrs = gs_ptrs + N * stride_wsn
+    acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        mj = offs_j < (K - k0) // 2
+        x_even = tl.load(x_ptrs + k0, mask=valid[:, None] & mj[None, :], other=0.0)
+        x_odd = tl.load(x_ptrs + k0 + 1, mask=valid[:, None] & mj[None, :], other=0.0)
+        mask = mj[:, None] & mask_n[None, :]
+        wk, sk = k0 // 2, k0 // GROUP
+        acc_g = _fp4_step(acc_g, x_even, x_odd, g_ptrs + wk, gs_ptrs + sk, mask, DOT_PREC, DOT_F32)
+        acc_u = _fp4_step(acc_u, x_even, x_odd, u_ptrs + wk, us_ptrs + sk, mask, DOT_PREC, DOT_F32)
+    if HAS_LIMIT:  # DeepSeek-V4: silu(min(gate, L)) * clamp(up, -L, L)
+        acc_g = tl.minimum(acc_g, limit)
+        acc_u = tl.minimum(tl.maximum(acc_u, -limit), limit)
+    h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+    h_ptrs = H + offs_m[:, None].to(tl.int64) * stride_hm + offs_n[None, :]
+    tl.store(h_ptrs, h.to(H.dtype.element_ty), mask=valid[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def _down_weighted_fp4(
+    H, W, WS, Y, Pairs, BlockExpert, NumRows, TopkW,
+    num_pairs, N, K,
+    stride_hm, stride_we, stride_wn, stride_wse, stride_wsn, stride_ym,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
+    DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr,
+):  # fmt: skip
+    """`triton._down_weighted` on packed W [E, N, K/2] with scale bytes WS [E, N, K/32]."""
+    b = tl.program_id(0)
+    if b * BLOCK_M >= tl.load(NumRows):
+        return
+    e, offs_m, pair, valid, offs_n, mask_n = block_tile(b, Pairs, BlockExpert, num_pairs, N, BLOCK_M, BLOCK_N)
+    offs_j = tl.arange(0, BLOCK_K // 2)
+    h_ptrs = H + offs_m[:, None].to(tl.int64) * stride_hm + 2 * offs_j[None, :]
+    rows = offs_n[None, :].to(tl.int64)
+    w_ptrs = W + e * stride_we + rows * stride_wn + offs_j[:, None]
+    s_ptrs = WS + e * stride_wse + rows * stride_wsn + offs_j[:, None] // (GROUP // 2)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        mj = offs_j < (K - k0) // 2
+        h_even = tl.load(h_ptrs + k0, mask=valid[:, None] & mj[None, :], other=0.0)
+        h_odd = tl.load(h_ptrs + k0 + 1, mask=valid[:, None] & mj[None, :], other=0.0)
+        mask = mj[:, None] & mask_n[None, :]
+        acc = _fp4_step(acc, h_even, h_odd, w_ptrs + k0 // 2, s_ptrs + k0 // GROUP, mask, DOT_PREC, DOT_F32)
+    acc = acc * tl.load(TopkW + pair, mask=valid, other=0.0)[:, None]
+    y_ptrs = Y + pair[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
+    tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=valid[:, None] & mask_n[None, :])
+
+
+def launch_fp4(x, w13, w2, h, y, weights, lay: MoELayout, cfg, topk: int, limit: float | None, scales):  # noqa: ANN001
+    """The two FP4 launches (`triton._launch`'s arguments; `scales` = (w13_scale, w2_scale) bytes)."""
+    assert cfg.block_k % GROUP == 0, "a K step is whole scale groups"
+    (w13_s, w2_s), inter, hidden = scales, h.shape[1], y.shape[1]
+    common = dict(GROUP=GROUP, DOT_PREC=dot_precision(x.dtype), DOT_F32=dot_f32(x), num_warps=cfg.num_warps,
+                  num_stages=cfg.num_stages)  # fmt: skip
+    half = cfg.block_n // 2
+    _gate_up_swiglu_fp4[(lay.max_blocks, triton.cdiv(inter, half))](
+        x, w13, w13_s, h, lay.sorted_pairs, lay.block_expert, lay.num_rows,
+        lay.num_pairs, inter, hidden, 0.0 if limit is None else float(limit),
+        x.stride(0), w13.stride(0), w13.stride(1), w13_s.stride(0), w13_s.stride(1), h.stride(0),
+        TOPK=topk, HAS_LIMIT=limit is not None, BLOCK_M=cfg.block_m, BLOCK_N=half, BLOCK_K=cfg.block_k,
+        **common,
+    )  # fmt: skip
+    h = h.to(x.dtype)  # a no-op on the GPU (the interpreter writes float32: see `triton.fused_moe`)
+    _down_weighted_fp4[(lay.max_blocks, triton.cdiv(hidden, cfg.block_n))](
+        h, w2, w2_s, y, lay.sorted_pairs, lay.block_expert, lay.num_rows, weights,
+        lay.num_pairs, hidden, inter,
+        h.stride(0), w2.stride(0), w2.stride(1), w2_s.stride(0), w2_s.stride(1), y.stride(0),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, **common,
+    )  # fmt: skip
