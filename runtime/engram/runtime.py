@@ -133,8 +133,10 @@ class EngramRuntime:
             # one small copy (8 bytes per row fetched) into writable memory, which torch wants
             addr = np.frombuffer(bytearray(plan.engram_addr), dtype="<i8")
             return addr.reshape(t, self.hasher.columns)
-        # plans made outside a scheduler (warm-up, tools): whole prompts from position 0 only
-        if any(plan.use_last) or any(plan.prefix_lens):
+        # plans made outside a scheduler (tools): whole prompts from position 0 only. Warm-up steps
+        # (step -1, gpu/warm_up.py) run made-up tokens after made-up prefixes: hashing each row's new
+        # tokens alone gives addresses as good as any for them
+        if plan.step >= 0 and (any(plan.use_last) or any(plan.prefix_lens)):
             raise ValueError("an Engram model's step plan needs the scheduler's addresses (engram_addr)")
         ids, parts, off = plan.input_ids, [], 0
         for n in plan.extend_lens:
