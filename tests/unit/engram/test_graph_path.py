@@ -13,6 +13,7 @@ from runtime.engram.config import EngramOptions
 from runtime.gpu.model_runner import ModelRunner
 from runtime.gpu.testing import copy_tokenizer, save_tiny_deepseek_v4
 from runtime.gpu.testing.engram import engram_scenario
+from runtime.gpu.warm_up import warm_up
 
 BLOCK = {"n_embed_per_ngram": 32, "n_head_per_ngram": 4, "engram_vocab_size": [5003, 7001], "seed": 3}
 
@@ -22,6 +23,8 @@ def _compare(path, overrides: dict, vocab: int) -> None:
     host = ModelRunner(RunnerConfig(str(path), engram=EngramOptions("host", shards=1), **kw))
     try:
         assert host.engram.wants_addresses and host.engram.on_device is None
+        if host.attn.wants_warm_up:  # its made-up steps (run on CUDA only) hash without addresses
+            warm_up(host.cfg, host.kv_pool.num_slots, host.forward_logits)
         want = engram_scenario(host, vocab)
     finally:
         host.engram.close()

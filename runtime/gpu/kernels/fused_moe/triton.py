@@ -200,7 +200,9 @@ def fused_moe(x, w13, w2, topk_weights, topk_ids, swiglu_limit=None, w13_scale=N
     weights = topk_weights.reshape(-1).float().contiguous()
     launch = launch_fp4 if fmt == "fp4" else _launch
     launch(x, w13, w2, h, y, weights, lay, cfg, k, swiglu_limit, scales)
-    return y.to(x.dtype).view(num_tokens, k, hidden).sum(1)
+    y = y.to(x.dtype)
+    # one expert per row (the expert-parallel path's calls): nothing to sum, so no copy
+    return y if k == 1 else y.view(num_tokens, k, hidden).sum(1)
 
 
 def _launch(
