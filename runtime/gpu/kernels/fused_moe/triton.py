@@ -42,7 +42,12 @@ from runtime.gpu.kernels.fp8_gemm.reference import GROUP
 from runtime.gpu.kernels.fused_moe.layout import MoELayout, moe_layout
 from runtime.gpu.kernels.fused_moe.reference import expert_format
 from runtime.gpu.kernels.fused_moe.triton_fp4 import launch_fp4
-from runtime.gpu.kernels.fused_moe.triton_layout import LAYOUT_MAX_PAIRS, block_tile, moe_layout_triton
+from runtime.gpu.kernels.fused_moe.triton_layout import (
+    LAYOUT_MAX_PAIRS,
+    block_tile,
+    moe_layout_triton,
+    store_swiglu,
+)
 from runtime.gpu.kernels.triton_utils import dot_f32, dot_operand
 
 
@@ -129,12 +134,7 @@ def _gate_up_swiglu(
         acc_u = _k_step(
             acc_u, a, u, xs_ptrs + kb * stride_xsk, us_ptrs + kb, valid, mask_n, FP8, DOT_PREC, DOT_F32
         )
-    if HAS_LIMIT:  # DeepSeek-V4: silu(min(gate, L)) * clamp(up, -L, L)
-        acc_g = tl.minimum(acc_g, limit)
-        acc_u = tl.minimum(tl.maximum(acc_u, -limit), limit)
-    h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
-    h_ptrs = H + offs_m[:, None].to(tl.int64) * stride_hm + offs_n[None, :]
-    tl.store(h_ptrs, h.to(H.dtype.element_ty), mask=valid[:, None] & mask_n[None, :])
+    store_swiglu(acc_g, acc_u, limit, H, offs_m, offs_n, stride_hm, valid, mask_n, HAS_LIMIT)
 
 
 @triton.jit

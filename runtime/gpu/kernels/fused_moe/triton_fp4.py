@@ -21,7 +21,7 @@ import triton.language as tl
 
 from runtime.gpu.kernels.common import dot_precision
 from runtime.gpu.kernels.fused_moe.layout import MoELayout
-from runtime.gpu.kernels.fused_moe.triton_layout import block_tile
+from runtime.gpu.kernels.fused_moe.triton_layout import block_tile, store_swiglu
 from runtime.gpu.kernels.triton_utils import dot_f32, dot_operand
 from runtime.gpu.quant.fp4 import GROUP  # elements per scale along K; a K step is whole groups
 
@@ -77,12 +77,7 @@ def _gate_up_swiglu_fp4(
         wk, sk = k0 // 2, k0 // GROUP
         acc_g = _fp4_step(acc_g, x_even, x_odd, g_ptrs + wk, gs_ptrs + sk, mask, DOT_PREC, DOT_F32)
         acc_u = _fp4_step(acc_u, x_even, x_odd, u_ptrs + wk, us_ptrs + sk, mask, DOT_PREC, DOT_F32)
-    if HAS_LIMIT:  # DeepSeek-V4: silu(min(gate, L)) * clamp(up, -L, L)
-        acc_g = tl.minimum(acc_g, limit)
-        acc_u = tl.minimum(tl.maximum(acc_u, -limit), limit)
-    h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
-    h_ptrs = H + offs_m[:, None].to(tl.int64) * stride_hm + offs_n[None, :]
-    tl.store(h_ptrs, h.to(H.dtype.element_ty), mask=valid[:, None] & mask_n[None, :])
+    store_swiglu(acc_g, acc_u, limit, H, offs_m, offs_n, stride_hm, valid, mask_n, HAS_LIMIT)
 
 
 @triton.jit

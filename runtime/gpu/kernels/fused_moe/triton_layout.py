@@ -90,3 +90,15 @@ def block_tile(b, Pairs, BlockExpert, num_pairs, N, BLOCK_M: tl.constexpr, BLOCK
     valid = pair < num_pairs
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     return e, offs_m, pair, valid, offs_n, offs_n < N
+
+
+@triton.jit
+def store_swiglu(acc_g, acc_u, limit, H, offs_m, offs_n, stride_hm, valid, mask_n, HAS_LIMIT: tl.constexpr):
+    """The gate/up kernels' epilogue: silu(gate) * up (DeepSeek-V4 with `limit`: silu(min(gate, L)) *
+    clamp(up, -L, L)) stored to the block's rows of H."""
+    if HAS_LIMIT:
+        acc_g = tl.minimum(acc_g, limit)
+        acc_u = tl.minimum(tl.maximum(acc_u, -limit), limit)
+    h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+    h_ptrs = H + offs_m[:, None].to(tl.int64) * stride_hm + offs_n[None, :]
+    tl.store(h_ptrs, h.to(H.dtype.element_ty), mask=valid[:, None] & mask_n[None, :])
