@@ -8,7 +8,7 @@ import torch
 
 from runtime.config import RunnerConfig
 from runtime.gpu.model_runner import ModelRunner
-from runtime.gpu.testing import PlanBuilder, decode_scenario, save_tiny_llama, seq_start
+from runtime.gpu.testing import decode_scenario, decode_step_without_syncs, save_tiny_llama
 from runtime.mailbox.messages import SamplingParams
 
 pytestmark = pytest.mark.gpu
@@ -48,20 +48,5 @@ def test_graph_decode_step_and_sampling_never_sync(tiny_path, params):
     runner = ModelRunner(
         RunnerConfig(tiny_path, device="cuda", num_kv_slots=512, max_reqs=4, max_model_len=64)
     )
-    pb = PlanBuilder()
-    rows = [1, 2, 3]
-    runner.execute(
-        pb.plan(rows, [0] * 3, [4] * 3, list(range(3, 15)), added=[seq_start(r, [3], params) for r in rows])
-    )
-    plan = pb.plan(rows, [4] * 3, [1] * 3, [], use_last=[True] * 3)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        with torch.inference_mode():
-            s = runner._forward_plan(plan)
-            logits, sample_rows, rows_t = s.logits, s.rows, s.rows_t
-            result = runner.sampler.sample(logits, sample_rows, rows_t)
-            runner.tables.last_token[rows_t] = result.tokens
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    assert result.tokens.shape == (3,)
+    tokens = decode_step_without_syncs(runner, params)
+    assert tokens.shape == (3,)

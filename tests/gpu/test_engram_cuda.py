@@ -16,7 +16,7 @@ from runtime.engram.hashing import NgramHasher
 from runtime.engram.host import HostPlacement
 from runtime.engram.placement import DevicePlacement
 from runtime.gpu.model_runner import ModelRunner
-from runtime.gpu.testing import PlanBuilder, save_tiny_llama, seq_start
+from runtime.gpu.testing import decode_step_without_syncs, save_tiny_llama
 from runtime.gpu.testing.engram import engram_scenario, save_word_tokenizer
 
 pytestmark = pytest.mark.gpu
@@ -88,19 +88,6 @@ def test_graph_decode_with_engram_matches_the_eager_host_path(tiny_path, placeme
 def test_graph_decode_step_with_mapped_engram_never_syncs(tiny_path):
     runner = _runner(tiny_path, EngramOptions("host", shards=2), graphs=True)
     try:
-        pb = PlanBuilder()
-        rows = [1, 2, 3]
-        runner.execute(
-            pb.plan(rows, [0] * 3, [4] * 3, list(range(3, 15)), added=[seq_start(r, [3]) for r in rows])
-        )
-        plan = pb.plan(rows, [4] * 3, [1] * 3, [], use_last=[True] * 3)
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            with torch.inference_mode():
-                s = runner._forward_plan(plan)
-                runner.tables.last_token[s.rows_t] = runner.sampler.sample(s.logits, s.rows, s.rows_t).tokens
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
+        decode_step_without_syncs(runner)
     finally:
         runner.engram.close()

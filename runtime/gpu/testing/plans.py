@@ -142,3 +142,23 @@ def prefill_then_decode(runner, seqs: list[list[int]], split: int) -> torch.Tens
         plan = pb.plan(rows, [pos] * len(rows), [1] * len(rows), [s[pos] for s in seqs])
         steps.append(runner.forward_logits(plan))
     return torch.stack(steps, dim=1).float().cpu()
+
+
+def decode_step_without_syncs(runner, params: SamplingParams = GREEDY) -> torch.Tensor:  # noqa: ANN001
+    """Prefill three rows, then run one decode step of them (fed-back tokens) and its sampling with
+    CUDA's sync debug mode set to "error": a host sync anywhere in the step raises. Returns the tokens."""
+    pb, rows = PlanBuilder(), [1, 2, 3]
+    runner.execute(
+        pb.plan(rows, [0] * 3, [4] * 3, list(range(3, 15)), added=[seq_start(r, [3], params) for r in rows])
+    )
+    plan = pb.plan(rows, [4] * 3, [1] * 3, [], use_last=[True] * 3)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.inference_mode():
+            s = runner._forward_plan(plan)
+            tokens = runner.sampler.sample(s.logits, s.rows, s.rows_t).tokens
+            runner.tables.last_token[s.rows_t] = tokens
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return tokens
