@@ -121,6 +121,13 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         help="admission order: first come first served, or longest cached prefix first",
     )
     g.add_argument(
+        "--schedule-conservativeness",
+        type=_positive_float,
+        default=d.schedule_conservativeness,
+        help="how much of each running request's remaining max_tokens admission keeps free (1.0: 70%% "
+        "at first, decaying while nothing is retracted); lower admits more requests and retracts more",
+    )
+    g.add_argument(
         "--disable-overlap", action="store_true", help="plan each step only after the last one ended"
     )
     g.add_argument("--disable-radix-cache", action="store_true", help="no prefix caching across requests")
@@ -368,6 +375,13 @@ def add_serving_flags(p: argparse.ArgumentParser) -> None:
 
 def _origins(text: str) -> list[str]:
     return [o.strip().rstrip("/") for o in text.split(",") if o.strip()]
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, not {text}")
+    return value
 
 
 def _json_object(text: str) -> dict:

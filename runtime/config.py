@@ -48,6 +48,9 @@ class ServerConfig(msgspec.Struct, kw_only=True, frozen=True):
     max_queued_requests: int = 4096
     # scheduling
     schedule_policy: str = "fcfs"
+    # scales the share of each running request's remaining max_tokens that admission keeps free for it
+    # (SGLang's name: 1.0 reserves 70% at first); lower admits more and retracts more
+    schedule_conservativeness: float = 1.0
     disable_overlap: bool = False
     disable_radix_cache: bool = False
     # Engram tables (runtime/engram, docs/engram.md): where they live, and the prefetch's switches
@@ -316,6 +319,7 @@ class SchedulerConfig(msgspec.Struct, kw_only=True, frozen=True):
     max_model_len: int
     chunked_prefill_size: int  # the step's token budget
     schedule_policy: str = "fcfs"
+    init_new_token_ratio: float = 0.7  # share of remaining max_tokens reserved per running request
     overlap: bool = True
     radix_cache: bool = True
     max_queued_requests: int = 4096
@@ -333,6 +337,7 @@ class SchedulerConfig(msgspec.Struct, kw_only=True, frozen=True):
             max_model_len=caps.max_model_len,
             chunked_prefill_size=cfg.resolved_chunked_prefill_size(),
             schedule_policy=cfg.schedule_policy,
+            init_new_token_ratio=min(0.7 * cfg.schedule_conservativeness, 1.0),
             overlap=not cfg.disable_overlap,
             radix_cache=caps.prefix_cache and not cfg.disable_radix_cache,
             max_queued_requests=cfg.max_queued_requests,

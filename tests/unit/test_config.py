@@ -47,3 +47,28 @@ def test_running_requests_and_memory_fraction_follow_the_gpus_memory(
 def test_cpu_defaults_are_fixed() -> None:
     cfg = ServerConfig()
     assert (cfg.resolved_max_running_requests(), cfg.kv_slot_cap()) == (128, 32768)
+
+
+@pytest.mark.parametrize(("flag", "ratio"), [(None, 0.7), ("0.1", 0.07), ("3", 1.0)])
+def test_schedule_conservativeness_scales_what_admission_reserves(flag, ratio) -> None:
+    """SGLang's meaning: the first reserved share of each request's remaining max_tokens is 0.7 times
+    the flag, at most all of it."""
+    from runtime.cli import build_parser, config_from_args
+    from runtime.config import SchedulerConfig
+    from runtime.mailbox.messages import WorkerCapabilities
+
+    argv = ["serve"] + (["--schedule-conservativeness", flag] if flag else [])
+    cfg = config_from_args(build_parser().parse_args(argv))
+    caps = WorkerCapabilities(
+        rank=0, model="m", num_kv_slots=1000, page_size=1, max_reqs=8, max_model_len=512,
+        prefix_cache=True, prefix_replay=0, kv_bytes_per_token=1, vocab_size=10,
+    )  # fmt: skip
+    assert SchedulerConfig.resolve(cfg, caps).init_new_token_ratio == pytest.approx(ratio)
+
+
+def test_schedule_conservativeness_must_be_positive(capsys) -> None:
+    from runtime.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--schedule-conservativeness", "0"])
+    assert "must be above 0" in capsys.readouterr().err

@@ -133,6 +133,7 @@ class SchedulerActor(Actor):
             token_budget=cfg.chunked_prefill_size,
             max_model_len=cfg.max_model_len,
             policy=cfg.schedule_policy,
+            init_new_token_ratio=cfg.init_new_token_ratio,
             prefix_replay=cfg.prefix_replay,
             draft_policy=DraftPolicy(cfg.max_draft, full_load_tokens=cfg.compute_bound_tokens)
             if cfg.max_draft
