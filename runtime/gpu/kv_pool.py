@@ -21,6 +21,7 @@ attention kernels upcast what they load to the query's dtype."""
 
 from __future__ import annotations
 
+import mmap
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -163,6 +164,17 @@ def dtype_bytes(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
+def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """A zero-filled pool tensor. On the CPU its memory is an anonymous private mapping: the kernel hands
+    out zero pages on first touch, so a pool sized for 32K tokens costs nothing until tokens fill it
+    (torch.zeros would write every byte at start-up: about a second for SmolLM2's default pool)."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = max(1, torch.Size(shape).numel() * dtype_bytes(dtype))
+    pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)  # the tensor keeps the mapping alive
+    return torch.frombuffer(pages, dtype=dtype, count=torch.Size(shape).numel()).view(shape)
+
+
 class MHAKVPool(KVPool):
     """Multi-head attention (Llama family): per layer, K and V of every token slot."""
 
@@ -176,8 +188,8 @@ class MHAKVPool(KVPool):
         device: torch.device | str,
     ) -> None:
         shape = (num_slots, num_kv_heads, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.k = [zeroed(shape, dtype, device) for _ in range(num_layers)]
+        self.v = [zeroed(shape, dtype, device) for _ in range(num_layers)]
         self.num_slots = num_slots
         self._bytes = self.bytes_for(num_layers, num_kv_heads, head_dim, dtype)
 

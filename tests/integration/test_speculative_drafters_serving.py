@@ -2,7 +2,10 @@
 DeepSeek-V3 with an MTP layer; the same three on a tiny random DeepSeek-V4 with an MTP block, whose
 verify steps roll back their rings and tails; both with SmolLM2's tokenizer; DSpark on SmolLM2 itself): greedy answers
 equal the plain server's token for token, with overlap on and off, the radix cache on and off, and in a
-pool small enough to retract requests; /metrics counts the drafts."""
+pool small enough to retract requests; /metrics counts the drafts.
+
+On the tiny models the small pool is the overlap-and-radix case: overlap and the cache are on there, and
+retracted requests come back through the cache."""
 
 from __future__ import annotations
 
@@ -11,10 +14,11 @@ import pytest
 from runtime.gpu.testing import copy_tokenizer, save_tiny_deepseek_v3, save_tiny_deepseek_v4
 from tests.integration.test_speculative_serving import MAX_TOKENS, answers, plain  # noqa: F401 - a fixture
 
+# the small pool: admission reserves 7% of each answer (--schedule-conservativeness 0.1), so all six
+# prompts start and their answers outgrow the 400 slots (as in test_speculative_serving.py)
 FLAGS = {
-    "overlap-radix": (),
     "no-overlap-no-radix": ("--disable-overlap", "--disable-radix-cache"),
-    "small-pool": ("--max-total-tokens", "400"),
+    "small-pool": ("--max-total-tokens", "400", "--schedule-conservativeness", "0.1"),
 }
 
 
@@ -44,7 +48,7 @@ def test_deepseek_v3_greedy_answers_equal_the_plain_servers(
     small = "--max-total-tokens" in flags
     spec = ("--speculative-algorithm", drafter, "--speculative-num-draft-tokens", "3")
     with serve(server_runner, tmp_path, v3_dir, *spec, *flags) as s:
-        got = answers(s.base_url, 4 * MAX_TOKENS if small else MAX_TOKENS)
+        got = answers(s.base_url, 2 * MAX_TOKENS if small else MAX_TOKENS)
         m = s.wait_idle()
     for i, (want, have) in enumerate(zip(v3_plain, got, strict=True)):
         assert have[:MAX_TOKENS] == want, f"prompt {i}: {have!r} != {want!r}"
@@ -56,21 +60,17 @@ def test_deepseek_v3_greedy_answers_equal_the_plain_servers(
 # Retraction under DSpark is covered on the tiny models here and in tests/unit/speculative/test_dspark.py:
 # on SmolLM2 DSpark's pass through the head (49,152 x 576 per draft position, every step) costs about a
 # decode step on the CPU, and 6 long answers in a small pool outlast the client's timeout on a shared CPU.
-SMOLLM2_FLAGS = {k: v for k, v in FLAGS.items() if k != "small-pool"}
+SMOLLM2_FLAGS = {"overlap-radix": (), "no-overlap-no-radix": FLAGS["no-overlap-no-radix"]}
 
 
 @pytest.mark.parametrize("flags", list(SMOLLM2_FLAGS.values()), ids=list(SMOLLM2_FLAGS))
 def test_smollm2_dspark_greedy_answers_equal_the_plain_servers(plain, server_runner, tmp_path, flags):  # noqa: F811
-    small = "--max-total-tokens" in flags
     spec = ("--speculative-algorithm", "dspark", "--speculative-num-draft-tokens", "3")
     with server_runner(tmp_path, *spec, *flags) as s:
-        got = answers(s.base_url, 4 * MAX_TOKENS if small else MAX_TOKENS)
+        got = answers(s.base_url)
         m = s.wait_idle()
-    for i, (want, have) in enumerate(zip(plain, got, strict=True)):
-        assert have[:MAX_TOKENS] == want, f"prompt {i}: {have!r} != {want!r}"
+    assert got == plain
     assert m["conduit_spec_draft_tokens_total"] > 0
-    if small:
-        assert m["conduit_engine_retractions_total"] > 0
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +100,7 @@ def test_deepseek_v4_greedy_answers_equal_the_plain_servers(
     small = "--max-total-tokens" in flags
     spec = ("--speculative-algorithm", drafter, "--speculative-num-draft-tokens", "3")
     with serve(server_runner, tmp_path, v4_dir, *V4_FLAGS, *spec, *flags) as s:
-        got = answers(s.base_url, 4 * MAX_TOKENS if small else MAX_TOKENS)
+        got = answers(s.base_url, 2 * MAX_TOKENS if small else MAX_TOKENS)
         m = s.wait_idle()
     for i, (want, have) in enumerate(zip(v4_plain, got, strict=True)):
         assert have[:MAX_TOKENS] == want, f"prompt {i}: {have!r} != {want!r}"

@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import torch
 
-from runtime.gpu.kv_pool import KVPool, SlotTensor, dtype_bytes
+from runtime.gpu.kv_pool import KVPool, SlotTensor, dtype_bytes, zeroed
 
 
 class LatentKVPool(KVPool):
     def __init__(
         self, num_layers: int, num_slots: int, latent_dim: int, dtype: torch.dtype, device: torch.device | str
     ) -> None:
-        self.kv = [
-            torch.zeros((num_slots, 1, latent_dim), dtype=dtype, device=device) for _ in range(num_layers)
-        ]
+        self.kv = [zeroed((num_slots, 1, latent_dim), dtype, device) for _ in range(num_layers)]
         self.num_slots = num_slots
         self._bytes = self.bytes_for(num_layers, latent_dim, dtype)
 

@@ -34,7 +34,7 @@ from typing import Protocol
 import torch
 
 from runtime.gpu.forward_batch import token_positions
-from runtime.gpu.kv_pool import KVPool, KVPoolSpec, RequestKV, SlotTensor, dtype_bytes
+from runtime.gpu.kv_pool import KVPool, KVPoolSpec, RequestKV, SlotTensor, dtype_bytes, zeroed
 from runtime.gpu.models.deepseek_v4.compressor import Compressor
 from runtime.gpu.models.deepseek_v4.rope import InterleavedRope
 from runtime.mailbox.messages import StepPlan
@@ -111,7 +111,7 @@ class V4KVPool(KVPool):
         self.rates = sorted(set(rates) - {1})  # the compressors' rates
 
     def _zeros(self, *shape: int) -> torch.Tensor:
-        return torch.zeros(*shape, dtype=self.dtype, device=self.device)
+        return zeroed(shape, self.dtype, self.device)
 
     def _tail(self, rows: int, comp: Compressor) -> Tail:
         return Tail(*(self._zeros(rows, comp.tail_len, comp.kv_proj.out_features) for _ in range(2)))
