@@ -21,6 +21,7 @@ import msgspec
 import structlog
 
 from runtime.actors import addresses, nodes
+from runtime.actors.base import Actor
 from runtime.actors.client import EngineClient
 from runtime.actors.detokenizer import DetokenizerActor
 from runtime.actors.dp_controller import DpController
@@ -87,10 +88,13 @@ async def launch(cfg: ServerConfig) -> Running:
     # with DP attention the DP controller stands where the one scheduler would
     schedulers = addresses.DP_CONTROLLER if dp_size > 1 else addresses.scheduler(0)
     client = EngineClient(info.name, info.max_model_len, schedulers)
+    # the tokenizer and detokenizer load their tokenizers (seconds, mostly transformers' imports) on a
+    # thread while the engine processes start; nothing reaches them before the engine is ready
+    text_actors = asyncio.ensure_future(
+        asyncio.to_thread(lambda: (TokenizerActor(info, schedulers), DetokenizerActor(info, schedulers)))
+    )
     try:
         await system.spawn(client)
-        await system.spawn(TokenizerActor(info, schedulers))
-        await system.spawn(DetokenizerActor(info, schedulers))
         if dp_size > 1:
             await system.spawn(DpController(dp_size))
 
@@ -98,14 +102,17 @@ async def launch(cfg: ServerConfig) -> Running:
             client.fail_all(f"{msg.node}: {msg.error}")
             if world_size > 1:  # the survivors' collectives would wait for it: stop every rank
                 system.stop_children(f"{msg.node} died")
+            detokenizer = system.actors.get(addresses.DETOKENIZER)  # none yet while starting
             try:  # the detokenizer forgets the dead engine's requests (after the ones it is decoding)
-                system.actors[addresses.DETOKENIZER].mailbox.put_nowait(msg)
+                if detokenizer is not None:
+                    detokenizer.mailbox.put_nowait(msg)
             except asyncio.QueueFull:
                 log.warning("detokenizer_busy_at_engine_death")
 
         system.on_node_failed.append(engine_died)
         system.on_node_ready.append(lambda msg: client.engine_ready(msg.node))
         if cfg.placement == "single":
+            await _spawn_all(system, await text_actors)
             await spawn_engine_actors(system, cfg, model_path, info.max_model_len)
         else:
             dist_addr = cfg.dist_init_addr or f"127.0.0.1:{_free_port()}"
@@ -126,15 +133,22 @@ async def launch(cfg: ServerConfig) -> Running:
                 await system.start_child(
                     node, "runtime.actors.engine_process", payload, max_restarts=restarts
                 )
+            await _spawn_all(system, await text_actors)
             for rank in range(world_size):
                 await system.wait_ready(addresses.engine_node(rank), ENGINE_START_TIMEOUT_S)
             if cfg.nnodes > 1:
                 await _share_addresses(system, world_size)
     except BaseException:
+        text_actors.cancel()
         await _stop(system)
         raise
     log.info("engine_ready", model=info.name, placement=cfg.placement, device=cfg.device, ranks=world_size)
     return Running(system, client, info)
+
+
+async def _spawn_all(system: ActorSystem, actors: tuple[Actor, ...]) -> None:
+    for actor in actors:
+        await system.spawn(actor)
 
 
 async def _share_addresses(system: ActorSystem, world_size: int) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import gc
 import signal
 import socket
 
@@ -107,6 +108,7 @@ async def serve(cfg: ServerConfig, ready: asyncio.Event | None = None) -> None:
             return
         stopped.cancel()
         running = starting.result()
+        gc.freeze()  # start-up's objects (imports, tokenizers) stay: full collections and exit skip them
         await _serve_until_stopped(cfg, sock, running, stop, build_app, LIFECYCLE_KEY, ready)
     finally:
         sock.close()

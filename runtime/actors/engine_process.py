@@ -4,6 +4,7 @@ the rank leads one."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import sys
@@ -109,6 +110,9 @@ async def _engine(a: EngineArgs) -> None:
         )
         await asyncio.sleep(0.2)  # let the frame leave before the process exits
         return
+    # what start-up made (modules, the model) lives as long as the process: the collector's full passes,
+    # while serving and the one at exit (2-3 s on the CPU), skip it
+    gc.freeze()
     info = {"addr": a.node_addrs[node]} if node in a.node_addrs else {}
     await system.send_to_node(a.parent_node, addresses.SYSTEM, NodeReady(node, info))
     parent = os.getppid()

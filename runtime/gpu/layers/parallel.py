@@ -71,7 +71,16 @@ def _vocab_part(vocab_size: int) -> tuple[int, int, int]:
     return per, start, max(0, min(per, vocab_size - start))
 
 
-class VocabParallelEmbedding(nn.Embedding):
+class Embedding(nn.Embedding):
+    """`nn.Embedding` without its random init: a served model's rows come from the checkpoint or from
+    `init_dummy_weights`. (Built on the meta device, `nn.init.normal_` runs torch's Python references,
+    whose first call imports torch._dynamo: about 2 s of every engine start on the CPU.)"""
+
+    def reset_parameters(self) -> None:
+        return
+
+
+class VocabParallelEmbedding(Embedding):
     def __init__(self, vocab_size: int, hidden: int) -> None:
         per, start, valid = _vocab_part(vocab_size)
         super().__init__(per, hidden)

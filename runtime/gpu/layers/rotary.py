@@ -30,6 +30,13 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, p: dict) -> torch.Tensor:
 
 
 def inv_frequencies(config, head_dim: int) -> tuple[torch.Tensor, float]:
+    # on the CPU: models are built under `torch.device("meta")`, and these tables are real (meta ops would
+    # also run torch's Python references, whose first call imports torch._dynamo: 2 s of a start-up)
+    with torch.device("cpu"):
+        return _inv_frequencies(config, head_dim)
+
+
+def _inv_frequencies(config, head_dim: int) -> tuple[torch.Tensor, float]:
     p = rope_parameters(config)
     kind = p["rope_type"]
     if kind in ("default", "llama3"):
@@ -40,8 +47,7 @@ def inv_frequencies(config, head_dim: int) -> tuple[torch.Tensor, float]:
 
     if kind not in ROPE_INIT_FUNCTIONS or kind == "dynamic":
         raise NotImplementedError(f"rope_type {kind!r} is not supported")
-    with torch.device("cpu"):  # models are built under `torch.device("meta")`; these tables are real
-        inv, scale = ROPE_INIT_FUNCTIONS[kind](config, "cpu")
+    inv, scale = ROPE_INIT_FUNCTIONS[kind](config, "cpu")
     return inv.float(), float(scale)
 
 
@@ -56,9 +62,11 @@ class RotaryEmbedding(nn.Module):
     def build(self, device: torch.device | str | None) -> None:
         """(Re)compute the tables in float32, e.g. after the module was created on the meta device."""
         inv_freq, scale = inv_frequencies(self.config, self.head_dim)
-        t = torch.arange(self.max_positions, dtype=torch.float32, device=inv_freq.device)
-        emb = torch.outer(t, inv_freq)
-        emb = torch.cat([emb, emb], dim=-1).to(device)
+        with torch.device("cpu"):
+            t = torch.arange(self.max_positions, dtype=torch.float32)
+            emb = torch.outer(t, inv_freq)
+            emb = torch.cat([emb, emb], dim=-1)
+        emb = emb.to(device)
         self.register_buffer("cos", emb.cos() * scale, persistent=False)
         self.register_buffer("sin", emb.sin() * scale, persistent=False)
 

@@ -35,6 +35,7 @@ from runtime.gpu.kv_pool import KVPoolSpec
 from runtime.gpu.layers import MergedLinear, RMSNorm, expert_parallel
 from runtime.gpu.layers.fp8_linear import Fp8GroupedLinear, MergedFp8Linear, linear
 from runtime.gpu.layers.moe import HashRouter, RoutedExperts, TopkRouter, swiglu
+from runtime.gpu.layers.parallel import Embedding
 from runtime.gpu.models.base import CausalLM, ModelAbilities
 from runtime.gpu.models.deepseek_v3.weights import destination_dtype, load_named, skips_tensor
 from runtime.gpu.models.deepseek_v4.attention import TorchV4Backend
@@ -240,7 +241,7 @@ class DeepseekV4Model(nn.Module):
     def __init__(self, config, fp8_weights: bool = False) -> None:
         super().__init__()
         self.hc_mult, self.num_layers = config.hc_mult, config.num_hidden_layers
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
         n_mtp = getattr(config, "num_nextn_predict_layers", 0) or 0
         layers = [DeepseekV4DecoderLayer(config, i, fp8_weights=fp8_weights) for i in range(self.num_layers)]
         layers += [DeepseekV4MTPBlock(config, self.num_layers + i, fp8_weights) for i in range(n_mtp)]
