@@ -24,7 +24,7 @@ from schemathesis import GenerationMode
 from runtime.http import openapi
 
 BATCH = 32  # requests sent at once (the engine batches the valid ones)
-REQUESTS = 2048
+REQUESTS = 1024
 TIMEOUT = aiohttp.ClientTimeout(total=180)
 
 # the model each 2xx JSON answer must decode as, by route
@@ -86,7 +86,7 @@ async def _send(session: aiohttp.ClientSession, url: str, case) -> tuple[str, in
         )
 
 
-def test_thousands_of_generated_requests_get_no_5xx_and_match_the_document(srv):
+def test_a_thousand_generated_requests_get_no_5xx_and_match_the_document(srv):
     document = json.loads(aiohttp_get(srv.url + "/openapi.json"))
     schema = schemathesis.openapi.from_dict(document)
     operations = [r.ok() for r in schema.get_all_operations() if r.ok().path != "/v1/ws"]

@@ -30,7 +30,9 @@ def _ranks(server) -> list[psutil.Process]:
 
 
 async def _stream(s: aiohttp.ClientSession, url: str, started: asyncio.Event) -> list[dict]:
-    body = {"prompt": "Count forever:", "max_tokens": 4000, "ignore_eos": True, "stream": True}
+    # long enough to outlast the kill, short enough that admission (which keeps 70% of each request's
+    # max_tokens free for it) starts both streams at once in the 4096-token pool
+    body = {"prompt": "Count forever:", "max_tokens": 1000, "ignore_eos": True, "stream": True}
     events = []
     async with s.post(f"{url}/v1/completions", json=body) as r:
         assert r.status == 200
