@@ -391,15 +391,18 @@ class ModelRunner:
     @property
     def verify_ahead(self) -> bool:
         """Whether the scheduler may plan a row before its previous verify step's counts reach the host
-        (`StepPlan.assume_accepted`): the drafter drafts on the device right after a step, and on CUDA
-        verify steps replay graphs, which move such rows back without waiting (an eager step would wait
-        for the previous one: `step_inputs.settle`). Drafters that draft just before a step from host
-        lengths (draft-model, mtp) keep their rows out of the step after a verify step."""
-        if self.spec is None or not self.spec.drafter.drafts_ahead:
+        (`StepPlan.assume_accepted`). On the CPU every step is eager: the rows planned ahead settle first
+        (`step_inputs.settle`, a free host read there), so every drafter, those that draft just before a
+        step from host lengths (draft-model, mtp) included, sees their real places. On CUDA only a
+        drafter that drafts on the device right after a step (ngram), with verify steps replaying graphs
+        that move such rows back without waiting; an eager CUDA step would wait for the previous one to
+        settle them, and hidden-state drafters (mtp, dspark) run eagerly."""
+        if self.spec is None:
             return False
+        if self.device.type == "cpu":
+            return True
         graphs = self.graphs is not None and self.graphs.q_len > 1
-        wants_hidden = self.spec.wants_hidden
-        return self.device.type == "cpu" or (graphs and not wants_hidden)
+        return self.spec.drafter.drafts_ahead and graphs and not self.spec.wants_hidden
 
     def _save_blocks(self, plan: StepPlan) -> tuple[object | None, torch.Tensor | None]:
         """Before a verify step: what the verify rows' blocks overwrite of the pool's per-row state, to

@@ -71,8 +71,9 @@ class Drafter(ABC):
     # target layers whose outputs `capture` reads from `batch.taps` (DSpark's context features)
     taps: tuple[int, ...] = ()
     # True when `observe` makes the drafts from the device's own record of each row (its emitted tokens,
-    # no host lengths): a row's next step may then be planned before this step's counts reach the host
-    # (overlap, `StepPlan.assume_accepted`), its drafts following whatever was accepted
+    # no host lengths): on CUDA a row's next step may then be planned before this step's counts reach
+    # the host (overlap, `StepPlan.assume_accepted`), its drafts following whatever was accepted. (On the
+    # CPU every drafter may: eager steps settle such rows before `prepare`; `ModelRunner.verify_ahead`.)
     drafts_ahead: bool = False
 
     def __init__(self, max_draft: int) -> None:

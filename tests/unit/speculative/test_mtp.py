@@ -126,3 +126,4 @@ def test_an_mtp_layer_that_knows_the_target_has_every_chained_draft_accepted(che
     s = got.stats.spec
     assert s.accepted == s.drafted > 0
     assert s.lengths[-1] > 0  # rows emitted all K drafts plus their own token
+    assert s.ahead_rows > 0  # planned ahead of their verify steps' counts (the CPU settles them first)
