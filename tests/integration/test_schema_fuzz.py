@@ -140,7 +140,7 @@ def test_a_thousand_generated_requests_get_no_5xx_and_match_the_document(srv):
     for (path, status), n in sorted(counts.items()):
         print(f"  {path:24s} {status}  {n}")
     assert not broken, broken[:10]
-    assert total >= 2000 and set(by_route) == {op.path for op in operations}
+    assert total >= REQUESTS * 0.95 and set(by_route) == {op.path for op in operations}
     ok = json.loads(aiohttp_post(srv.url + "/v1/completions", {"prompt": "Hi", "max_tokens": 3}))
     assert ok["usage"]["completion_tokens"] == 3
     srv.wait_idle()
