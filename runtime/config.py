@@ -18,6 +18,10 @@ import msgspec
 from runtime.engram.config import EngramOptions
 from runtime.mailbox.messages import WorkerCapabilities
 
+# admission's first reserve: this share of each running request's remaining max_tokens (SGLang's
+# SGLANG_INIT_NEW_TOKEN_RATIO), scaled by --schedule-conservativeness; it decays while nothing retracts
+INIT_NEW_TOKEN_RATIO = 0.7
+
 
 class ServerConfig(msgspec.Struct, kw_only=True, frozen=True):
     # model
@@ -319,7 +323,7 @@ class SchedulerConfig(msgspec.Struct, kw_only=True, frozen=True):
     max_model_len: int
     chunked_prefill_size: int  # the step's token budget
     schedule_policy: str = "fcfs"
-    init_new_token_ratio: float = 0.7  # share of remaining max_tokens reserved per running request
+    init_new_token_ratio: float = INIT_NEW_TOKEN_RATIO  # reserved share of a request's remaining tokens
     overlap: bool = True
     radix_cache: bool = True
     max_queued_requests: int = 4096
@@ -337,7 +341,7 @@ class SchedulerConfig(msgspec.Struct, kw_only=True, frozen=True):
             max_model_len=caps.max_model_len,
             chunked_prefill_size=cfg.resolved_chunked_prefill_size(),
             schedule_policy=cfg.schedule_policy,
-            init_new_token_ratio=min(0.7 * cfg.schedule_conservativeness, 1.0),
+            init_new_token_ratio=min(INIT_NEW_TOKEN_RATIO * cfg.schedule_conservativeness, 1.0),
             overlap=not cfg.disable_overlap,
             radix_cache=caps.prefix_cache and not cfg.disable_radix_cache,
             max_queued_requests=cfg.max_queued_requests,

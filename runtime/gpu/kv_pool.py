@@ -168,11 +168,11 @@ def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | st
     """A zero-filled pool tensor. On the CPU its memory is an anonymous private mapping: the kernel hands
     out zero pages on first touch, so a pool sized for 32K tokens costs nothing until tokens fill it
     (torch.zeros would write every byte at start-up: about a second for SmolLM2's default pool)."""
-    if torch.device(device).type != "cpu":
+    count = torch.Size(shape).numel()
+    if torch.device(device).type != "cpu" or not count:
         return torch.zeros(shape, dtype=dtype, device=device)
-    nbytes = max(1, torch.Size(shape).numel() * dtype_bytes(dtype))
-    pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)  # the tensor keeps the mapping alive
-    return torch.frombuffer(pages, dtype=dtype, count=torch.Size(shape).numel()).view(shape)
+    pages = mmap.mmap(-1, count * dtype_bytes(dtype), flags=mmap.MAP_PRIVATE)  # kept alive by the tensor
+    return torch.frombuffer(pages, dtype=dtype, count=count).view(shape)
 
 
 class MHAKVPool(KVPool):

@@ -39,6 +39,7 @@ from runtime.actors.scheduler.kv_allocator import PageAllocator
 from runtime.actors.scheduler.policy import order_waiting
 from runtime.actors.scheduler.prefix_cache import PrefixCache
 from runtime.actors.scheduler.request import Req
+from runtime.config import INIT_NEW_TOKEN_RATIO
 from runtime.mailbox.messages import SeqStart, StepPlan
 from runtime.speculative.policy import DraftPolicy
 
@@ -62,7 +63,7 @@ class BatchPlanner:
     token_budget: int
     max_model_len: int
     policy: str = "fcfs"
-    init_new_token_ratio: float = 0.7
+    init_new_token_ratio: float = INIT_NEW_TOKEN_RATIO
     prefix_replay: int = 0  # tokens before a prefix hit the worker recomputes (see the module docstring)
     draft_policy: DraftPolicy | None = None  # speculative decoding (see the module docstring)
     verify_ahead: bool = False  # the worker moves rows planned ahead of their verify step back itself

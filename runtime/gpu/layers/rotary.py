@@ -62,11 +62,9 @@ class RotaryEmbedding(nn.Module):
     def build(self, device: torch.device | str | None) -> None:
         """(Re)compute the tables in float32, e.g. after the module was created on the meta device."""
         inv_freq, scale = inv_frequencies(self.config, self.head_dim)
-        with torch.device("cpu"):
-            t = torch.arange(self.max_positions, dtype=torch.float32)
-            emb = torch.outer(t, inv_freq)
-            emb = torch.cat([emb, emb], dim=-1)
-        emb = emb.to(device)
+        t = torch.arange(self.max_positions, dtype=torch.float32, device=inv_freq.device)
+        emb = torch.outer(t, inv_freq)
+        emb = torch.cat([emb, emb], dim=-1).to(device)
         self.register_buffer("cos", emb.cos() * scale, persistent=False)
         self.register_buffer("sin", emb.sin() * scale, persistent=False)
 
