@@ -1,7 +1,8 @@
 """Server start-up and shutdown on the CPU (docs/PERF.md, "Server start-up and shutdown (CPU)").
 
 Starts `conduit serve` on the embedded SmolLM2-135M-Instruct `--rounds` times, one after the other,
-and per round times process start -> /health answering 200 (ready) and SIGTERM -> exit (stop). Prints
+and per round times process start -> /health answering 200 (ready) and SIGTERM -> exit (stop), with
+the launcher the tests and `loadgen ab` use. Prints
 each round and the medians. The model must be converted already (the first `conduit serve` does it).
 
     python -m benchmarks.startup_cpu --rounds 5   # from the repository root
@@ -10,36 +11,23 @@ each round and the medians. The model must be converted already (the first `cond
 from __future__ import annotations
 
 import argparse
-import signal
 import statistics
-import subprocess
+import tempfile
 import time
-import urllib.request
+from pathlib import Path
 
-from loadgen.launch import conduit_serve, free_port
+from loadgen.launch import conduit_serve, free_port, launch
 
 
-def one_round() -> tuple[float, float]:
+def one_round(log_dir: Path) -> tuple[float, float]:
+    """(seconds to a healthy server, seconds from SIGTERM to its exit); `launch` polls /health every
+    0.2 s, so `ready` may read up to 0.2 s late."""
     port = free_port()
     t0 = time.perf_counter()
-    proc = subprocess.Popen(conduit_serve(port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}")
-            try:
-                if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).status == 200:
-                    break
-            except OSError:
-                time.sleep(0.05)  # polling a process we do not control; there is no event to wait on
+    with launch(conduit_serve(port), port, log_dir / f"server-{port}.log"):
         ready = time.perf_counter() - t0
         t1 = time.perf_counter()
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
-        return ready, time.perf_counter() - t1
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    return ready, time.perf_counter() - t1  # leaving `launch` sends SIGTERM and waits for the exit
 
 
 def main() -> None:
@@ -47,8 +35,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args()
     runs = []
+    log_dir = Path(tempfile.mkdtemp(prefix="startup-"))
     for i in range(args.rounds):
-        ready, stop = one_round()
+        ready, stop = one_round(log_dir)
         runs.append((ready, stop))
         print(f"round {i + 1}: ready {ready:.2f} s, stop {stop:.2f} s", flush=True)
     print(
