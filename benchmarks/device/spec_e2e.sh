@@ -4,14 +4,21 @@
 # concurrent streams; each server's speculation metrics (accepted length, draft and verify time) after
 # its runs. Dummy weights answer with loops the n-gram drafter finds, so the acceptance here is higher
 # than real text's: the verify-step cost is the figure that carries over (verify_steps.sh).
+# MODEL=v2lite: the DeepSeek-V2-Lite shape (MLA, 64 experts, dummy bf16) instead of Llama.
 # Needs out/tokenizer (prepare_tokenizer.sh) carried with .gpu.
-#   source .gpu/env.sh && bash benchmarks/device/spec_e2e.sh
+#   source .gpu/env.sh && [MODEL=v2lite] bash benchmarks/device/spec_e2e.sh
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
-dir=$(results spec_e2e)
+model=${MODEL:-llama}
+dir=$(results "spec_e2e_$model")
 tok=$(tokenizer_dir)
 describe_machine "$dir"
-base="--model llama-3.1-8b --load-format dummy --device cuda --tokenizer $tok"
+case $model in
+  llama) base="--model llama-3.1-8b" ;;
+  v2lite) write_v2lite_config "$dir/v2lite" && base="--model $dir/v2lite" ;;
+  *) echo "MODEL: llama or v2lite, not $model" >&2 && exit 2 ;;
+esac
+base="$base --load-format dummy --device cuda --tokenizer $tok"
 
 run_variant() {
   local name=$1 port=$2

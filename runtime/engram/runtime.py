@@ -14,6 +14,7 @@ prefetch off, the fetch runs only when the first Engram layer asks for it."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
@@ -76,6 +77,7 @@ class EngramRuntime:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engram-lookup")
         # per request row, where its last sampled token lands on the host: (tokens, index, copy event)
         self._last: dict[int, tuple[torch.Tensor, int, torch.cuda.Event | None]] = {}
+        self._side: torch.cuda.Stream | None = None  # the device lookup's stream (`_device_rows`)
 
     @classmethod
     def create(
@@ -124,11 +126,32 @@ class EngramRuntime:
     def _device_rows(
         self, batch: ForwardBatch, offsets: torch.Tensor, owner: torch.Tensor, last: torch.Tensor
     ) -> EngramRows:
-        addr = self.on_device.addresses(batch.input_ids, batch.rows, offsets, owner, last)
+        """Hash and gather on a side stream that forks from the step's stream here and joins it where
+        the first Engram layer reads: the lookup (PCIe reads, for a mapped host table) runs beside the
+        layers below that one instead of before them. A CUDA graph captures the fork and the join.
+        The side stream's buffers stay safe to reuse: the next fork waits for the step's stream, which
+        has read them by then."""
         table = self.placement.device_table
-        words = wide_rows(table).index_select(0, addr.view(-1))
-        rows = words.view(table.dtype).view(*addr.shape, table.shape[1])
-        return EngramRows(self.hasher, lambda: rows, self.placement.stats)
+        main = side = None
+        if table.device.type == "cuda":  # a mapped host table is a CUDA tensor too
+            main, side = torch.cuda.current_stream(self.placement.device), self._side_stream()
+            side.wait_stream(main)
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            addr = self.on_device.addresses(batch.input_ids, batch.rows, offsets, owner, last)
+            words = wide_rows(table).index_select(0, addr.view(-1))
+            rows = words.view(table.dtype).view(*addr.shape, table.shape[1])
+
+        def wait() -> torch.Tensor:
+            if side is not None:
+                main.wait_stream(side)
+            return rows
+
+        return EngramRows(self.hasher, wait, self.placement.stats)
+
+    def _side_stream(self) -> torch.cuda.Stream:
+        if self._side is None:
+            self._side = torch.cuda.Stream(self.placement.device)
+        return self._side
 
     @property
     def stats(self):  # noqa: ANN201

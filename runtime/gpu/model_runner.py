@@ -253,7 +253,7 @@ class ModelRunner:
             if spec is not None:
                 ev = self._timing_event(), None
                 t = time.perf_counter()
-                drafts = spec.propose(s.rows_t, emitted)
+                drafts = spec.propose(s.rows_t, emitted, plan.propose)
                 draft = (ev[0], self._timing_event()) if ev[0] is not None else time.perf_counter() - t
             copies = Copies.start(
                 tokens=emitted.tokens,

@@ -96,6 +96,12 @@ class Drafter(ABC):
     def observe(self, step: StepTokens) -> Drafts:
         """Right after a step: its emitted tokens, and the drafts (or what will be drafted) for its rows."""
 
+    def record(self, step: StepTokens) -> None:
+        """Right after a step none of whose rows will verify the drafts made now (`StepPlan.propose`):
+        keep what later drafts need of its tokens, and draft nothing if that saves work. By default it
+        drafts as `observe` does and drops the drafts."""
+        self.observe(step)
+
     def prepare(self, rows: list[int], lengths: list[int]) -> Drafts | None:
         """Just before a step in which `rows` verify drafts, each row's sequence `lengths[i]` tokens long
         (its last token not yet in KV): drafts for them, or None when `observe` already made them."""

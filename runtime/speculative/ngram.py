@@ -43,6 +43,9 @@ class NgramDrafter(Drafter):
         self.history.append(step)
         return self._lookup(step.rows)
 
+    def record(self, step: StepTokens) -> None:
+        self.history.append(step)  # the lookup (most of the work) only when its drafts may be verified
+
     def _lookup(self, rows: torch.Tensor) -> Drafts:
         """For every row: the latest earlier match of its last n tokens (longest n first) and the up to
         `max_draft` tokens after it."""

@@ -1,7 +1,8 @@
 """A drafter's `observe` as CUDA graphs, one per (batch bucket, tokens per row): the n-gram lookup is
 about 50 small kernels after every step, which issued one by one cost a Llama-8B decode step 5-7% on
 the H200 (docs/PERF.md) even when no draft is ever verified; replayed as one graph they cost a few
-microseconds of launch.
+microseconds of launch. Each bucket also has a graph of the drafter's `record`, replayed after a step
+from which no row may verify drafts (`StepPlan.propose`): the lookup's GPU time is then skipped too.
 
 Inputs go through static buffers padded to the bucket: padding rows are row 0 with no tokens (a drafter
 appends nothing for them, and their drafts are sliced away). A drafter opts in with `graph_safe` (its
@@ -25,14 +26,15 @@ class ObserveGraphs:
         self.tokens = torch.zeros(max_bs, width, dtype=torch.int64, device=device)
         self.counts = torch.zeros(max_bs, dtype=torch.int64, device=device)
         self.capture = capture and device.type == "cuda"
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, Drafts]] = {}
+        self.graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, Drafts | None]] = {}
         if self.capture:
             self._capture(device)
 
     def fits(self, n: int) -> bool:
         return 0 < n <= self.buckets[-1]
 
-    def observe(self, step: StepTokens) -> Drafts:
+    def observe(self, step: StepTokens, draft: bool = True) -> Drafts | None:
+        """The drafter's `observe` over `step` (without `draft`: its `record`, and no drafts)."""
         n, width = step.tokens.shape
         bs = next(b for b in self.buckets if b >= n)
         self.rows[:n].copy_(step.rows)
@@ -42,25 +44,29 @@ class ObserveGraphs:
             self.rows[n:bs].zero_()
             self.counts[n:bs].zero_()
         if self.capture:
-            graph, out = self.graphs[bs, width]
+            graph, out = self.graphs[bs, width, draft]
             graph.replay()
         else:
-            out = self._observe(bs, width)
+            out = self._observe(bs, width, draft)
+        if out is None:
+            return None
         tokens = None if out.tokens is None else out.tokens[:n]
         return Drafts(tokens, out.counts[:n], out.confidence[:n])
 
-    def _observe(self, bs: int, width: int) -> Drafts:
-        return self.drafter.observe(StepTokens(self.rows[:bs], self.tokens[:bs, :width], self.counts[:bs]))
+    def _observe(self, bs: int, width: int, draft: bool) -> Drafts | None:
+        step = StepTokens(self.rows[:bs], self.tokens[:bs, :width], self.counts[:bs])
+        return self.drafter.observe(step) if draft else self.drafter.record(step)
 
     def _capture(self, device: torch.device) -> None:
         pool = None
         for width in (1, self.drafter.max_draft + 1):  # plain steps emit one token a row, verify steps more
-            for bs in reversed(self.buckets):
-                self._observe(bs, width)  # warm-up (padding only: appends nothing)
-                torch.cuda.synchronize(device)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    out = self._observe(bs, width)
-                pool = graph.pool()
-                self.graphs[bs, width] = (graph, out)
+            for draft in (True, False):
+                for bs in reversed(self.buckets):
+                    self._observe(bs, width, draft)  # warm-up (padding only: appends nothing)
+                    torch.cuda.synchronize(device)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool):
+                        out = self._observe(bs, width, draft)
+                    pool = graph.pool()
+                    self.graphs[bs, width, draft] = (graph, out)
         torch.cuda.synchronize(device)

@@ -64,6 +64,16 @@ class DraftPolicy:
             k += 1
         return k
 
+    def wants_drafts(self, s: SpecState, load_tokens: int) -> bool:
+        """Whether drafts made after the step planned now may be verified. Not while a cooldown outlasts
+        the next two plans (with overlap the plan after next may go out before the next step's drafts
+        reach the host, and the probe then takes the drafts made after this step); nor while even a
+        certain first draft falls below this load's threshold (confidence is at most 1), a state that
+        lasts until the load falls, since only verified drafts move the estimate."""
+        if s.off_steps > 1:
+            return False
+        return s.probe or s.off_steps == 1 or s.acceptance >= self.threshold(load_tokens)
+
     def observe(self, s: SpecState, verified: int, accepted: int) -> None:
         """A verify step's outcome: `accepted` of its `verified` drafts."""
         if not verified:

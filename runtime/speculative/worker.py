@@ -92,13 +92,20 @@ class Speculation:
         self.tables.rejected[rows_t] = verify.draft_lens_t + 1 - counts
         return Emitted(tokens, counts, index)
 
-    def propose(self, rows_t: torch.Tensor, emitted: Emitted) -> Drafts:
+    def propose(self, rows_t: torch.Tensor, emitted: Emitted, draft: bool = True) -> Drafts | None:
         """After a step: the drafter sees the rows' emitted tokens; drafts it makes now go into their `fed`
-        columns 1..K."""
+        columns 1..K. Without `draft` (`StepPlan.propose`) it only records them, and there are none."""
         counts = emitted.counts if emitted.counts is not None else torch.ones_like(rows_t)
         step = StepTokens(rows_t, emitted.tokens, counts)
         graphs = self.observe_graphs
-        drafts = graphs.observe(step) if graphs and graphs.fits(len(rows_t)) else self.drafter.observe(step)
+        if graphs is not None and graphs.fits(len(rows_t)):
+            drafts = graphs.observe(step, draft)
+        elif draft:
+            drafts = self.drafter.observe(step)
+        else:
+            drafts = self.drafter.record(step)
+        if drafts is None:
+            return None
         if drafts.tokens is not None:
             self.tables.fed[rows_t, 1:] = drafts.tokens
         return drafts

@@ -294,6 +294,10 @@ class BatchPlanner:
             return None
         for r in reqs:
             r.inflight += 1
+        policy, load = self.draft_policy, n_dec
+        propose = policy is None or any(
+            policy.wants_drafts(r.spec, load) for r in reqs if r.params.grammar is None
+        )
         plan = StepPlan(
             step,
             added,
@@ -308,6 +312,7 @@ class BatchPlanner:
             replay if any(replay) else [],
             drafts + [0] * (len(rows) - n_dec) if any(drafts) else [],
             ahead + [False] * (len(rows) - n_dec) if any(ahead) else [],
+            propose=propose,
         )
         self.released_rows = []
         return PlannedStep(plan, reqs, has_prefill)

@@ -71,3 +71,26 @@ def test_policy_verifies_fewer_drafts_under_load_and_switches_off_when_they_fail
         policy.draft_len(s, 1, 10)
     policy.observe(s, policy.draft_len(s, 1, 10), 1)  # the probe's draft accepted: back to speculating
     assert s.off_steps == 0 and s.cooldown == 0 and policy.draft_len(s, 1, 10) >= 1
+
+
+def test_drafts_are_made_only_where_they_may_be_verified():
+    """`wants_drafts` (StepPlan.propose): no drafting through a cooldown nor while a request's estimate
+    is below the load's threshold, but the probe after a cooldown finds drafts even when each plan goes
+    out before the previous step's drafts reach the host (overlap: a plan sees the drafts made two
+    steps back)."""
+    policy = DraftPolicy(max_draft=3, full_load_tokens=64)
+    s = SpecState()
+    assert policy.wants_drafts(s, 1)  # a new request: the prior estimate
+    s.acceptance = 0.3
+    assert policy.wants_drafts(s, 1) and not policy.wants_drafts(s, 64)  # threshold 0.6 at full load
+    for _ in range(4):  # every draft rejected: a cooldown starts
+        policy.observe(s, 1, 0)
+    assert s.off_steps > 1
+    made = []  # per plan: drafts the step it plans makes (3 when asked for, else none)
+    verified = []
+    for step in range(s.off_steps + 3):
+        s.available = made[step - 2] if step >= 2 else 0  # overlap: the drafts of two steps back
+        verified.append(policy.draft_len(s, 1, 10))
+        made.append(3 if policy.wants_drafts(s, 1) else 0)
+    assert verified[-3:].count(1) == 1 and sum(verified) == 1  # the probe, with drafts to verify
+    assert made.count(3) <= 3  # drafting only around the probe, not through the cooldown

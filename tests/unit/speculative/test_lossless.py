@@ -161,3 +161,30 @@ def test_a_draft_model_is_lossless_and_the_target_as_its_own_draft_is_always_acc
     # with overlap, rows were planned ahead of their verify steps' counts: on the CPU each step settles
     # them before the draft model drafts from their lengths
     assert s.ahead_rows > 0
+
+
+def test_requests_whose_drafts_fail_stop_drafting(runners, monkeypatch):
+    """Seeded sampling on a near-uniform random model rejects almost every draft, and a request whose
+    estimate falls below the step's threshold (or into a cooldown) verifies no more drafts: steps after
+    which no row may verify drafts only record their tokens (no lookup: what speculation costs where
+    it does not pay), and the outputs still equal plain decoding's."""
+    plain, spec = runners
+    drafter = spec.spec.drafter
+    calls = {"record": 0, "observe": 0}
+    record, observe = drafter.record, drafter.observe
+
+    def counting(name, method):
+        def call(step):
+            calls[name] += 1
+            return method(step)
+
+        return call
+
+    monkeypatch.setattr(drafter, "record", counting("record", record))
+    monkeypatch.setattr(drafter, "observe", counting("observe", observe))
+    reqs = batch(True, n=3, max_new=120, stem_len=0, eos=False)
+    want = run(plain, reqs).tokens
+    got = run(spec, reqs)
+    assert {r.rid: got.tokens[r.rid] for r in reqs} == {r.rid: want[r.rid] for r in reqs}
+    s = got.stats.spec
+    assert s.drafted > s.accepted and calls["record"] > calls["observe"] > 0, (calls, s)
