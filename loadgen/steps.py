@@ -79,6 +79,10 @@ def add_args(p) -> None:
         default="verify",
         help="k > 0: real verify steps (a speculating runner) or the k+1 tokens as an extend",
     )
+    p.add_argument("--drafting", choices=("on", "off"), default="on",
+                   help="k=0 steps of a speculating runner (--draft-tokens 0,k): the drafter drafts after "
+                   "each (on), or only records its tokens (off: StepPlan.propose false, what the scheduler "
+                   "sends once every row's speculation has switched itself off)")  # fmt: skip
     p.add_argument("--prefill-tokens", type=_ints, default=[4096, 8192, 16384], help="N new tokens per step")
     p.add_argument("--prefill-context", type=int, default=0, help="C cached tokens under the prefill")
     p.add_argument("--steps", type=int, default=10, help="timed steps per point (median reported)")
@@ -357,7 +361,7 @@ class _Bench:
                 rows=list(base), prefix_lens=[ctx] * b, extend_lens=[n] * b, use_last=[fed] * b,
                 input_ids=[] if fed else self._ids(b * n),
                 out_loc=[s + ctx + j for s in base.values() for j in range(n)], sample=[True] * b,
-                draft_lens=[k] * b if verify else [],
+                draft_lens=[k] * b if verify else [], propose=k > 0 or self.args.drafting == "on",
             ))  # fmt: skip
         t = self._time_pipelined(plans) if overlap else self._time(plans)
         from runtime.gpu.layers.expert_parallel import timed_exchanges

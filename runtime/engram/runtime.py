@@ -129,8 +129,9 @@ class EngramRuntime:
         """Hash and gather on a side stream that forks from the step's stream here and joins it where
         the first Engram layer reads: the lookup (PCIe reads, for a mapped host table) runs beside the
         layers below that one instead of before them. A CUDA graph captures the fork and the join.
-        The side stream's buffers stay safe to reuse: the next fork waits for the step's stream, which
-        has read them by then."""
+        Memory: the step's inputs the side stream reads stay referenced until the join (freed earlier,
+        the step's stream could reuse them under the side stream's reads), and what the side stream
+        allocates is reused only after the next fork, which waits for the step's stream."""
         table = self.placement.device_table
         main = side = None
         if table.device.type == "cuda":  # a mapped host table is a CUDA tensor too
@@ -141,9 +142,13 @@ class EngramRuntime:
             words = wide_rows(table).index_select(0, addr.view(-1))
             rows = words.view(table.dtype).view(*addr.shape, table.shape[1])
 
+        inputs = (batch.input_ids, batch.rows, offsets, owner, last)
+
         def wait() -> torch.Tensor:
+            nonlocal inputs
             if side is not None:
                 main.wait_stream(side)
+            inputs = None
             return rows
 
         return EngramRows(self.hasher, wait, self.placement.stats)
