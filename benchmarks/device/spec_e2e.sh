@@ -36,7 +36,7 @@ run_variant() {
       --random-input-len 512 --random-output-len 256 --random-range-ratio 1.0 --max-concurrency "$c" \
       --temperature 0 --disable-tqdm --out "$dir/$name-c$c.json" 2>&1 | tee "$dir/$name-c$c.txt"
   done
-  curl -s "localhost:$port/metrics" | grep -E "^conduit_spec|^conduit_engine_step" >"$dir/$name.metrics.txt" || true
+  curl -s "localhost:$port/metrics" | grep -E "^conduit_(spec|engine_step|gpu_|scheduler_)" >"$dir/$name.metrics.txt" || true
   kill -INT $pid
   wait $pid || true
 }
