@@ -87,12 +87,13 @@ class EngramRuntime:
         device: torch.device,
         dtype: torch.dtype,
         rows: int,
+        split_group=None,  # noqa: ANN001 (`split`: the ProcessGroup to shard over; None: `split_group()`)
     ) -> EngramRuntime | None:
         if hasher is None:
             return None
         kwargs = {"shards": opts.shards, "mapped": opts.mapped} if opts.placement == "host" else {}
         if opts.placement == "split":
-            kwargs = {"group": _split_group()}
+            kwargs = {"group": split_group or split_group_of(0, 1, 1)}
         placement = make_placement(opts.placement, hasher.cfg, hasher, device, dtype, **kwargs)
         return cls(hasher, placement, opts, rows)
 
@@ -264,15 +265,26 @@ def make_engram_runtime(
     )
     if hasher is None:
         return None
-    return EngramRuntime.create(hasher, cfg.engram or EngramOptions(), device, dtype, cfg.max_reqs + 1)
+    opts = cfg.engram or EngramOptions()
+    group = split_group_of(cfg.rank, cfg.world_size, cfg.tp_size) if opts.placement == "split" else None
+    return EngramRuntime.create(hasher, opts, device, dtype, cfg.max_reqs + 1, split_group=group)
 
 
-def _split_group():  # noqa: ANN202
-    """The process group `split` shards over: the server's group when ranks run (every rank runs every
-    step, as under tensor parallelism), else a one-rank gloo group of this process (the whole table
-    here; real multi-rank splitting is tested at the module level until multi-rank serving lands)."""
+def split_group_of(rank: int, world_size: int, tp_size: int):  # noqa: ANN201
+    """The process group `split` shards over: this rank's attention group (its `tp_size` ranks step the
+    same tokens, so each reads the rows it owns of the same addresses), as a group of its own. The
+    lookup thread's all-reduce runs while the model's own collectives do, and two threads' collectives
+    on one group would interleave in a different order on each rank. Every rank makes every group, in
+    the same order (torch.distributed's rule). One engine: a one-rank gloo group of this process."""
     import torch.distributed as dist
 
     if not dist.is_initialized():
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    return dist.group.WORLD
+        return dist.group.WORLD
+    mine = None
+    for first in range(0, world_size, tp_size):
+        ranks = list(range(first, first + tp_size))
+        group = dist.new_group(ranks, backend=dist.get_backend())
+        if rank in ranks:
+            mine = group
+    return mine

@@ -10,7 +10,9 @@ positions are almost free, near a full batch they cost compute (DSpark's load-aw
 A request whose acceptance falls below `base_threshold` (where not even one draft would be verified on an
 idle engine) stops speculating for a cooldown of decode steps (doubling each time it fails again, reset
 when it recovers), then probes with one draft: speculation switches itself off where it does not pay,
-such as chat text with no repeats for the n-gram drafter, and comes back where it starts to."""
+and comes back where it starts to. A request for which the drafter keeps finding nothing (chat text with
+no repeats, for the n-gram drafter) cools down the same way. Steps after which no row may verify drafts
+skip the drafting (`wants_drafts`, `StepPlan.propose`)."""
 
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ class SpecState:
     off_steps: int = 0  # decode steps left before speculating again
     cooldown: int = 0  # the next cooldown's length (0: none served yet)
     probe: bool = False  # the first step after a cooldown verifies one draft whatever the estimate
+    dry: int = 0  # consecutive lookups that found nothing to draft
 
 
 @dataclass(frozen=True)
@@ -92,8 +95,18 @@ class DraftPolicy:
             s.cooldown = 0
 
     def drafts(self, s: SpecState, available: int, confidence: list[float]) -> None:
-        """The drafter's proposals for the request's next step."""
+        """The drafter's proposals for the request's next step. A request for which it keeps finding
+        nothing (the n-gram drafter on text that does not repeat) gets no verdict from verification, so
+        `min_evidence` empty lookups in a row start a cooldown of their own: drafting stops where it
+        finds nothing, and looks again after it (`wants_drafts`)."""
         s.available, s.confidence = available, confidence
+        if available or s.off_steps or s.probe:
+            s.dry = 0
+            return
+        s.dry += 1
+        if s.dry >= self.min_evidence:
+            s.cooldown = min(self.max_cooldown, s.cooldown * 2 if s.cooldown else self.first_cooldown)
+            s.off_steps, s.dry = s.cooldown, 0
 
 
 @dataclass

@@ -135,6 +135,19 @@ def test_split_placement_gives_identical_tokens_and_logprobs(server_runner, tmp_
         assert _answers(s) == device_answers
 
 
+def test_split_placement_over_two_tensor_parallel_ranks(server_runner, tmp_path_factory, device_answers):
+    """`--tp-size 2` (gloo): each rank holds half the table's rows and the two sum their lookups on a
+    group of their own (the lookup thread's all-reduce runs beside the model's; on the model's group the
+    two ranks' collectives crossed and the engines aborted). Same text as one rank; the logprobs agree
+    to float32 rounding (the model's all-reduces add in another order)."""
+    args = ("--hf-overrides", OVERRIDES, "--engram-placement", "split", "--tp-size", "2")
+    with server_runner(tmp_path_factory.mktemp("engram-split-tp"), *args) as s:
+        got = _answers(s)
+    assert [text for text, _ in got] == [text for text, _ in device_answers]
+    for (_, lp), (_, want) in zip(got, device_answers, strict=True):
+        assert np.allclose(lp, want, atol=1e-3)
+
+
 def test_crashed_shard_fails_its_requests_then_serves_again(host_server, device_answers):
     """A shard killed between requests: the next request fails with a clear 503; the shard is
     restarted and requests succeed again with the same answers."""

@@ -301,7 +301,7 @@ class SchedulerActor(Actor):
                 self.planner.draft_policy.observe(req.spec, offered, min(n - 1, offered))
                 req.planned_outputs -= k + 1 - n
             if did_sample and out.draft_counts:
-                req.spec.available, req.spec.confidence = out.draft_counts[j - 1], out.draft_conf[j - 1]
+                self.planner.draft_policy.drafts(req.spec, out.draft_counts[j - 1], out.draft_conf[j - 1])
             elif did_sample and not plan.propose:  # the drafter only recorded this step
                 req.spec.available, req.spec.confidence = 0, []
             if req.finished:  # ended while this step ran (abort, or the overlap step's wasted token)

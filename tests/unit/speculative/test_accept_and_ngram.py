@@ -94,3 +94,25 @@ def test_drafts_are_made_only_where_they_may_be_verified():
         made.append(3 if policy.wants_drafts(s, 1) else 0)
     assert verified[-3:].count(1) == 1 and sum(verified) == 1  # the probe, with drafts to verify
     assert made.count(3) <= 3  # drafting only around the probe, not through the cooldown
+
+
+def test_a_drafter_that_finds_nothing_stops_looking_for_a_growing_cooldown():
+    """Text that never repeats gives the n-gram drafter nothing to propose, so no draft is verified and
+    the estimate never moves: `min_evidence` empty lookups in a row start a cooldown instead (no drafting
+    through it), after which the drafter looks again, and a longer cooldown follows more empty ones."""
+    policy = DraftPolicy(max_draft=3)
+    s = SpecState()
+    lookups = 0
+    cooldowns = []
+    for _ in range(200):
+        policy.draft_len(s, 1, 10)
+        if policy.wants_drafts(s, 1):
+            lookups += 1
+            was_off = s.off_steps
+            policy.drafts(s, 0, [])
+            if s.off_steps > was_off:
+                cooldowns.append(s.off_steps)
+    assert cooldowns[:3] == [policy.first_cooldown, 2 * policy.first_cooldown, 4 * policy.first_cooldown]
+    assert lookups < 40  # of 200 steps
+    policy.drafts(s, 2, [1.0, 1.0])  # something to draft again: the count of empty lookups restarts
+    assert s.dry == 0 and s.available == 2
