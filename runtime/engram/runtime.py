@@ -87,7 +87,7 @@ class EngramRuntime:
         device: torch.device,
         dtype: torch.dtype,
         rows: int,
-        split_group=None,  # noqa: ANN001 (`split`: the ProcessGroup to shard over; None: `split_group()`)
+        split_group=None,  # noqa: ANN001 (`split`: the ProcessGroup to shard over; None: this process alone)
     ) -> EngramRuntime | None:
         if hasher is None:
             return None

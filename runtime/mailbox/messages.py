@@ -211,9 +211,9 @@ class StepPlan(Struct, frozen=True, tag=True, array_like=True):
     # Engram models: every token's table rows, int64 little-endian [tokens, columns], computed by the
     # scheduler from token ids (runtime/engram/addresses.py); empty otherwise
     engram_addr: bytes = b""
-    # Speculative decoding: False when no row of this step may verify drafts made after it (each is in
-    # a cooldown, `DraftPolicy.wants_drafts`): the worker's drafter then only records the step's tokens,
-    # so a workload where speculation switched itself off pays nothing for drafting.
+    # Speculative decoding: False when no row of this step may verify drafts made after it (each is in a
+    # cooldown or below the load's threshold, `DraftPolicy.wants_drafts`): the worker's drafter then only
+    # records the step's tokens, so a workload where speculation switched itself off skips the drafting.
     propose: bool = True
 
 
