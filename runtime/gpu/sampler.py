@@ -225,7 +225,11 @@ class Sampler:
         ]
         if bans:
             idx = torch.tensor(bans, dtype=torch.int64).to(logits.device, non_blocking=True)
-            logits = logits.index_put((idx[:, 0], idx[:, 1]), logits.new_full((), float("-inf")))
+            banned = logits.index_put((idx[:, 0], idx[:, 1]), logits.new_full((), float("-inf")))
+            # a row whose grammar allows only stop tokens (its structured answer is complete) ends: the
+            # ban would leave it nothing, and an argmax over nothing picks token 0 outside the grammar
+            stuck = banned.amax(-1, keepdim=True) == float("-inf")
+            logits = torch.where(stuck, logits, banned)
         return logits
 
     def _sample(

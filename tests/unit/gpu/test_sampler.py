@@ -211,3 +211,22 @@ def test_bf16_logits_greedy_argmax_as_is_and_everything_else_in_float32():
     mixed = make({1: P(temperature=0.0), 2: P(temperature=1.0, top_p=0.9), 3: P(repetition_penalty=1.3)})
     tokens = sample(mixed, logits, [1, 2, 3]).tokens
     assert tokens[0] == widened[0].argmax() and ((0 <= tokens) & (tokens < V)).all()
+
+
+def test_min_tokens_yields_to_a_grammar_that_allows_only_a_stop_token():
+    """Structured output whose answer is complete allows only the stop token: min_tokens' ban would leave
+    the row no token at all (an argmax over -inf everywhere picks token 0, outside the grammar), so the
+    row ends instead; rows with another allowed token keep the ban."""
+    from runtime.gpu.grammar import TokenMask
+
+    words = (V + 31) // 32
+    bitmask = torch.zeros(2, words, dtype=torch.int32)
+    bitmask[0, 0] = 1 << 2  # row 1: only the stop token 2
+    bitmask[1, 0] = (1 << 2) | (1 << 7)  # row 3: the stop token or token 7
+    mask = TokenMask(torch.tensor([0, 1]), bitmask)
+    logits = torch.zeros(2, V)
+    logits[:, 2] = 10.0
+    s = make(
+        {1: P(temperature=0.0, min_tokens=5), 3: P(temperature=0.0, min_tokens=5)}, stops={1: [2], 3: [2]}
+    )
+    assert s.sample(logits, [1, 3], torch.tensor([1, 3]), mask).tokens.tolist() == [2, 7]
