@@ -28,6 +28,7 @@ from runtime.engram.hashing import NgramHasher
 from runtime.engram.host import HostPlacement
 from runtime.engram.placement import DevicePlacement, EngramPlacement, EngramRows, SplitPlacement
 from runtime.errors import StepFailed
+from runtime.gpu.distributed import own_group
 from runtime.mailbox.messages import EngramCounters
 
 if TYPE_CHECKING:
@@ -281,10 +282,4 @@ def split_group_of(rank: int, world_size: int, tp_size: int):  # noqa: ANN201
     if not dist.is_initialized():
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         return dist.group.WORLD
-    mine = None
-    for first in range(0, world_size, tp_size):
-        ranks = list(range(first, first + tp_size))
-        group = dist.new_group(ranks, backend=dist.get_backend())
-        if rank in ranks:
-            mine = group
-    return mine
+    return own_group(rank, world_size, tp_size, backend=dist.get_backend())

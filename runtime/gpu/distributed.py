@@ -58,12 +58,7 @@ def init(
         backend_for(device), init_method=f"tcp://{init_addr}", rank=rank, world_size=world_size
     )
     _WORLD = Group(rank, world_size, dist.group.WORLD)
-    tp_handle = None
-    for first in range(0, world_size, tp_size):  # every rank creates every group, in the same order
-        ranks = list(range(first, first + tp_size))
-        handle = dist.new_group(ranks) if tp_size < world_size else dist.group.WORLD
-        if rank in ranks:
-            tp_handle = handle
+    tp_handle = own_group(rank, world_size, tp_size) if tp_size < world_size else dist.group.WORLD
     _TP = Group(rank % tp_size, tp_size, tp_handle if tp_size > 1 else None)
     if ep_size > 1:
         _EP = Group(rank, world_size, dist.group.WORLD)
@@ -72,6 +67,19 @@ def init(
     log.info(
         "distributed_ready", rank=rank, world_size=world_size, tp_size=tp_size, backend=backend_for(device)
     )
+
+
+def own_group(rank: int, world_size: int, size: int, backend: str | None = None):  # noqa: ANN201
+    """The world cut into consecutive groups of `size` ranks, each a new process group; returns the
+    handle of the one `rank` is in. Every rank creates every group, in the same order (torch.distributed's
+    rule), so every rank calls this with the same arguments."""
+    mine = None
+    for first in range(0, world_size, size):
+        ranks = list(range(first, first + size))
+        group = dist.new_group(ranks, backend=backend)
+        if rank in ranks:
+            mine = group
+    return mine
 
 
 def tp() -> Group:

@@ -88,11 +88,16 @@ class DraftPolicy:
         rate = accepted / reached
         s.acceptance += self.smoothing * (rate - s.acceptance)
         if s.acceptance < self.base_threshold and s.verified >= self.min_evidence:
-            s.cooldown = min(self.max_cooldown, s.cooldown * 2 if s.cooldown else self.first_cooldown)
-            s.off_steps, s.probe = s.cooldown, True
+            self._cool_down(s)
+            s.probe = True
             s.acceptance = self.base_threshold
         elif s.acceptance >= 2 * self.base_threshold:
             s.cooldown = 0
+
+    def _cool_down(self, s: SpecState) -> None:
+        """No speculation for the next cooldown: the first one, else twice the last, at most the max."""
+        s.cooldown = min(self.max_cooldown, s.cooldown * 2 if s.cooldown else self.first_cooldown)
+        s.off_steps = s.cooldown
 
     def drafts(self, s: SpecState, available: int, confidence: list[float]) -> None:
         """The drafter's proposals for the request's next step. A request for which it keeps finding
@@ -105,8 +110,8 @@ class DraftPolicy:
             return
         s.dry += 1
         if s.dry >= self.min_evidence:
-            s.cooldown = min(self.max_cooldown, s.cooldown * 2 if s.cooldown else self.first_cooldown)
-            s.off_steps, s.dry = s.cooldown, 0
+            self._cool_down(s)
+            s.dry = 0
 
 
 @dataclass
