@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections import defaultdict
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from loadgen.kernel_table import kernel_table
 from runtime.config import RunnerConfig
 from runtime.gpu.model_runner import ModelRunner
 from runtime.mailbox.messages import SamplingParams, SeqStart, StepPlan
@@ -85,18 +85,7 @@ def _steps(batch: int, ctx: int, prompts: int = 0, length: int = 0, page: int = 
 
 
 def _report(prof, steps: int = 5) -> None:
-    per_kernel: dict[str, float] = defaultdict(float)
-    count = 0
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            per_kernel[e.name[:70]] += e.device_time_total / steps
-            count += 1
-    total = sum(per_kernel.values())
-    print(
-        f"  kernel time per step {total / 1e3:.3f} ms, {count / steps:.0f} device ops per step; top kernels:"
-    )
-    for name, us in sorted(per_kernel.items(), key=lambda kv: -kv[1])[:25]:
-        print(f"  {us / 1e3:8.3f} ms  {100 * us / total:5.1f}%  {name}")
+    print(kernel_table(prof, steps))
 
 
 def _measure(runner: ModelRunner, plans, warm: int, timed: int, profiled: int) -> tuple[float, profile]:

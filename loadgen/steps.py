@@ -87,6 +87,9 @@ def add_args(p) -> None:
     p.add_argument("--prefill-context", type=int, default=0, help="C cached tokens under the prefill")
     p.add_argument("--steps", type=int, default=10, help="timed steps per point (median reported)")
     p.add_argument("--warmup-steps", type=int, default=2)
+    p.add_argument("--profile-steps", type=int, default=0,
+                   help="after each decode point's timed steps, run this many more under the torch profiler "
+                   "and print the kernels' device time per step (CUDA)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--page-size", type=int, default=1,
                    help="KV pool page size: each decode row's slots start on a page (MLA reads whole "
@@ -254,7 +257,7 @@ class _Bench:
             device = f"cuda:{getattr(args, 'rank', 0)}"
         max_b = max(args.batch_sizes) if args.batch_sizes else 1
         k_max = max(args.draft_tokens) if args.draft_tokens else 0
-        grow = (args.warmup_steps + args.steps + 1) * (k_max + 1)
+        grow = (args.warmup_steps + args.steps + args.profile_steps + 1) * (k_max + 1)
         page = args.page_size
         self.per_row = -(-(args.context_len + grow) // page) * page  # KV slots each decode row owns
         self.first_slot = page if page > 1 else 1  # slot 0 is padding; rows start on a page
@@ -354,7 +357,8 @@ class _Bench:
         self._register(list(base), {r: list(range(s, s + c)) for r, s in base.items()})
         plans = []
         verify = k > 0 and self.args.draft_mode == "verify"
-        for i in range(self.args.warmup_steps + self.args.steps):
+        timed = self.args.warmup_steps + self.args.steps
+        for i in range(timed + self.args.profile_steps):
             ctx = c + i * n
             fed = k == 0 or verify  # the last token (and the drafts) come from the device tables
             plans.append(self._plan(
@@ -363,11 +367,14 @@ class _Bench:
                 out_loc=[s + ctx + j for s in base.values() for j in range(n)], sample=[True] * b,
                 draft_lens=[k] * b if verify else [], propose=k > 0 or self.args.drafting == "on",
             ))  # fmt: skip
+        plans, profiled = plans[:timed], plans[timed:]
         t = self._time_pipelined(plans) if overlap else self._time(plans)
         from runtime.gpu.layers.expert_parallel import timed_exchanges
 
         with timed_exchanges() as a2a:
             reached = expert_reach(self.runner, plans[-1])  # (the last step once more, untimed)
+        if profiled:
+            self._profile(profiled, f"decode B={b} k={k}")
         ctx = c + (self.args.warmup_steps + self.args.steps / 2) * n  # mean context over the timed steps
         kv_read = b * ctx * self.kv_per_token
         sampled = b * n if k == 0 or verify else b  # verify steps sample every position
@@ -377,6 +384,19 @@ class _Bench:
         phase += "" if overlap else "-s"
         weights = self.weights.bytes_read(b * n, reached)
         return self._row(phase, b, b * n, c, k, t, weights + kv_read, flops, tok, a2a.seconds)
+
+    def _profile(self, plans, title: str) -> None:
+        """The kernels of `plans`, run one at a time under the profiler (CUPTI sees graph replays' kernels)."""
+        from torch.profiler import ProfilerActivity, profile
+
+        from loadgen.kernel_table import kernel_table
+
+        cuda = self.runner.device.type == "cuda"
+        with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+            for plan in plans:
+                self.runner.execute(plan)
+            _sync(self.torch, self.runner.device)
+        print(f"{title}, {len(plans)} profiled steps:\n{kernel_table(prof, len(plans), cuda)}", flush=True)
 
     def prefill(self, n: int) -> Row:
         c, base = self.args.prefill_context, self.first_slot  # position p at slot base + p

@@ -8,7 +8,8 @@
 # (dummy bf16, pages of 128: the batched V4 path, attention_decode.py) at batch 8-256, context 8K (v4)
 # and at batch 32, context 128K (v4long). MODELS="llama llama8k v2lite v4 v4long" and KS="0 3" pick
 # (llama8k: contexts of 8K at batch 8 and 32); a V4 process loads 107.5 GB of weights and captures its
-# graphs, so run one model and one k a command (MODELS=v4 KS=3).
+# graphs, so run one model and one k a command (MODELS=v4 KS=3). EXTRA="--profile-steps 3": V2-Lite's
+# points also print their kernels' device time.
 #   source .gpu/env.sh && bash benchmarks/device/verify_steps.sh
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -27,7 +28,7 @@ for k in ${KS:-0 3}; do
   fi
   if [[ $models == *v2lite* ]]; then
     $PY -m loadgen steps --model-path "$dir/v2lite" --batch-sizes 1,8,64,256 --context-len 3900 \
-      --page-size 64 --draft-tokens $k --prefill-tokens "" --steps 20 2>&1 | tee "$dir/v2lite-ctx4k-k$k.txt"
+      --page-size 64 --draft-tokens $k --prefill-tokens "" --steps 20 ${EXTRA:-} 2>&1 | tee "$dir/v2lite-ctx4k-k$k.txt"
   fi
   if [[ " $models " == *" v4 "* ]]; then
     $PY -m loadgen steps --model-path deepseek-v4-flash --hf-overrides "$V4_OVERRIDES" --page-size 128 \

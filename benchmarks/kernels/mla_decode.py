@@ -84,7 +84,8 @@ CHECKS = [  # lens, h_q, dtype, num_splits (None: the host's choice), entry poin
 
 def _tl_keys() -> list[tuple]:
     """The TileLang kernels the checks and points will use (`tilelang_kernel.kernel`'s arguments): bf16 at
-    page 1 (the op) and 64 (a block table), with and without splits, and fp16 at page 1 (a check)."""
+    page 1 (the op) and 64 (a block table), with and without splits, and fp16 at page 1 (a check); and
+    the verify rows' variants (q_len 2, 4, 8) that the GPU tests run."""
     from runtime.gpu.kernels.common import LOG2E
 
     keys = set()
@@ -93,7 +94,13 @@ def _tl_keys() -> list[tuple]:
         (128, "bfloat16", "int32", 64), (16, "bfloat16", "int32", 64),
     ):  # fmt: skip
         for split in (False, True):
-            keys.add((hq, R, DPE, dtype, table_dtype, "int64", "int64", page, split, float(SCALE * LOG2E)))
+            keys.add((hq, 1, R, DPE, dtype, table_dtype, "int64", "int64", page, split, float(SCALE * LOG2E)))
+    for q_len in (2, 4, 8):  # verify rows (tests/gpu/test_kernels_mla.py)
+        for hq in (16, 128):
+            for table_dtype, page in (("int64", 1), ("int32", 64)):
+                for split in (False, True):
+                    keys.add((hq, q_len, R, DPE, "bfloat16", table_dtype, "int64", "int64", page, split,
+                              float(SCALE * LOG2E)))  # fmt: skip
     return sorted(keys)
 
 
@@ -105,7 +112,7 @@ def _compile_one(key: tuple) -> str:
         tilelang_kernel.kernel(*key)
     except Exception as e:  # noqa: BLE001 - reported, the main process will hit it again
         return f"{key}: {type(e).__name__}: {str(e).splitlines()[-1][:200] if str(e) else ''}"
-    return f"{key[0]:>3} {key[3]} {key[4]} page {key[7]} split {key[8]}: {time.perf_counter() - t0:.0f} s"
+    return f"{key[0]:>3} {key[4]} {key[5]} page {key[8]} split {key[9]}: {time.perf_counter() - t0:.0f} s"
 
 
 def prewarm(workers: int) -> None:

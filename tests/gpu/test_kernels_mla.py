@@ -208,3 +208,41 @@ def test_mla_decode_with_several_query_tokens_matches_single_token_decode(q_len:
             continue
         got = impl.load()(q, c.pool, c.req_to_token, c.rows, c.seq_lens, c.scale, q_len=q_len)
         assert close_ratio(got, want, *TOLERANCE[torch.bfloat16]) <= 1.0, impl.name
+
+
+@pytest.mark.parametrize("q_len", [2, 4, 8])
+@pytest.mark.parametrize("hq", [16, 128])
+@pytest.mark.parametrize("num_splits", [None, 1, 7])
+@pytest.mark.parametrize("table", ["per-token", "block"])
+def test_mla_decode_tilelang_verify_rows_in_both_schedules(
+    q_len: int, hq: int, num_splits, table: str
+) -> None:
+    """The TileLang kernel's virtual heads (a row's q_len tokens side by side): output and LSE equal the
+    reference at each token's own length, with the gather (per-token table) and TMA (block table)
+    schedules, splits that end inside the causal tail, rows as short as q_len, and a row's last tile
+    that only its later tokens see."""
+    load_impl(OP, "tilelang")
+    from runtime.gpu.kernels.mla_decode.tilelang import mla_decode_paged
+
+    lens = [q_len, 64 + q_len - 1, 65, 1000, 4096 + 2, 3000]
+    c = mla_case(lens, hq, torch.bfloat16, "cuda", page_size=64, seed=q_len + hq)
+    q = torch.randn(len(lens) * q_len, hq, c.q.shape[-1], device="cuda").to(torch.bfloat16)
+    per_token = torch.tensor([n - q_len + 1 + i for n in lens for i in range(q_len)], device="cuda")
+    rows = c.rows.repeat_interleave(q_len)
+    want, want_lse = load_reference(OP)(q, c.pool, c.req_to_token, rows, per_token, c.scale, return_lse=True)
+    if table == "block":
+        args = (
+            q,
+            c.pool[:, 0],
+            c.block_table,
+            torch.arange(len(lens), device="cuda"),
+            c.seq_lens,
+            c.scale,
+            512,
+            64,
+        )
+    else:
+        args = (q, c.pool[:, 0], c.req_to_token, c.rows, c.seq_lens, c.scale, 512, 1)
+    got, lse = mla_decode_paged(*args, num_splits, q_len=q_len)
+    _check(f"tilelang verify q_len={q_len} h={hq} splits={num_splits} {table}", got, want, lse, want_lse,
+           torch.bfloat16, 0.0)  # fmt: skip

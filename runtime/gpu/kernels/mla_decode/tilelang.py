@@ -58,41 +58,46 @@ def choose_num_splits(batch: int, head_blocks: int, max_tokens: int, device: tor
 
 
 def mla_decode_paged(
-    q, pool, table, rows, seq_lens, scale, kv_lora_rank, page, num_splits=None, out=None, lse=None
+    q, pool, table, rows, seq_lens, scale, kv_lora_rank, page, num_splits=None, out=None, lse=None, q_len=1
 ):
     """`triton.mla_decode_paged`'s parameters and results (the launcher both entry points share) on this
-    kernel; what `supported` does not cover runs the Triton one."""
-    batch, num_heads, dim = q.shape
+    kernel; what `supported` does not cover runs the Triton one. q_len > 1: q is [rows * q_len, Hq, D],
+    viewed as [rows, q_len * Hq, D] for the kernel's virtual heads (`tilelang_kernel.py`)."""
+    tokens, num_heads, dim = q.shape
     d_pe = dim - kv_lora_rank
     if not supported(q, kv_lora_rank) or pool.dtype != q.dtype:
         # e.g. float32 tests, or an e4m3 pool (--kv-cache-dtype fp8_e4m3): the Triton kernel upcasts
         from runtime.gpu.kernels.mla_decode import triton
 
         return triton.mla_decode_paged(
-            q, pool, table, rows, seq_lens, scale, kv_lora_rank, page, num_splits, out, lse
+            q, pool, table, rows, seq_lens, scale, kv_lora_rank, page, num_splits, out, lse, q_len=q_len
         )  # fmt: skip
     assert pool.shape[-1] == dim and pool.dtype == q.dtype, (q.shape, pool.shape, pool.dtype)
     assert pool.is_contiguous(), "the latent pool is indexed densely (a [slots, D] view)"
+    batch = rows.shape[0]
+    assert tokens == batch * q_len, (q.shape, rows.shape, q_len)
     q, table = q.contiguous(), table.contiguous()  # no-ops for the engine's tensors
-    out = q.new_empty(batch, num_heads, kv_lora_rank) if out is None else out
-    lse = torch.empty(batch, num_heads, dtype=torch.float32, device=q.device) if lse is None else lse
+    out = q.new_empty(tokens, num_heads, kv_lora_rank) if out is None else out
+    lse = torch.empty(tokens, num_heads, dtype=torch.float32, device=q.device) if lse is None else lse
     assert out.is_contiguous() and lse.is_contiguous()
     if batch == 0:
         return out, lse
-    head_blocks = -(-num_heads // BLOCK_H)
+    heads = num_heads * q_len  # the kernel's view: a row's q_len tokens side by side in the head dimension
+    head_blocks = -(-heads // BLOCK_H)
     if num_splits is None:
         num_splits = choose_num_splits(batch, head_blocks, table.shape[1] * page, q.device)
     split = num_splits > 1
     compiled = kernel(
-        num_heads, kv_lora_rank, d_pe, _TL_DTYPE[q.dtype], _TL_DTYPE[table.dtype], _TL_DTYPE[rows.dtype],
-        _TL_DTYPE[seq_lens.dtype], page, split, float(scale * LOG2E),
+        num_heads, q_len, kv_lora_rank, d_pe, _TL_DTYPE[q.dtype], _TL_DTYPE[table.dtype],
+        _TL_DTYPE[rows.dtype], _TL_DTYPE[seq_lens.dtype], page, split, float(scale * LOG2E),
     )  # fmt: skip
+    qv, outv, lsev = q.view(batch, heads, dim), out.view(batch, heads, kv_lora_rank), lse.view(batch, heads)
     if split:
-        mid_o = torch.empty(batch, num_heads, num_splits, kv_lora_rank, dtype=torch.float32, device=q.device)
-        mid_lse = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=q.device)
-        compiled(q, pool, table, rows, seq_lens, mid_o, mid_lse, out, lse)
+        mid_o = torch.empty(batch, heads, num_splits, kv_lora_rank, dtype=torch.float32, device=q.device)
+        mid_lse = torch.empty(batch, heads, num_splits, dtype=torch.float32, device=q.device)
+        compiled(qv, pool, table, rows, seq_lens, mid_o, mid_lse, outv, lsev)
     else:
-        compiled(q, pool, table, rows, seq_lens, out, lse)
+        compiled(qv, pool, table, rows, seq_lens, outv, lsev)
     return out, lse
 
 
@@ -101,16 +106,10 @@ def mla_decode(
     return_lse=False, page_size=1, q_len=1,
 ):  # fmt: skip
     """`MlaDecode`: with a page table of pages of a multiple of 64 tokens, whole tiles arrive by TMA and
-    the seesaw schedule runs (`tilelang_tiles.tiled`). Verify steps (q_len > 1) run the Triton kernel,
-    whose virtual heads carry the causal mask."""
-    if q_len > 1:
-        from runtime.gpu.kernels.mla_decode import triton
-
-        return triton.mla_decode(
-            q, latent_pool, req_to_token, rows, seq_lens, scale, kv_lora_rank, num_splits, out, return_lse,
-            page_size, q_len,
-        )  # fmt: skip
+    the seesaw schedule runs (`tilelang_tiles.tiled`). Verify steps (q_len > 1) put a row's q_len
+    tokens in the head dimension, each virtual head masked at its own position."""
     o, lse = mla_decode_paged(
-        q, pool_2d(latent_pool), req_to_token, rows, seq_lens, scale, kv_lora_rank, page_size, num_splits, out
-    )
+        q, pool_2d(latent_pool), req_to_token, rows, seq_lens, scale, kv_lora_rank, page_size, num_splits, out,
+        q_len=q_len,
+    )  # fmt: skip
     return (o, lse) if return_lse else o

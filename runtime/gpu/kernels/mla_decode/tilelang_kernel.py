@@ -29,8 +29,13 @@ One split: the CTA writes the output and the LSE. More: it writes a normalised f
 base-2 LSE, and a combine kernel (one CTA per (head, row)) merges the splits. The split count is chosen
 on the host (no sync) so the grid fills the SMs; pass a fixed one under CUDA graphs.
 
-Kernels are compiled on first use per (heads, dims, dtypes, page, split or not, scale); batch, pool
-size, table shape and split count are dynamic, so a serving run compiles a handful of variants."""
+Verify steps (q_len > 1 query tokens per row, at its last q_len positions) put the q_len * h_q query
+rows of a row in the head dimension: virtual head v is query token v // h_q's head v % h_q, and sees
+the keys before position seq_len - q_len + 1 + v // h_q (`key_end`). So each KV tile is still read
+once per 64 query rows, and at h_q = 16, k = 3 one CTA holds all four tokens' heads.
+
+Kernels are compiled on first use per (heads, q_len, dims, dtypes, page, split or not, scale); batch,
+pool size, table shape and split count are dynamic, so a serving run compiles a handful of variants."""
 
 # No `from __future__ import annotations`: TileLang reads the prim_func parameter annotations
 # (T.Tensor shapes built from local variables) at decoration time.
@@ -42,6 +47,7 @@ from runtime.gpu.kernels.mla_decode.tilelang_tiles import BLOCK_H, BLOCK_N, LN2,
 @functools.cache
 def kernel(
     num_heads: int,
+    q_len: int,
     d_v: int,
     d_pe: int,
     dtype: str,
@@ -52,7 +58,8 @@ def kernel(
     split: bool,
     sm_scale: float,
 ):
-    """Compile one variant (see the module doc). `sm_scale` is the softmax scale times log2(e)."""
+    """Compile one variant (see the module doc). `sm_scale` is the softmax scale times log2(e). The kernel's
+    Q, Out and Lse have num_heads * q_len heads a row (a [rows * q_len, num_heads, ...] tensor's view)."""
     import tilelang
     import tilelang.language as T
 
@@ -61,6 +68,7 @@ def kernel(
     assert d_v % 128 == 0 and d_pe % 8 == 0 and d_pe <= 64, (d_v, d_pe)
     dim = d_v + d_pe
     half = d_v // 2  # each consumer warpgroup owns half of the output columns
+    pos_heads, num_heads = num_heads, num_heads * q_len  # the model's heads; the kernel's virtual heads
     head_blocks = -(-num_heads // BLOCK_H)
     valid_h = min(BLOCK_H, num_heads)
     accum = "float32"
@@ -70,6 +78,13 @@ def kernel(
     table_rows = T.dynamic("table_rows")
     table_width = T.dynamic("table_width")
     num_splits = T.dynamic("num_splits") if split else 1
+
+    def key_end(end, seq_len, head):
+        """The end of the keys virtual `head` attends within a split ending at `end`: its query token's
+        own position + 1 (decode: the split's end)."""
+        if q_len == 1:
+            return end
+        return T.min(end, seq_len - (q_len - 1) + head // pos_heads)
 
     @T.macro
     def write_lse(Lse, MidLse, bid, h0, sid, sums, m_i):
@@ -140,7 +155,7 @@ def kernel(
     attend = schedule.attend(
         num_heads=num_heads, d_v=d_v, d_pe=d_pe, half=half, head_blocks=head_blocks, dtype=dtype, accum=accum,
         page=page, sm_scale=sm_scale, batch=batch, num_splits=num_splits, write_lse=write_lse,
-        write_out=write_out, shared_tiles=shared_tiles,
+        write_out=write_out, shared_tiles=shared_tiles, key_end=key_end,
     )  # fmt: skip
 
     if split:

@@ -19,7 +19,7 @@ from runtime.gpu.kernels.mla_decode.tilelang_tiles import BLOCK_H, BLOCK_N
 
 def attend(
     *, num_heads, d_v, d_pe, half, head_blocks, dtype, accum, page, sm_scale, batch, num_splits, write_lse,
-    write_out, shared_tiles,
+    write_out, shared_tiles, key_end,
 ):  # fmt: skip
     """The schedule's kernel body, a macro of (Q, KV, Table, Rows, SeqLens, Out, Lse, MidO, MidLse), built
     for `tilelang_kernel.kernel`'s sizes, dtypes, dynamic extents and shared macros."""
@@ -66,12 +66,15 @@ def attend(
     @T.macro
     def score_tile(
         Q_l, Q_r, Q_tail, buf, acc_s, acc_o_l, m_i, m_prev, alpha, sumexp, sumexp_i, parity, tile_start, end,
+        seq_len, h0,
     ):  # fmt: skip
         """WG0, one tile: S = Q K^T, online softmax, O_left rescaled."""
         kv_l, kv_r, k_tail, ready, free = buf
         # masked scores start at -inf and stay there (wgmma accumulates into acc_s)
         for h_i, n_i in T.Parallel(BLOCK_H, BLOCK_N):
-            acc_s[h_i, n_i] = T.if_then_else(tile_start + n_i < end, 0, -T.infinity(accum))
+            acc_s[h_i, n_i] = T.if_then_else(
+                tile_start + n_i < key_end(end, seq_len, h0 + h_i), 0, -T.infinity(accum)
+            )
         T.barrier_wait(ready[0], parity)
         T.wgmma_gemm(Q_tail, k_tail, acc_s, transpose_B=True)
         T.wgmma_gemm(Q_l, kv_l, acc_s, transpose_B=True)
@@ -172,7 +175,7 @@ def attend(
                     # tile 2 i_i in buffer 0
                     score_tile(
                         Q_l, Q_r, Q_tail, buf0, acc_s, acc_o_l, m_i, m_prev, alpha, sumexp, sumexp_i,
-                        i_i & 1, start + (2 * i_i) * BLOCK_N, end,
+                        i_i & 1, start + (2 * i_i) * BLOCK_N, end, seq_len, h0,
                     )  # fmt: skip
                     if i_i != 0:  # WG1 has finished reading the previous P
                         T.barrier_arrive(sS_free)
@@ -181,7 +184,7 @@ def attend(
                     # tile 2 i_i + 1 in buffer 1
                     score_tile(
                         Q_l, Q_r, Q_tail, buf1, acc_s, acc_o_l, m_i, m_prev, alpha, sumexp, sumexp_i,
-                        i_i & 1, start + (2 * i_i + 1) * BLOCK_N, end,
+                        i_i & 1, start + (2 * i_i + 1) * BLOCK_N, end, seq_len, h0,
                     )  # fmt: skip
                     T.barrier_arrive(sS_free)
                     T.barrier_wait(sS_free, 0)

@@ -41,7 +41,7 @@ M0_READY, M1_READY, P0_READY, P1_READY = 8, 9, 10, 11
 
 def attend(
     *, num_heads, d_v, d_pe, half, head_blocks, dtype, accum, page, sm_scale, batch, num_splits, write_lse,
-    write_out, shared_tiles,
+    write_out, shared_tiles, key_end,
 ):  # fmt: skip
     """The schedule's kernel body, a macro of (Q, KV, Table, Rows, SeqLens, Out, Lse, MidO, MidLse), built
     for `tilelang_kernel.kernel`'s sizes, dtypes, dynamic extents and shared macros."""
@@ -130,10 +130,12 @@ def attend(
         )
 
     @T.macro
-    def masked_scores(acc_s, tile_start, end):
+    def masked_scores(acc_s, tile_start, end, seq_len, h0):
         # masked scores start at -inf and stay there (wgmma accumulates into acc_s)
         for h_i, n_i in T.Parallel(BLOCK_H, BLOCK_N):
-            acc_s[h_i, n_i] = T.if_then_else(tile_start + n_i < end, 0, -T.infinity(accum))
+            acc_s[h_i, n_i] = T.if_then_else(
+                tile_start + n_i < key_end(end, seq_len, h0 + h_i), 0, -T.infinity(accum)
+            )
 
     @T.macro
     def exp_scores(acc_s, m_i, sum_i):
@@ -214,7 +216,7 @@ def attend(
                 T.barrier_wait(q_ready, 0)
                 for i_i in T.serial(num_pairs):
                     parity = i_i & 1
-                    masked_scores(s0, start + 2 * i_i * BLOCK_N, end)
+                    masked_scores(s0, start + 2 * i_i * BLOCK_N, end, seq_len, h0)
                     T.barrier_wait(rdy0_l[0], parity)
                     T.wgmma_gemm(Q_l, kv0_l, s0, transpose_B=True)
                     T.barrier_wait(rdy0_r[0], parity)
@@ -272,7 +274,7 @@ def attend(
                 T.barrier_wait(q_ready, 0)
                 for i_i in T.serial(num_pairs):
                     parity = i_i & 1
-                    masked_scores(s1, start + (2 * i_i + 1) * BLOCK_N, end)
+                    masked_scores(s1, start + (2 * i_i + 1) * BLOCK_N, end, seq_len, h0)
                     T.barrier_wait(rdy1_r[0], parity)
                     T.wgmma_gemm(Q_r, kv1_r, s1, transpose_B=True)
                     T.wgmma_gemm(q1_tail, k1_tail, s1, transpose_B=True)
