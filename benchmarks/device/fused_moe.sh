@@ -8,3 +8,4 @@ source "$(dirname "$0")/lib.sh"
 dir=$(results fused_moe)
 describe_machine "$dir"
 $PY -m benchmarks.kernels.ops --ops fused_moe 2>&1 | tee "$dir/bench.txt"
+$PY -m benchmarks.kernels.moe_layout 2>&1 | tee "$dir/layout.txt"

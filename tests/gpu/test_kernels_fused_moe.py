@@ -223,16 +223,23 @@ def test_fused_moe_replays_in_a_cuda_graph_on_new_routing(weights, fp8_weights, 
         assert close_ratio(out, want, *tol) <= 1.0
 
 
-@pytest.mark.parametrize("tokens,experts,k", [(1, 64, 6), (128, 64, 6), (512, 256, 8), (682, 64, 6)])
-def test_one_program_layout_equals_torch_layout(tokens, experts, k):
+@pytest.mark.parametrize(
+    "tokens,experts,k",
+    [(1, 64, 6), (128, 64, 6), (512, 256, 8), (682, 64, 6), (1024, 64, 6), (1024, 256, 8), (2730, 64, 6)],
+)
+@pytest.mark.parametrize("form", ["one_program", "tiled", "fast"])
+def test_triton_layouts_equal_torch_layout(tokens, experts, k, form):
+    from runtime.gpu.kernels.fused_moe import triton_layout
     from runtime.gpu.kernels.fused_moe.layout import moe_layout
-    from runtime.gpu.kernels.fused_moe.triton_layout import moe_layout_triton
 
+    fn = {"one_program": triton_layout.moe_layout_triton, "tiled": triton_layout.moe_layout_tiled,
+          "fast": triton_layout.moe_layout_fast}[form]  # fmt: skip
     ids = _routing(tokens, experts, k, seed=tokens)[1]
     ids[: tokens // 2, 0] = 3  # one crowded expert
-    a, b = moe_layout(ids, experts, 16), moe_layout_triton(ids, experts, 16)
-    for f in ("sorted_pairs", "block_expert", "num_rows"):
-        assert torch.equal(getattr(a, f), getattr(b, f)), f
+    for block_m in (16, 32, 64):
+        a, b = moe_layout(ids, experts, block_m), fn(ids, experts, block_m)
+        for f in ("sorted_pairs", "block_expert", "num_rows"):
+            assert torch.equal(getattr(a, f), getattr(b, f)), (f, block_m)
 
 
 @pytest.mark.parametrize(

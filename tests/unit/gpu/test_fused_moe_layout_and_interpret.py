@@ -245,19 +245,25 @@ LAYOUT_CASES = {  # tokens, experts, k, block_m
     "layout_triton_equals_torch_crowded": (37, 8, 3, 16),
     "layout_triton_equals_torch_v3_batch200": (200, 256, 8, 16),
     "layout_triton_equals_torch_tiny_blocks": (5, 3, 3, 4),
+    "layout_tiled_equals_torch_v2lite_verify": (64, 64, 6, 32),  # 6 tiles of 64 pairs
+    "layout_tiled_equals_torch_one_tile": (3, 64, 6, 16),
+    "layout_tiled_equals_torch_v3_crowded": (50, 256, 8, 16),  # 13 tiles, one crowded expert
 }
 
 
 def _run_layout_case(tokens, experts, k, block_m) -> float:
-    """0.0 when the one-program Triton layout equals the torch-ops layout bit for bit, else inf."""
-    from runtime.gpu.kernels.fused_moe.triton_layout import moe_layout_triton
+    """0.0 when both Triton layouts (one program; a program per tile) equal the torch-ops layout bit for
+    bit, else inf."""
+    from runtime.gpu.kernels.fused_moe.triton_layout import moe_layout_tiled, moe_layout_triton
 
     ids = _random_moe(tokens, experts, k, 4, 4, torch.float32, seed=tokens)[4]
-    a, b = moe_layout(ids, experts, block_m), moe_layout_triton(ids, experts, block_m)
-    same = all(
-        torch.equal(getattr(a, f), getattr(b, f)) for f in ("sorted_pairs", "block_expert", "num_rows")
-    )
-    return 0.0 if same else float("inf")
+    ids[: tokens // 2, 0] = experts - 1  # one crowded expert
+    want = moe_layout(ids, experts, block_m)
+    for got in (moe_layout_triton(ids, experts, block_m), moe_layout_tiled(ids, experts, block_m)):
+        fields = ("sorted_pairs", "block_expert", "num_rows")
+        if not all(torch.equal(getattr(want, f), getattr(got, f)) for f in fields):
+            return float("inf")
+    return 0.0
 
 
 ROUTE_CASES = {  # tokens, experts, top_k, groups, topk_group, scoring, bias, normalize

@@ -7,8 +7,8 @@
 2. down + weighting: one program per (block, column tile of D) over H; the epilogue multiplies each row
    by its routing weight and stores it at its pair's place (the unpermute is the store), Y [T*k, D].
 
-The layout comes from one Triton program for decode-sized batches (`triton_layout.py`), from torch ops
-past that. The sum over the k experts of a token is one torch reduction of Y viewed [T, k, D] (float32
+The layout comes from Triton programs for decode- and verify-sized batches (`triton_layout.py`), from
+torch ops past that. The sum over the k experts of a token is one torch reduction of Y viewed [T, k, D] (float32
 accumulation, deterministic: no atomics). Nothing reads the device on the host, so a decode step that
 calls this can be captured in a CUDA graph: every shape and grid follows from T, k, E and the config.
 Block sizes are untuned guesses: `block_m` from the mean rows per expert (16 for decode batches),
@@ -39,15 +39,10 @@ import triton.language as tl
 from runtime.gpu.kernels.common import dot_precision
 from runtime.gpu.kernels.fp8_gemm import FP8_ACT_QUANT
 from runtime.gpu.kernels.fp8_gemm.reference import GROUP
-from runtime.gpu.kernels.fused_moe.layout import MoELayout, moe_layout
+from runtime.gpu.kernels.fused_moe.layout import MoELayout
 from runtime.gpu.kernels.fused_moe.reference import expert_format
 from runtime.gpu.kernels.fused_moe.triton_fp4 import launch_fp4
-from runtime.gpu.kernels.fused_moe.triton_layout import (
-    LAYOUT_MAX_PAIRS,
-    block_tile,
-    moe_layout_triton,
-    store_swiglu,
-)
+from runtime.gpu.kernels.fused_moe.triton_layout import block_tile, moe_layout_fast, store_swiglu
 from runtime.gpu.kernels.triton_utils import dot_f32, dot_operand
 
 
@@ -190,8 +185,7 @@ def fused_moe(x, w13, w2, topk_weights, topk_ids, swiglu_limit=None, w13_scale=N
         return x.new_zeros(0, hidden)
     cfg = choose_config(num_tokens * k, num_experts, x.device, x.dtype, fmt == "fp8")
     assert fmt != "fp8" or cfg.block_k == GROUP, "FP8 experts take one 128-group per K step"
-    small = num_tokens * k <= LAYOUT_MAX_PAIRS  # decode: one launch instead of a dozen
-    lay = (moe_layout_triton if small else moe_layout)(topk_ids, num_experts, cfg.block_m)
+    lay = moe_layout_fast(topk_ids, num_experts, cfg.block_m)
     # The Triton interpreter (CPU) rounds float32 to bf16 toward zero: there H and Y are written in
     # float32 and rounded by torch, to the nearest as the GPU's stores do.
     store_dtype = x.dtype if x.is_cuda else torch.float32
