@@ -165,8 +165,10 @@ def _down_weighted(
     tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=valid[:, None] & mask_n[None, :])
 
 
-def fused_moe(x, w13, w2, topk_weights, topk_ids, swiglu_limit=None, w13_scale=None, w2_scale=None):
-    """`FusedMoe`."""
+def fused_moe(
+    x, w13, w2, topk_weights, topk_ids, swiglu_limit=None, w13_scale=None, w2_scale=None, config=None
+):  # noqa: ANN001, ANN201
+    """`FusedMoe`. `config` (a `MoEConfig`, for the tuning benchmark) replaces `choose_config`'s."""
     num_tokens, hidden = x.shape
     fmt = expert_format(w13, w2, w13_scale, w2_scale)
     num_experts, two_i, _ = w13.shape
@@ -183,7 +185,7 @@ def fused_moe(x, w13, w2, topk_weights, topk_ids, swiglu_limit=None, w13_scale=N
         assert all(s.stride(2) == 1 for s in scales)
     if num_tokens == 0:
         return x.new_zeros(0, hidden)
-    cfg = choose_config(num_tokens * k, num_experts, x.device, x.dtype, fmt == "fp8")
+    cfg = config or choose_config(num_tokens * k, num_experts, x.device, x.dtype, fmt == "fp8")
     assert fmt != "fp8" or cfg.block_k == GROUP, "FP8 experts take one 128-group per K step"
     lay = moe_layout_fast(topk_ids, num_experts, cfg.block_m)
     # The Triton interpreter (CPU) rounds float32 to bf16 toward zero: there H and Y are written in

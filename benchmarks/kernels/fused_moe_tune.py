@@ -1,0 +1,94 @@
+"""Block sizes of the bf16 fused MoE (`fused_moe/triton.py`) swept at decode and verify token counts
+for DeepSeek-V2-Lite's experts (64, top-6, D 2048, I 1408) and V3's (256, top-8, D 7168, I 2048):
+each config timed by CUDA-graph replay of the whole op (layout, gate/up, down, sum), uniform random
+routing, against `choose_config`'s pick. The bandwidth column is over the experts the batch reaches.
+    python -m benchmarks.kernels.fused_moe_tune [--tokens 8,64,256,1024] [--models v2lite,v3]"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+
+import torch
+
+from benchmarks.kernels.timing import ceilings
+from runtime.gpu.kernels.fused_moe.triton import MoEConfig, choose_config, fused_moe
+
+MODELS = {"v2lite": (64, 6, 2048, 1408), "v3": (256, 8, 7168, 2048)}
+SPACE = [
+    MoEConfig(bm, bn, bk, warps, stages)
+    for bm, bn, bk, (warps, stages) in itertools.product(
+        (16, 32, 64), (64, 128, 256), (64, 128), ((4, 3), (4, 4), (8, 4))
+    )
+]
+
+
+def replay_us(fn, reps: int = 20) -> float:  # noqa: ANN001
+    """Median of 5 timings of a CUDA graph holding `reps` calls, per call."""
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        fn()  # compile and warm outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / reps)
+    return sorted(times)[2]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--tokens", default="8,64,256,1024")
+    p.add_argument("--models", default="v2lite,v3")
+    args = p.parse_args()
+    dev = torch.device("cuda")
+    copy = ceilings(dev, small=False)[0]
+    print(f"copy ceiling {copy / 1e9:.0f} GB/s")
+    for model in args.models.split(","):
+        e, k, d, i = MODELS[model]
+        w13 = torch.empty(e, 2 * i, d, device=dev, dtype=torch.bfloat16).normal_(0, d**-0.5)
+        w2 = torch.empty(e, d, i, device=dev, dtype=torch.bfloat16).normal_(0, i**-0.5)
+        for tokens in (int(t) for t in args.tokens.split(",")):
+            g = torch.Generator(device=dev).manual_seed(tokens)
+            x = torch.randn(tokens, d, device=dev, generator=g).to(torch.bfloat16)
+            ids = torch.rand(tokens, e, device=dev, generator=g).topk(k, -1).indices
+            topk_w = torch.rand(tokens, k, device=dev, generator=g)
+            touched = ids.unique().numel() * 3 * d * i * 2
+            want = fused_moe(x, w13, w2, topk_w, ids)
+            default = choose_config(tokens * k, e, dev, torch.bfloat16)
+            results = []
+            for cfg in SPACE:
+                try:
+                    got = fused_moe(x, w13, w2, topk_w, ids, config=cfg)
+                    if not torch.allclose(got.float(), want.float(), atol=2e-2, rtol=2e-2):
+                        print(f"  {cfg}: WRONG", flush=True)
+                        continue
+                    us = replay_us(functools.partial(fused_moe, x, w13, w2, topk_w, ids, config=cfg))
+                except Exception as exc:  # noqa: BLE001 - out of shared memory: skip the config
+                    if "OutOfResources" not in type(exc).__name__ and "shared memory" not in str(exc):
+                        raise
+                    continue
+                results.append((us, cfg))
+            results.sort(key=lambda r: r[0])
+            base = next(us for us, cfg in results if cfg == default)
+            print(f"{model} T={tokens} pairs={tokens * k} experts reached {ids.unique().numel()}/{e}:")
+            print(f"  choose_config {default}: {base:.1f} us, {touched / base / 1e3:.0f} GB/s")
+            for us, cfg in results[:5]:
+                print(
+                    f"  {us:8.1f} us {touched / us / 1e3:6.0f} GB/s ({touched / us / copy * 1e8:.0f}% of copy) {cfg}"
+                )
+            torch.cuda.empty_cache()
+        del w13, w2
+
+
+if __name__ == "__main__":
+    main()
