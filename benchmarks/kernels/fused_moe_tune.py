@@ -62,7 +62,8 @@ def main() -> None:
             x = torch.randn(tokens, d, device=dev, generator=g).to(torch.bfloat16)
             ids = torch.rand(tokens, e, device=dev, generator=g).topk(k, -1).indices
             topk_w = torch.rand(tokens, k, device=dev, generator=g)
-            touched = ids.unique().numel() * 3 * d * i * 2
+            reached = ids.unique().numel()
+            touched = reached * 3 * d * i * 2  # weight bytes of the experts reached
             want = fused_moe(x, w13, w2, topk_w, ids)
             default = choose_config(tokens * k, e, dev, torch.bfloat16)
             results = []
@@ -80,7 +81,7 @@ def main() -> None:
                 results.append((us, cfg))
             results.sort(key=lambda r: r[0])
             base = next(us for us, cfg in results if cfg == default)
-            print(f"{model} T={tokens} pairs={tokens * k} experts reached {ids.unique().numel()}/{e}:")
+            print(f"{model} T={tokens} pairs={tokens * k} experts reached {reached}/{e}:")
             print(f"  choose_config {default}: {base:.1f} us, {touched / base / 1e3:.0f} GB/s")
             for us, cfg in results[:5]:
                 print(
