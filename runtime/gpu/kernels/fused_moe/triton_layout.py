@@ -30,44 +30,73 @@ TILED_MAX_TILES = 256  # past this the tiled programs' table reads (tiles^2 * E)
 
 
 @triton.jit
-def _layout(
-    Ids, SortedPairs, BlockExpert, NumRows,
-    num_pairs, num_experts, max_rows, num_blocks,
-    BM: tl.constexpr, E_PAD: tl.constexpr, BLOCK: tl.constexpr, BLOCK_F: tl.constexpr,
-):  # fmt: skip
-    experts = tl.arange(0, E_PAD)
-    offs = tl.arange(0, BLOCK)
-    counts = tl.zeros([E_PAD], tl.int32)
-    for start in range(0, num_pairs, BLOCK):
-        ids = tl.load(Ids + start + offs, mask=start + offs < num_pairs, other=-1).to(tl.int32)
-        counts += tl.sum((ids[:, None] == experts[None, :]).to(tl.int32), 0)
-    padded = (counts + BM - 1) // BM * BM
-    pad_end = tl.cumsum(padded, 0)
-    pad_start = pad_end - padded
-    tl.store(NumRows, tl.sum(padded, 0))
-    # padding sentinel everywhere first, and each block's expert: the first segment ending past it
+def _tile_onehot(Ids, start, num_pairs, E_PAD: tl.constexpr, BLOCK: tl.constexpr):
+    """The pairs start.. start + BLOCK and their experts as a one-hot [BLOCK, E_PAD] int32 tile (pairs
+    past num_pairs: all zeros)."""
+    pair = start + tl.arange(0, BLOCK)
+    ids = tl.load(Ids + pair, mask=pair < num_pairs, other=-1).to(tl.int32)
+    return pair, (ids[:, None] == tl.arange(0, E_PAD)[None, :]).to(tl.int32)
+
+
+@triton.jit
+def _place_tile(SortedPairs, pair, onehot, seg_start, num_pairs):
+    """Each pair of the tile to its row: its expert's seg_start (segment start + that expert's pairs in
+    earlier tiles) + the same expert's pairs earlier in this tile."""
+    before = tl.cumsum(onehot, 0) - onehot
+    dest = tl.sum(onehot * (before + seg_start[None, :]), 1)
+    tl.store(SortedPairs + dest, pair, mask=pair < num_pairs)
+
+
+@triton.jit
+def _fill_sentinel(SortedPairs, num_pairs, max_rows, first, step, BLOCK_F: tl.constexpr):
+    """The padding sentinel (num_pairs) over rows first, first + step, ... (BLOCK_F at a time)."""
     offs_f = tl.arange(0, BLOCK_F)
-    for r0 in range(0, max_rows, BLOCK_F):
+    for r0 in range(first, max_rows, step):
         tl.store(
             SortedPairs + r0 + offs_f,
             tl.full([BLOCK_F], 0, tl.int32) + num_pairs,
             mask=r0 + offs_f < max_rows,
         )
+
+
+@triton.jit
+def _store_block_experts(
+    BlockExpert, pad_end, num_experts, num_blocks, first, step,
+    BM: tl.constexpr, E_PAD: tl.constexpr, BLOCK_F: tl.constexpr,
+):  # fmt: skip
+    """Each block's expert (blocks first, first + step, ...): the first segment ending past the block's
+    first row, clamped for the blocks past the rows in use."""
+    experts = tl.arange(0, E_PAD)
     pad_end_live = tl.where(experts < num_experts, pad_end, 2147483647)
-    for b0 in range(0, num_blocks, BLOCK_F):
+    offs_f = tl.arange(0, BLOCK_F)
+    for b0 in range(first, num_blocks, step):
         first_row = (b0 + offs_f) * BM
         e = tl.sum((pad_end_live[None, :] <= first_row[:, None]).to(tl.int32), 1)
         tl.store(BlockExpert + b0 + offs_f, tl.minimum(e, num_experts - 1), mask=b0 + offs_f < num_blocks)
-    tl.debug_barrier()  # the sentinel stores above land before the rows below overwrite them
-    running = tl.zeros([E_PAD], tl.int32)
+
+
+@triton.jit
+def _layout(
+    Ids, SortedPairs, BlockExpert, NumRows,
+    num_pairs, num_experts, max_rows, num_blocks,
+    BM: tl.constexpr, E_PAD: tl.constexpr, BLOCK: tl.constexpr, BLOCK_F: tl.constexpr,
+):  # fmt: skip
+    counts = tl.zeros([E_PAD], tl.int32)
     for start in range(0, num_pairs, BLOCK):
-        pair = start + offs
-        ids = tl.load(Ids + pair, mask=pair < num_pairs, other=-1).to(tl.int32)
-        onehot = (ids[:, None] == experts[None, :]).to(tl.int32)  # [BLOCK, E_PAD]
-        before = tl.cumsum(onehot, 0) - onehot  # same-expert pairs earlier in this tile
-        dest = tl.sum(onehot * (before + pad_start[None, :] + running[None, :]), 1)
-        tl.store(SortedPairs + dest, pair, mask=pair < num_pairs)
-        running += tl.sum(onehot, 0)
+        _, onehot = _tile_onehot(Ids, start, num_pairs, E_PAD, BLOCK)
+        counts += tl.sum(onehot, 0)
+    padded = (counts + BM - 1) // BM * BM
+    pad_end = tl.cumsum(padded, 0)
+    tl.store(NumRows, tl.sum(padded, 0))
+    # padding sentinel everywhere first, and each block's expert
+    _fill_sentinel(SortedPairs, num_pairs, max_rows, 0, BLOCK_F, BLOCK_F)
+    _store_block_experts(BlockExpert, pad_end, num_experts, num_blocks, 0, BLOCK_F, BM, E_PAD, BLOCK_F)
+    tl.debug_barrier()  # the sentinel stores above land before the rows below overwrite them
+    seg_start = pad_end - padded
+    for start in range(0, num_pairs, BLOCK):
+        pair, onehot = _tile_onehot(Ids, start, num_pairs, E_PAD, BLOCK)
+        _place_tile(SortedPairs, pair, onehot, seg_start, num_pairs)
+        seg_start += tl.sum(onehot, 0)
 
 
 def moe_layout_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoELayout:
@@ -101,17 +130,9 @@ def _count_tiles(
 ):  # fmt: skip
     """Program t: TileCounts[t, e] = pairs of tile t routed to expert e; the sentinel over its rows."""
     t = tl.program_id(0)
-    experts = tl.arange(0, E_PAD)
-    pair = t * BLOCK + tl.arange(0, BLOCK)
-    ids = tl.load(Ids + pair, mask=pair < num_pairs, other=-1).to(tl.int32)
-    tl.store(TileCounts + t * E_PAD + experts, tl.sum((ids[:, None] == experts[None, :]).to(tl.int32), 0))
-    offs_f = tl.arange(0, BLOCK_F)
-    for r0 in range(t * BLOCK_F, max_rows, tl.num_programs(0) * BLOCK_F):
-        tl.store(
-            SortedPairs + r0 + offs_f,
-            tl.full([BLOCK_F], 0, tl.int32) + num_pairs,
-            mask=r0 + offs_f < max_rows,
-        )
+    _, onehot = _tile_onehot(Ids, t * BLOCK, num_pairs, E_PAD, BLOCK)
+    tl.store(TileCounts + t * E_PAD + tl.arange(0, E_PAD), tl.sum(onehot, 0))
+    _fill_sentinel(SortedPairs, num_pairs, max_rows, t * BLOCK_F, tl.num_programs(0) * BLOCK_F, BLOCK_F)
 
 
 @triton.jit
@@ -139,18 +160,11 @@ def _place_tiles(
     pad_end = tl.cumsum(padded, 0)
     if t == 0:
         tl.store(NumRows, tl.sum(padded, 0))
-    pair = t * BLOCK + tl.arange(0, BLOCK)
-    ids = tl.load(Ids + pair, mask=pair < num_pairs, other=-1).to(tl.int32)
-    onehot = (ids[:, None] == experts[None, :]).to(tl.int32)  # [BLOCK, E_PAD]
-    before = tl.cumsum(onehot, 0) - onehot
-    dest = tl.sum(onehot * (before + (pad_end - padded + running)[None, :]), 1)
-    tl.store(SortedPairs + dest, pair, mask=pair < num_pairs)
-    pad_end_live = tl.where(experts < num_experts, pad_end, 2147483647)
-    offs_f = tl.arange(0, BLOCK_F)
-    for b0 in range(t * BLOCK_F, num_blocks, n_tiles * BLOCK_F):
-        first_row = (b0 + offs_f) * BM
-        e = tl.sum((pad_end_live[None, :] <= first_row[:, None]).to(tl.int32), 1)
-        tl.store(BlockExpert + b0 + offs_f, tl.minimum(e, num_experts - 1), mask=b0 + offs_f < num_blocks)
+    pair, onehot = _tile_onehot(Ids, t * BLOCK, num_pairs, E_PAD, BLOCK)
+    _place_tile(SortedPairs, pair, onehot, pad_end - padded + running, num_pairs)
+    _store_block_experts(
+        BlockExpert, pad_end, num_experts, num_blocks, t * BLOCK_F, n_tiles * BLOCK_F, BM, E_PAD, BLOCK_F
+    )
 
 
 def moe_layout_tiled(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoELayout:
