@@ -186,7 +186,15 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         type=int,
         default=d.speculative_num_draft_tokens,
         help="most draft tokens a request verifies per step (each request adapts below it to its "
-        "acceptance and the batch's load)",
+        "acceptance and the batch's load, unless --speculative-draft-policy fixed)",
+    )
+    g.add_argument(
+        "--speculative-draft-policy",
+        choices=["adaptive", "fixed"],
+        default=d.speculative_draft_policy,
+        help="adaptive: each request verifies the drafts its acceptance so far and the batch's load make "
+        "worth it, and stops speculating for a while where they do not pay; fixed: every draft the "
+        "drafter proposes, up to --speculative-num-draft-tokens",
     )
     g.add_argument(
         "--speculative-ngram-min-match-window-size",

@@ -73,6 +73,9 @@ class ServerConfig(msgspec.Struct, kw_only=True, frozen=True):
     speculative_ngram_min_match_window_size: int = 1  # n-gram drafter: the n-gram sizes it looks up
     speculative_ngram_max_match_window_size: int = 4
     speculative_draft_model_path: str | None = None  # draft-model: a checkpoint sharing the tokenizer
+    # adaptive: each request verifies what its acceptance and the load make worth it (policy.py);
+    # fixed: every draft the drafter holds, up to the count above
+    speculative_draft_policy: str = "adaptive"
     # prefill/decode disaggregation (runtime/disaggregation, docs/disaggregation.md)
     disaggregation_mode: str | None = None  # None | "prefill" | "decode"
     disaggregation_transfer_backend: str = "tcp"  # tcp | shm | nccl | nixl | mooncake
@@ -331,6 +334,7 @@ class SchedulerConfig(msgspec.Struct, kw_only=True, frozen=True):
     max_draft: int = 0  # speculative decoding: the most draft tokens a row may verify (0: off)
     verify_ahead: bool = False  # rows may be planned before their verify step's counts are known
     compute_bound_tokens: int = 1024  # the step tokens at which verifying drafts stops being cheap
+    fixed_draft: bool = False  # verify every draft held (ServerConfig.speculative_draft_policy)
 
     @classmethod
     def resolve(cls, cfg: ServerConfig, caps: WorkerCapabilities) -> SchedulerConfig:
@@ -349,6 +353,7 @@ class SchedulerConfig(msgspec.Struct, kw_only=True, frozen=True):
             max_draft=caps.max_draft,
             verify_ahead=caps.verify_ahead,
             compute_bound_tokens=caps.compute_bound_tokens,
+            fixed_draft=cfg.speculative_draft_policy == "fixed",
         )
 
 

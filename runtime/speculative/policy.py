@@ -6,13 +6,20 @@ verified drafts per position). Draft j is worth verifying while the probability 
 it are accepted, the product over i <= j of (confidence_i x acceptance), stays above a threshold that
 rises with the step's load: at a small batch a decode step is bound by reading the weights and extra
 positions are almost free, near a full batch they cost compute (DSpark's load-aware verification).
+The load draft j is judged at counts the drafts themselves: the step's rows x (1 + j), what the step
+holds when every row verifies j drafts. So each further draft must be likelier to pay than the one
+before wherever tokens cost compute (on one CPU thread a few float32 tokens already do), and a batch
+that is still bound by the weights' reads with j drafts a row verifies them at the base threshold.
 
 A request whose acceptance falls below `base_threshold` (where not even one draft would be verified on an
 idle engine) stops speculating for a cooldown of decode steps (doubling each time it fails again, reset
 when it recovers), then probes with one draft: speculation switches itself off where it does not pay,
 and comes back where it starts to. A request for which the drafter keeps finding nothing (chat text with
 no repeats, for the n-gram drafter) cools down the same way. Steps after which no row may verify drafts
-skip the drafting (`wants_drafts`, `StepPlan.propose`)."""
+skip the drafting (`wants_drafts`, `StepPlan.propose`).
+
+`fixed` (`--speculative-draft-policy fixed`) verifies every draft the drafter holds, up to `max_draft`:
+no estimate, no threshold, no cooldown."""
 
 from __future__ import annotations
 
@@ -46,36 +53,42 @@ class DraftPolicy:
     smoothing: float = 0.3  # weight of the newest step in the acceptance average
     first_cooldown: int = 8
     max_cooldown: int = 256
+    fixed: bool = False  # verify every draft held (see the module docstring)
 
     def threshold(self, load_tokens: int) -> float:
         frac = min(1.0, load_tokens / self.full_load_tokens)
         return self.base_threshold + (self.max_threshold - self.base_threshold) * frac
 
-    def draft_len(self, s: SpecState, load_tokens: int, limit: int) -> int:
-        """Drafts to verify now (at most `limit`: the request's remaining tokens and context)."""
+    def draft_len(self, s: SpecState, rows: int, limit: int) -> int:
+        """Drafts to verify now (at most `limit`: the request's remaining tokens and context), in a step
+        of `rows` decode rows."""
+        if self.fixed:
+            return min(s.available, self.max_draft, limit)
         if s.off_steps > 0:
             s.off_steps -= 1
             return 0
         if s.probe:
             s.probe = False
             return min(1, s.available, limit)
-        k, p, tau = 0, 1.0, self.threshold(load_tokens)
+        k, p = 0, 1.0
         for c in s.confidence[: min(s.available, self.max_draft, limit)]:
             p *= c * s.acceptance
-            if p < tau:
+            if p < self.threshold(rows * (k + 2)):  # every row verifying k + 1 drafts
                 break
             k += 1
         return k
 
-    def wants_drafts(self, s: SpecState, load_tokens: int) -> bool:
+    def wants_drafts(self, s: SpecState, rows: int) -> bool:
         """Whether drafts made after the step planned now may be verified. Not while a cooldown outlasts
         the next two plans (with overlap the plan after next may go out before the next step's drafts
         reach the host, and the probe then takes the drafts made after this step); nor while even a
-        certain first draft falls below this load's threshold (confidence is at most 1), a state that
+        certain first draft falls below its threshold at this load (confidence is at most 1), a state that
         lasts until the load falls, since only verified drafts move the estimate."""
+        if self.fixed:
+            return True
         if s.off_steps > 1:
             return False
-        return s.probe or s.off_steps == 1 or s.acceptance >= self.threshold(load_tokens)
+        return s.probe or s.off_steps == 1 or s.acceptance >= self.threshold(2 * rows)
 
     def observe(self, s: SpecState, verified: int, accepted: int) -> None:
         """A verify step's outcome: `accepted` of its `verified` drafts."""

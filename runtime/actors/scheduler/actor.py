@@ -135,7 +135,9 @@ class SchedulerActor(Actor):
             policy=cfg.schedule_policy,
             init_new_token_ratio=cfg.init_new_token_ratio,
             prefix_replay=cfg.prefix_replay,
-            draft_policy=DraftPolicy(cfg.max_draft, full_load_tokens=cfg.compute_bound_tokens)
+            draft_policy=DraftPolicy(
+                cfg.max_draft, full_load_tokens=cfg.compute_bound_tokens, fixed=cfg.fixed_draft
+            )
             if cfg.max_draft
             else None,
             verify_ahead=cfg.verify_ahead and self.depth > 1,

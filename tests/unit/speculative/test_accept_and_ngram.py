@@ -73,6 +73,25 @@ def test_policy_verifies_fewer_drafts_under_load_and_switches_off_when_they_fail
     assert s.off_steps == 0 and s.cooldown == 0 and policy.draft_len(s, 1, 10) >= 1
 
 
+def test_each_further_draft_counts_in_the_load_it_is_judged_at():
+    """Draft j is judged at the step every row verifying j drafts would make: where a few tokens already
+    cost compute (one CPU thread: full load at 4 tokens) a request at the prior estimate verifies one
+    draft, where the step stays bound by the weights' reads (a GPU at one row) it verifies four, and a
+    request whose drafts keep being accepted verifies them all in both."""
+    certain = [1.0] * 4
+    for full_load, prior_k in [(4, 1), (256, 4)]:
+        policy = DraftPolicy(max_draft=4, full_load_tokens=full_load)
+        s = SpecState()
+        policy.drafts(s, 4, certain)
+        assert policy.draft_len(s, 1, 10) == prior_k
+        s.acceptance = 0.9
+        assert policy.draft_len(s, 1, 10) == 4
+    policy = DraftPolicy(max_draft=4, full_load_tokens=256)
+    s = SpecState()
+    policy.drafts(s, 4, certain)
+    assert policy.draft_len(s, 64, 10) == 1  # 64 rows: the second draft would make the step 192 tokens
+
+
 def test_drafts_are_made_only_where_they_may_be_verified():
     """`wants_drafts` (StepPlan.propose): no drafting through a cooldown nor while a request's estimate
     is below the load's threshold, but the probe after a cooldown finds drafts even when each plan goes
@@ -116,3 +135,17 @@ def test_a_drafter_that_finds_nothing_stops_looking_for_a_growing_cooldown():
     assert lookups < 40  # of 200 steps
     policy.drafts(s, 2, [1.0, 1.0])  # something to draft again: the count of empty lookups restarts
     assert s.dry == 0 and s.available == 2
+
+
+def test_the_fixed_policy_verifies_every_draft_held():
+    """`--speculative-draft-policy fixed`: all the drafts the drafter holds, up to the most and the
+    request's limit, whatever the estimate, the load or a run of rejections."""
+    policy = DraftPolicy(max_draft=3, full_load_tokens=4, fixed=True)
+    s = SpecState()
+    policy.drafts(s, 4, [0.01] * 4)
+    for _ in range(10):
+        assert policy.draft_len(s, 64, 10) == 3 and policy.wants_drafts(s, 64)
+        policy.observe(s, 3, 0)
+    assert policy.draft_len(s, 1, 2) == 2
+    policy.drafts(s, 1, [0.01])
+    assert policy.draft_len(s, 1, 10) == 1
