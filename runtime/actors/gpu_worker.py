@@ -180,12 +180,13 @@ class GpuWorkerActor(Actor):
         return pending, self.prefill.after_launch(plan) if self.prefill is not None else []
 
     def _lockstep(self, loop: asyncio.AbstractEventLoop) -> None:
-        """The launch thread's loop for ranks that step together. Each round the ranks agree (a max over
-        a gloo group, on the host) whether any has a plan, and on the most tokens any has; if one has, every rank steps: its own plan, or
-        an idle step that joins the collectives with no tokens. While all are idle each waits for a plan
-        a little longer each round (up to IDLE_POLL_MAX_S), so an idle world costs next to nothing. A rank
-        that stops says so in the same flag, and every rank leaves the loop at the same round."""
-        from runtime.gpu import distributed
+        """The launch thread's loop for ranks that step together (runtime/gpu/lockstep.py). Each round
+        the ranks agree whether any has a plan, on the most tokens any has and on the step's graph; if
+        one has a plan, every rank steps: its own plan, or an idle step that joins the collectives with
+        no tokens. While all are idle each waits for a plan a little longer each round (up to
+        IDLE_POLL_MAX_S), so an idle world costs next to nothing. A rank that stops says so in the same
+        flag, and every rank leaves the loop at the same round."""
+        from runtime.gpu import lockstep
 
         pending: StepPlan | None = None
         wait = IDLE_POLL_MIN_S
@@ -195,12 +196,10 @@ class GpuWorkerActor(Actor):
                     pending = self._plans.get_nowait()
                 except queue.Empty:
                     pending = None
-            flag = 2 if self._stop_flag else int(pending is not None)
-            tokens = sum(pending.extend_lens) if pending is not None else 0
-            agreed, most = distributed.agree_max(flag, tokens)
-            if agreed >= 2:
+            agreed = lockstep.agree(self.runner, pending, self._stop_flag)
+            if agreed.state >= 2:
                 return
-            if agreed == 0:
+            if agreed.state == 0:
                 try:
                     pending = self._plans.get(timeout=wait)
                 except queue.Empty:
@@ -210,9 +209,7 @@ class GpuWorkerActor(Actor):
             wait = IDLE_POLL_MIN_S
             plan, pending = pending, None
             try:
-                self.runner.set_step_tokens(most)  # every rank sizes its MoE exchanges alike
-                if plan is None or not plan.rows:
-                    self.runner.idle_step()
+                lockstep.prepare(self.runner, plan, agreed)  # every rank sizes its MoE exchanges alike
                 if plan is None:
                     continue
                 result = self.runner.launch(plan)

@@ -26,13 +26,23 @@ the real positions' logits, in the eager path's order.
 An Engram model's graphs hash each row's token and gather its table rows on the device
 (`EngramRuntime.graph_rows`): only placements that read on the device get graphs.
 
+Data-parallel ranks with expert parallelism exchange MoE tokens in fixed blocks sized by the step's most
+tokens on any rank, and a captured graph keeps the block size it was captured with (its bucket's
+tokens). So before each step the ranks agree on one graph (`StepGraph`: all replay decode graphs, or all
+verify graphs, or all run eagerly) and one batch bucket, the one of the largest batch (`agreed_bs`); a
+rank with no rows runs an eager idle step with blocks of that bucket's size (runtime/gpu/lockstep.py).
+The padded path sets the exchanges' size itself (`size_exchanges`), as capture bakes it in, so the CPU
+runs check the agreement too.
+
 Off CUDA (or with `capture=False`) the same padded static-buffer path runs eagerly: that is how the CPU
 tests check the padding and buffer logic against the plain path."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import TYPE_CHECKING
 
 import structlog
@@ -61,6 +71,15 @@ V_BLOCK_START, V_DRAFTS, V_OFFSET, V_OWNER, V_AHEAD = range(8, 13)
 _V_FIELDS = 13
 
 
+class StepGraph(IntEnum):
+    """The graph a rank's next step replays; DP ranks agree on one before each step (lockstep.py)."""
+
+    IDLE = -1  # no rows: runs whatever the others agree on (an eager idle step sized alike)
+    EAGER = 0
+    DECODE = 1
+    VERIFY = 2
+
+
 def graph_buckets(max_bs: int) -> list[int]:
     """1, 2, 4, 8, 16, then every 8 up to `max_bs` (which is always the last bucket)."""
     out = [b for b in (1, 2, 4, 8) if b < max_bs]
@@ -82,8 +101,13 @@ class GraphRunner:
         capture: bool = True,
         verify_q_len: int = 1,
         engram: EngramRuntime | None = None,
+        size_exchanges: Callable[[int], None] | None = None,
     ) -> None:
         self.model, self.attn, self.pool, self.tables = model, attn, pool, tables
+        # DP ranks' MoE exchanges: every padded forward sizes them by its bucket's tokens (as capture
+        # bakes in), and `agreed_bs` (set before each step) is the bucket every rank replays
+        self.size_exchanges = size_exchanges
+        self.agreed_bs = 0
         self.engram = engram
         self.device = dev = tables.last_token.device
         self.buckets = graph_buckets(max_bs)
@@ -138,7 +162,12 @@ class GraphRunner:
         )
 
     def bucket(self, n: int) -> int:
-        return next(b for b in self.buckets if b >= n)
+        """The batch bucket a step of n rows replays: the smallest >= n, or the ranks' agreed one."""
+        return max(next(b for b in self.buckets if b >= n), self.agreed_bs)
+
+    def tokens(self, kind: StepGraph, rows: int) -> int:
+        """The tokens of the padded step of `kind` that holds `rows` rows (its exchanges' size)."""
+        return self.bucket(rows) * (self.q_len if kind == StepGraph.VERIFY else 1)
 
     def context(self, plan: StepPlan) -> int:
         """A decode step's context bucket: its longest row's length with the new token."""
@@ -212,6 +241,8 @@ class GraphRunner:
 
     def _forward_verify(self, bs: int, ctx: int) -> None:
         t = bs * self.q_len
+        if self.size_exchanges is not None:
+            self.size_exchanges(t)
         pos, loc, token_rows, fed = (self.v_inputs[f, :t] for f in (V_POS, V_LOC, V_TOKEN_ROW, V_FED))
         rows, seq_lens = self.v_inputs[V_ROWS, :bs], self.v_inputs[V_SEQ_LENS, :bs]
         back = self.tables.behind(token_rows, self.v_inputs[V_AHEAD, :t])
@@ -247,6 +278,8 @@ class GraphRunner:
             self.copied[self.turn].record()
 
     def _forward(self, bs: int, ctx: int) -> None:
+        if self.size_exchanges is not None:
+            self.size_exchanges(bs)
         ids, pos, loc, rows, seq_lens, use_last, ahead = (self.inputs[f, :bs] for f in range(len(_PAD)))
         back = None
         if self.tables.rejected is not None:  # a speculating runner: rows may be planned ahead

@@ -26,7 +26,7 @@ from runtime.engram.layer import slot_bytes
 from runtime.engram.runtime import make_engram_runtime
 from runtime.gpu import compile_watch, distributed, loader, presets
 from runtime.gpu.attention import default_backend
-from runtime.gpu.cuda_graph import GraphRunner
+from runtime.gpu.cuda_graph import GraphRunner, StepGraph
 from runtime.gpu.forward_batch import ForwardBatch, StepTables, columns_to_device, make_batch
 from runtime.gpu.grammar import GrammarTable
 from runtime.gpu.kv_pool import KVPoolSpec
@@ -130,6 +130,7 @@ class ModelRunner:
         self.grammar = GrammarTable(self._grammar_compiler, self.vocab_size, self.device)
         self._t_ref: torch.cuda.Event | None = None
         self.graphs: GraphRunner | None = None
+        self._eager_step = False  # the DP ranks agreed on an eager step (set_step_shape)
         if self.engram is not None and cfg.speculative_algorithm:
             raise ValueError("speculative decoding is not supported with Engram (drafts live on the device)")
         # Engram read on the device runs in the decode graphs; lookups through the host (split, the
@@ -183,10 +184,12 @@ class ModelRunner:
         """Decode graphs over this runner's model, backend, pool and tables, and verify graphs when it
         speculates (`capture=False`: the padded static-buffer path run eagerly, as the CPU tests check it)."""
         q_len = self.spec.max_draft + 1 if self.spec is not None else 1
+        # DP ranks in lockstep: each padded forward sizes the MoE exchanges by its bucket (cuda_graph.py)
+        lockstep = self.cfg.world_size > 1 and self.cfg.ep_size > 1
         return GraphRunner(
             self.model, self.attn, self.kv_pool, self.tables,
             max_bs=max_bs, max_model_len=self.cfg.max_model_len, vocab_size=self.vocab_size, capture=capture,
-            verify_q_len=q_len, engram=self.engram,
+            verify_q_len=q_len, engram=self.engram, size_exchanges=self.set_step_tokens if lockstep else None,
         )  # fmt: skip
 
     def _grammar_compiler(self) -> GrammarCompiler:
@@ -274,6 +277,30 @@ class ModelRunner:
             on_counts=Speculation.advance(self.sampler, s.rows, verify) if verify is not None else None,
             draft=draft,
         )  # fmt: skip
+
+    def graph_shape(self, plan: StepPlan | None) -> tuple[StepGraph, int]:
+        """The graph `plan` would replay and its rows, for the DP ranks to agree on one (lockstep.py)."""
+        if plan is None or not plan.rows:
+            return StepGraph.IDLE, 0
+        self._eager_step = False
+        path = self._graph_path(plan)
+        kind = {None: StepGraph.EAGER, "decode": StepGraph.DECODE, "verify": StepGraph.VERIFY}[path]
+        return kind, len(plan.rows)
+
+    def set_step_shape(self, most_tokens: int, graph: StepGraph, rows: int) -> None:
+        """What the DP ranks agreed for the next step: every rank replays `graph` (DECODE or VERIFY) at
+        the bucket of `rows` rows, the largest batch, and an idle rank sizes its exchanges alike; or
+        (EAGER) every rank runs eagerly, its exchanges sized by the most tokens any rank has."""
+        self._eager_step = graph == StepGraph.EAGER
+        if self.graphs is None:
+            self.set_step_tokens(most_tokens)
+            return
+        self.graphs.agreed_bs = 0
+        if self._eager_step:
+            self.set_step_tokens(most_tokens)
+            return
+        self.graphs.agreed_bs = self.graphs.bucket(rows)
+        self.set_step_tokens(self.graphs.tokens(graph, rows))
 
     def set_step_tokens(self, n: int) -> None:
         """The next step's most tokens on any DP rank (they agreed on it): MoE exchanges size by it."""
@@ -381,8 +408,9 @@ class ModelRunner:
 
     def _graph_path(self, plan: StepPlan) -> str | None:
         """The graph the step replays ("verify" or "decode"), None when it runs eagerly. Hidden-state
-        drafters (mtp, dspark) read every step's hidden states or layer outputs: eager steps."""
-        if self.graphs is None or (self.spec is not None and self.spec.wants_hidden):
+        drafters (mtp, dspark) read every step's hidden states or layer outputs: eager steps. A DP rank
+        runs eagerly when the ranks agreed so (`set_step_shape`)."""
+        if self.graphs is None or (self.spec is not None and self.spec.wants_hidden) or self._eager_step:
             return None
         if any(plan.draft_lens):
             return "verify" if self.graphs.fits_verify(plan) else None
