@@ -128,3 +128,17 @@ def test_fp8_latent_cache_decodes_the_same_through_graph_steps(tiny_path):
     graphed = _runner(tiny_path, "triton", kv_cache_dtype="fp8_e4m3")
     graphed.graphs = graphed.make_graphs(4, capture=False)
     assert_same_decode(decode_scenario(graphed), decode_scenario(eager))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_absorbed_query_equals_the_concatenated_parts(dtype):
+    """[q_nope W_UK | q_pe], with q_nope and q_pe slices of one projection output as the model passes
+    them, the GEMM writing into the result's first columns."""
+    from runtime.gpu.models.deepseek_v3.attention_kernel import absorbed_query
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(7, 4, 48, generator=g).to(dtype)
+    q_nope, q_pe = q[..., :32], q[..., 32:]
+    w_uk = torch.randn(4, 32, 64, generator=g).to(dtype)
+    want = torch.cat([torch.einsum("bhd,hdr->bhr", q_nope, w_uk), q_pe], dim=-1)
+    torch.testing.assert_close(absorbed_query(q_nope, q_pe, w_uk), want)

@@ -106,10 +106,23 @@ class MLAKernelBackend(TorchMLABackend):
     def _decode(self, q_nope, q_pe, pool, w_uk, w_uv, batch: ForwardBatch) -> torch.Tensor:  # noqa: ANN001
         """The `mla_decode` op on [q_nope W_UK | q_pe] over the latent pool, then W_UV."""
         meta = batch.attn_meta
-        q = torch.cat([torch.einsum("bhd,hdr->bhr", q_nope, w_uk), q_pe], dim=-1)
+        q = absorbed_query(q_nope, q_pe, w_uk)
         o = self.decode_fn(
             q, pool, meta.table, meta.rows, meta.seq_lens, self.scale,
             kv_lora_rank=self.kv_lora_rank, num_splits=meta.num_splits, page_size=meta.table_page,
             q_len=meta.q_len,
         )  # fmt: skip
         return torch.einsum("bhr,hvr->bhv", o, w_uv)
+
+
+def absorbed_query(q_nope: torch.Tensor, q_pe: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
+    """[q_nope W_UK | q_pe]: q_nope [T, H, dn], q_pe [T, H, dr], w_uk [H, dn, r] -> [T, H, r + dr]. The
+    per-head matmul writes straight into the first r columns (a strided batched GEMM output), and only
+    q_pe is copied after it: a verify step has 4x a decode step's rows, and concatenating the two parts
+    copied all r + dr columns once more."""
+    t, h, _ = q_nope.shape
+    r = w_uk.shape[-1]
+    q = q_nope.new_empty(t, h, r + q_pe.shape[-1])
+    torch.bmm(q_nope.transpose(0, 1), w_uk, out=q[..., :r].transpose(0, 1))
+    q[..., r:] = q_pe
+    return q
