@@ -19,8 +19,10 @@ the device's copy bandwidth and matmul peak and reports
 
 MoE models (`RoutedExperts` layers): a step reads only the experts its tokens route to, and each token
 multiplies by top_k of them, so the weight bytes count the distinct experts per layer that the point's
-tokens reached (`expert_reach`: its last step once more, eagerly, with hooks; dummy weights route far
-from uniformly) and the params top_k experts per token.
+tokens reached (`expert_reach`: its last step once more, eagerly, with hooks) and the params top_k
+experts per token. Dummy weights' own routing sends a step's tokens to a few experts, and more of them as
+the step grows, so with dummy weights the routers are balanced by default (`--routing balanced`, layers/
+moe.py: each token to k experts drawn uniformly, as a trained router's even load).
 
 Decode steps are timed as the GPU worker runs them with overlap on (`--overlap on`, the default): step
 i+1 is launched before step i's tokens are read back (two in flight, `ModelRunner.launch`), so the step
@@ -55,6 +57,14 @@ def add_args(p) -> None:
                    help="HF model directory (config.json is enough with dummy weights) or a preset name "
                    "(llama-3.1-8b); default: a tiny Llama config")  # fmt: skip
     p.add_argument("--load-format", choices=("dummy", "auto"), default="dummy")
+    p.add_argument(
+        "--routing",
+        choices=("balanced", "model"),
+        default=None,
+        help="MoE routing: balanced (each token to k experts drawn uniformly, as a trained "
+        "router's even load; the default with dummy weights, whose own routing sends a step's "
+        "tokens to a few experts) or model (the router's choice; the default with real weights)",
+    )
     p.add_argument("--device", help="default: cuda if available, else cpu")
     p.add_argument("--dtype", help="default: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--kv-cache-dtype", choices=("auto", "fp8_e4m3"), default="auto")
@@ -264,7 +274,9 @@ class _Bench:
         prefill_need = args.prefill_context + max(args.prefill_tokens, default=0)
         slots = self.first_slot + max(max_b * self.per_row, prefill_need)
         self.max_len = max(self.per_row, prefill_need) + 1
+        routing = args.routing or ("balanced" if args.load_format == "dummy" else "model")
         cfg = RunnerConfig(model_path=args.model_path, device=device, dtype=args.dtype, load_format=args.load_format,
+                           balanced_routing=routing == "balanced",
                            kv_cache_dtype=args.kv_cache_dtype, hf_overrides=args.hf_overrides,
                            quantization=args.quantization,
                            num_kv_slots=slots, max_reqs=max_b, max_model_len=self.max_len, seed=args.seed,
@@ -457,7 +469,8 @@ def attention_flops(config, layers: int, q_heads: int, head_dim: int, ctx: float
 def table(rows: list[Row], bench: _Bench) -> str:
     r = bench.runner
     head = [
-        f"model {bench.args.model_path} ({bench.args.load_format}), {r.device}, {r.dtype}, "
+        f"model {bench.args.model_path} ({bench.args.load_format}"
+        f"{', balanced routing' if r.cfg.balanced_routing else ''}), {r.device}, {r.dtype}, "
         f"weights {bench.weights.total_bytes / 1e9:.3f} GB, KV {bench.kv_per_token} B/token ({r.kv_dtype})",
         f"measured: copy {bench.ceil.copy_bytes_per_s / 1e9:.1f} GB/s, matmul {bench.ceil.matmul_flops_per_s / 1e12:.2f} "
         f"TFLOP/s; {bench.args.steps} timed steps per point (decode overlapped: mean period; else median)",

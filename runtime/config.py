@@ -215,6 +215,7 @@ class RunnerConfig(msgspec.Struct, frozen=True):
     dtype: str | None = None  # default float32 on cpu, bfloat16 on cuda
     kv_cache_dtype: str = "auto"  # "auto": the model's dtype | "fp8_e4m3" (Llama and DeepSeek-V2/V3 pools)
     load_format: str = "auto"  # "auto" | "dummy"
+    balanced_routing: bool = False  # MoE routers send tokens evenly (benchmarks on dummy weights, moe.py)
     # FP8 block-scaled weights (DeepSeek-V2/V3/V4, `quant.fp8.keep_fp8`; V4 also its FP4 experts): "auto"
     # keeps an FP8 checkpoint's on CUDA, "none" dequantizes, "fp8" keeps them (quantizing float or dummy
     # weights at load)

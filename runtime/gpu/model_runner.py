@@ -32,6 +32,7 @@ from runtime.gpu.grammar import GrammarTable
 from runtime.gpu.kv_pool import KVPoolSpec
 from runtime.gpu.layers import expert_parallel
 from runtime.gpu.layers.expert_parallel import ExpertParallelMoE, ExpertPlacement
+from runtime.gpu.layers.moe import balance_routing
 from runtime.gpu.model_builder import build_model, resolve_dtype, resolve_kv_dtype
 from runtime.gpu.pending import Copies, PendingStep
 from runtime.gpu.sampler import Sampler
@@ -87,6 +88,8 @@ class ModelRunner:
         self.vocab_size: int = self.config.vocab_size
         self.eos_token_ids: list[int] = _eos_ids(path, self.config)
         self.model = build_model(cfg, self.config, path, self.device, self.dtype)
+        if cfg.balanced_routing:  # before any graph is captured (layers/moe.py)
+            balance_routing(self.model, cfg.seed)
         self.engram = make_engram_runtime(cfg, path, self.device, self.dtype)  # None without Engram
         self._exchanges: list[ExpertParallelMoE] | None = None  # the MoE layers' EP exchanges
 

@@ -7,7 +7,14 @@ in a CUDA graph; on the CPU the PyTorch reference (expert-sorted, one matmul pai
 Routing runs the `moe_route` op: one Triton program per token on CUDA, the PyTorch reference elsewhere.
 `weight_format` "fp8": the stacked weights are e4m3 with per-expert 128 x 128 block scales (DeepSeek-V3's
 checkpoint format); "fp4": packed e2m1 codes with a UE8M0 scale byte per 32 along K (DeepSeek-V4's
-routed experts, `quant/fp4.py`). Either way the scales go to `fused_moe` as `w13_scale` / `w2_scale`."""
+routed experts, `quant/fp4.py`). Either way the scales go to `fused_moe` as `w13_scale` / `w2_scale`.
+
+Balanced routing (`balance_routing`, for benchmarks on dummy weights): random weights send nearly every
+token of a step to the same few experts (their hidden states barely differ), so a decode step reads a
+fraction of the experts a trained router's even load reads, and a step of 4x the tokens reaches many
+more. Balanced routers keep running their op (its cost stays in the step) but send token i to row
+i of a fixed table of k distinct experts drawn uniformly, so a step reaches experts as uniform random
+routing does; the table is made once per (device, experts, k) before any graph is captured."""
 
 from __future__ import annotations
 
@@ -22,7 +29,7 @@ from runtime.gpu.kernels.moe_route.reference import score
 from runtime.gpu.layers.fp8_linear import fp8_parameter, keep_dtypes, load_float, normal, scale_parameter
 from runtime.gpu.quant import fp4, fp8
 
-__all__ = ["HashRouter", "RoutedExperts", "TopkRouter", "score", "swiglu"]
+__all__ = ["HashRouter", "RoutedExperts", "TopkRouter", "balance_routing", "score", "swiglu"]
 
 
 class TopkRouter(nn.Module):
@@ -56,6 +63,7 @@ class TopkRouter(nn.Module):
         self.weight = nn.Parameter(torch.zeros(self.num_experts, config.hidden_size, dtype=torch.float32))
         if self.has_bias:
             self.e_score_correction_bias = nn.Parameter(torch.zeros(self.num_experts, dtype=torch.float32))
+        self.balanced: torch.Tensor | None = None  # balanced routing's table (`balance_routing`)
         # V2's configs say False (transformers' V2 router never normalises; DeepSeek's own code does when
         # True); V3's say True
         self.norm_topk_prob = bool(getattr(config, "norm_topk_prob", self.has_bias))
@@ -69,7 +77,31 @@ class TopkRouter(nn.Module):
         logits = F.linear(x.float(), self.weight)
         bias = self.e_score_correction_bias if self.has_bias else None
         args = (self.top_k, self.num_groups, self.topk_group, self.scoring, self.norm_topk_prob, self.scaling)
-        return MOE_ROUTE.get(x.device)(logits, bias, *args)
+        weights, ids = MOE_ROUTE.get(x.device)(logits, bias, *args)
+        if self.balanced is not None:
+            t, rows = x.shape[0], self.balanced.shape[0]
+            table = self.balanced.to(ids.dtype)  # the op's id dtype (no copy when it is the table's)
+            ids = table[:t] if t <= rows else table[torch.arange(t, device=x.device) % rows]
+        return weights, ids
+
+
+BALANCED_ROWS = 1 << 16  # token positions of the balanced table; steps past it wrap around
+_balanced_tables: dict[tuple[str, int, int], torch.Tensor] = {}
+
+
+def balance_routing(model: nn.Module, seed: int = 0) -> int:
+    """Balanced routing for every top-k router of `model` (module docstring); returns how many. Call it
+    before CUDA graphs are captured: the graphs keep the routing they were captured with."""
+    routers = [m for m in model.modules() if isinstance(m, TopkRouter)]
+    for r in routers:
+        device = r.weight.device
+        key = (str(device), r.num_experts, r.top_k)
+        if key not in _balanced_tables:
+            g = torch.Generator().manual_seed(seed)
+            draws = torch.rand(BALANCED_ROWS, r.num_experts, generator=g)
+            _balanced_tables[key] = draws.topk(r.top_k, dim=-1).indices.to(device)
+        r.balanced = _balanced_tables[key]
+    return len(routers)
 
 
 class RoutedExperts(nn.Module):

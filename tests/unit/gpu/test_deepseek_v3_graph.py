@@ -142,3 +142,24 @@ def test_absorbed_query_equals_the_concatenated_parts(dtype):
     w_uk = torch.randn(4, 32, 64, generator=g).to(dtype)
     want = torch.cat([torch.einsum("bhd,hdr->bhr", q_nope, w_uk), q_pe], dim=-1)
     torch.testing.assert_close(absorbed_query(q_nope, q_pe, w_uk), want)
+
+
+def test_balanced_routing_reaches_experts_as_uniform_routing_does(tiny_path):
+    """`balance_routing` (loadgen steps on dummy weights): every token gets k distinct experts from the
+    fixed table, the same on every call, and a step of many tokens reaches every expert about evenly."""
+    from runtime.gpu.layers.moe import TopkRouter, balance_routing
+
+    runner = ModelRunner(RunnerConfig(tiny_path, num_kv_slots=256, max_reqs=4, max_model_len=64,
+                                      balanced_routing=True))  # fmt: skip
+    routers = [m for m in runner.model.modules() if isinstance(m, TopkRouter)]
+    assert routers and all(r.balanced is not None for r in routers)
+    r = routers[0]
+    x = torch.randn(512, r.weight.shape[1])
+    weights, ids = r(x)
+    assert ids.shape == weights.shape == (512, r.top_k)
+    assert all(len(set(row)) == r.top_k for row in ids.tolist())
+    counts = torch.bincount(ids.reshape(-1), minlength=r.num_experts).float()
+    assert counts.min() > 0.5 * counts.mean()  # uniform: 512 x k pairs spread over every expert
+    torch.testing.assert_close(r(x)[1], ids)
+    assert torch.equal(r(x[:7])[1], ids[:7])
+    assert balance_routing(torch.nn.Sequential(*routers)) == len(routers)
