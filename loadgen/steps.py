@@ -21,8 +21,8 @@ MoE models (`RoutedExperts` layers): a step reads only the experts its tokens ro
 multiplies by top_k of them, so the weight bytes count the distinct experts per layer that the point's
 tokens reached (`expert_reach`: its last step once more, eagerly, with hooks) and the params top_k
 experts per token. Dummy weights' own routing sends a step's tokens to a few experts, and more of them as
-the step grows, so with dummy weights the routers are balanced by default (`--routing balanced`, layers/
-moe.py: each token to k experts drawn uniformly, as a trained router's even load).
+the step grows; `--routing balanced` (layers/moe.py) sends each token to k experts drawn uniformly, as a
+trained router's even load.
 
 Decode steps are timed as the GPU worker runs them with overlap on (`--overlap on`, the default): step
 i+1 is launched before step i's tokens are read back (two in flight, `ModelRunner.launch`), so the step
@@ -57,14 +57,10 @@ def add_args(p) -> None:
                    help="HF model directory (config.json is enough with dummy weights) or a preset name "
                    "(llama-3.1-8b); default: a tiny Llama config")  # fmt: skip
     p.add_argument("--load-format", choices=("dummy", "auto"), default="dummy")
-    p.add_argument(
-        "--routing",
-        choices=("balanced", "model"),
-        default=None,
-        help="MoE routing: balanced (each token to k experts drawn uniformly, as a trained "
-        "router's even load; the default with dummy weights, whose own routing sends a step's "
-        "tokens to a few experts) or model (the router's choice; the default with real weights)",
-    )
+    p.add_argument("--routing", choices=("model", "balanced"), default="model",
+                   help="MoE routing: model (the router's choice) or balanced (each token to k experts drawn "
+                   "uniformly, as a trained router's even load; dummy weights' own routing sends a step's "
+                   "tokens to a few experts)")  # fmt: skip
     p.add_argument("--device", help="default: cuda if available, else cpu")
     p.add_argument("--dtype", help="default: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--kv-cache-dtype", choices=("auto", "fp8_e4m3"), default="auto")
@@ -274,9 +270,8 @@ class _Bench:
         prefill_need = args.prefill_context + max(args.prefill_tokens, default=0)
         slots = self.first_slot + max(max_b * self.per_row, prefill_need)
         self.max_len = max(self.per_row, prefill_need) + 1
-        routing = args.routing or ("balanced" if args.load_format == "dummy" else "model")
         cfg = RunnerConfig(model_path=args.model_path, device=device, dtype=args.dtype, load_format=args.load_format,
-                           balanced_routing=routing == "balanced",
+                           balanced_routing=args.routing == "balanced",
                            kv_cache_dtype=args.kv_cache_dtype, hf_overrides=args.hf_overrides,
                            quantization=args.quantization,
                            num_kv_slots=slots, max_reqs=max_b, max_model_len=self.max_len, seed=args.seed,
