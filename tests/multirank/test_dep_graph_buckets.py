@@ -6,7 +6,9 @@ and a step where any rank runs eagerly (a prefill) runs eagerly everywhere.
 On 2 CPU ranks over gloo, each rank's runner takes the padded static-buffer path (the graphs' path, run
 eagerly: it sizes the exchanges by its bucket, as capture bakes in) with the exchanges pinned to fixed
 blocks (what CUDA graphs capture), and a tiny DeepSeek-V3's logits on every rank equal a single-rank
-runner's on the same plans, through steps of unequal batches, an idle rank and a mixed step. The
+runner's on the same plans, through steps of unequal batches, an idle rank and a mixed step; and a tiny
+DeepSeek-V4's verify steps (the n-gram runner's verify graphs, 4 places a row) likewise, beside a rank
+whose plain decode step makes the step eager everywhere. The
 control: ranks that replay their own buckets (what each rank did before the agreement) send blocks of
 different sizes, and the exchange fails."""
 
@@ -92,6 +94,87 @@ def _lockstep_decode(rank: int, world: int, addr: str, path: str, agree_rows: bo
     assert agreed.state == 2
 
 
+# per step, each rank's (kind, rows); kinds: prefill, verify (3 drafts a row), decode; None: no plan
+VERIFY_STEPS = [
+    (("prefill", [1, 2, 3]), ("prefill", [1])),
+    (("verify", [1, 2, 3]), ("verify", [1])),  # both replay the verify graph of 4 rows (16 places)
+    (("verify", [1, 2, 3]), None),  # rank 1 idle: its idle step's blocks are 16 tokens'
+    (("decode", [1, 2]), ("verify", [1])),  # a decode graph beside a verify graph: every rank eager
+    (("verify", [1, 2]), ("verify", [1])),  # both replay 2 rows
+]
+VERIFY_WANT = [("eager", 0), ("verify", 4), ("verify", 4), ("eager", 0), ("verify", 2)]
+
+
+def _lockstep_verify(rank: int, world: int, addr: str, path: str) -> None:
+    from runtime.config import RunnerConfig
+    from runtime.gpu import lockstep
+    from runtime.gpu.cuda_graph import StepGraph
+    from runtime.gpu.layers.expert_parallel import ExpertParallelMoE
+    from runtime.gpu.model_runner import ModelRunner
+    from runtime.gpu.testing.plans import PagedPlanBuilder, random_prompt, seq_start
+
+    spec = {"speculative_algorithm": "ngram", "speculative_num_draft_tokens": 3}
+    cfg = RunnerConfig(path, num_kv_slots=1024, max_reqs=4, max_model_len=128, cpu_threads=1, **spec)
+    alone = ModelRunner(cfg)  # world 1, eager
+    ranked = ModelRunner(
+        msgspec.structs.replace(cfg, rank=rank, world_size=world, ep_size=world, dist_init_addr=addr)
+    )
+    ranked.graphs = ranked.make_graphs(4, capture=False)
+    assert ranked.graphs.q_len == 4
+    for m in ranked.model.modules():
+        if isinstance(m, ExpertParallelMoE):
+            m.mode = "low_latency"
+    vocab = alone.vocab_size
+    builders = {id(r): PagedPlanBuilder(8, r.kv_pool.num_slots, seed=3) for r in (alone, ranked)}
+    g = torch.Generator().manual_seed(20 + rank)
+    seqs: dict[int, list[int]] = {}  # tokens whose KV is written
+    last: dict[int, int] = {}  # each row's next token (not yet fed)
+
+    def plan_of(runner, kind, rows, blocks):  # noqa: ANN001, ANN202
+        pb = builders[id(runner)]
+        if kind == "prefill":
+            ids = [t for r in rows for t in blocks[r]]
+            added = [seq_start(r, blocks[r]) for r in rows]
+            return pb.plan(rows, [0] * len(rows), [len(blocks[r]) for r in rows], ids, added=added)
+        prefix = [len(seqs[r]) for r in rows]
+        if kind == "decode":
+            return pb.plan(rows, prefix, [1] * len(rows), [last[r] for r in rows])
+        for r in rows:  # the block each row verifies, through the `fed` table as a drafter leaves it
+            runner.tables.fed[r, :4] = torch.tensor(blocks[r])
+        return pb.plan(
+            rows, prefix, [4] * len(rows), [], use_last=[True] * len(rows), draft_lens=[3] * len(rows)
+        )
+
+    for i, steps in enumerate(VERIFY_STEPS):
+        mine = steps[rank]
+        plan = twin = None
+        if mine is not None:
+            kind, rows = mine
+            if kind == "prefill":
+                blocks = {r: random_prompt(5 + 4 * r, 30 + rank * 10 + r, vocab) for r in rows}
+            elif kind == "verify":
+                blocks = {r: [last[r]] + torch.randint(3, vocab, (3,), generator=g).tolist() for r in rows}
+            else:
+                blocks = {r: [last[r]] for r in rows}
+            plan, twin = plan_of(ranked, kind, rows, blocks), plan_of(alone, kind, rows, blocks)
+        agreed = lockstep.agree(ranked, plan, stopping=False)
+        lockstep.prepare(ranked, plan, agreed)
+        kind_want, bs = VERIFY_WANT[i]
+        assert agreed.graph == {"eager": StepGraph.EAGER, "verify": StepGraph.VERIFY}[kind_want], f"step {i}"
+        assert ranked.graphs.agreed_bs == bs, f"step {i}"
+        if plan is None:
+            continue
+        got = ranked.forward_logits(plan)
+        want = alone.forward_logits(twin)
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=0, msg=f"rank {rank} step {i}")
+        start = 0
+        for r in rows:  # every position kept: the next step starts after the whole block
+            seqs[r] = (seqs.get(r, []) if kind != "prefill" else []) + blocks[r]
+            start += len(blocks[r]) if kind != "prefill" else 1
+            last[r] = int(want[start - 1].argmax())
+    assert lockstep.agree(ranked, None, stopping=rank == 0).state == 2
+
+
 @pytest.fixture(scope="module")
 def tiny_v3(tmp_path_factory):
     from runtime.gpu.testing import save_tiny_deepseek_v3
@@ -108,3 +191,16 @@ def test_dp_ranks_replay_one_agreed_bucket_and_decode_as_one_rank(tiny_v3):
 def test_ranks_replaying_their_own_buckets_fail_the_exchange(tiny_v3):
     with pytest.raises(AssertionError, match="rank"):
         run_ranks(_lockstep_decode, 2, tiny_v3, False, join=False, timeout=120.0)
+
+
+@pytest.fixture(scope="module")
+def tiny_v4(tmp_path_factory):
+    from runtime.gpu.testing import save_tiny_deepseek_v4
+
+    path = tmp_path_factory.mktemp("tiny-v4")
+    save_tiny_deepseek_v4(path, seed=7)
+    return str(path)
+
+
+def test_dp_ranks_replay_one_agreed_verify_bucket_and_verify_as_one_rank(tiny_v4):
+    run_ranks(_lockstep_verify, 2, tiny_v4, join=False, timeout=300.0)
