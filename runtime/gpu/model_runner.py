@@ -285,7 +285,6 @@ class ModelRunner:
         """The graph `plan` would replay and its rows, for the DP ranks to agree on one (lockstep.py)."""
         if plan is None or not plan.rows:
             return StepGraph.IDLE, 0
-        self._eager_step = False
         path = self._graph_path(plan)
         kind = {None: StepGraph.EAGER, "decode": StepGraph.DECODE, "verify": StepGraph.VERIFY}[path]
         return kind, len(plan.rows)
@@ -383,7 +382,7 @@ class ModelRunner:
             empty = self.tables.last_token[:0]
             return Sampled(torch.empty(0, self.vocab_size, device=self.device), [], empty)
         rows = [r for r, s in zip(plan.rows, plan.sample, strict=True) if s]
-        graph = self._graph_path(plan)
+        graph = None if self._eager_step else self._graph_path(plan)
         if graph is None:  # the eager path plans attention from host lengths: rows planned ahead settle
             plan = settle(plan, self.tables)
         if self.spec is not None and plan.draft_lens:
@@ -411,9 +410,9 @@ class ModelRunner:
 
     def _graph_path(self, plan: StepPlan) -> str | None:
         """The graph the step replays ("verify" or "decode"), None when it runs eagerly. Hidden-state
-        drafters (mtp, dspark) read every step's hidden states or layer outputs: eager steps. A DP rank
-        runs eagerly when the ranks agreed so (`set_step_shape`)."""
-        if self.graphs is None or (self.spec is not None and self.spec.wants_hidden) or self._eager_step:
+        drafters (mtp, dspark) read every step's hidden states or layer outputs: eager steps. (A DP rank
+        also runs eagerly when the ranks agreed so: `set_step_shape`.)"""
+        if self.graphs is None or (self.spec is not None and self.spec.wants_hidden):
             return None
         if any(plan.draft_lens):
             return "verify" if self.graphs.fits_verify(plan) else None
