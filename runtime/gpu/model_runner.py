@@ -294,11 +294,9 @@ class ModelRunner:
         the bucket of `rows` rows, the largest batch, and an idle rank sizes its exchanges alike; or
         (EAGER) every rank runs eagerly, its exchanges sized by the most tokens any rank has."""
         self._eager_step = graph == StepGraph.EAGER
-        if self.graphs is None:
-            self.set_step_tokens(most_tokens)
-            return
-        self.graphs.agreed_bs = 0
-        if self._eager_step:
+        if self.graphs is not None:
+            self.graphs.agreed_bs = 0  # `bucket` below: the smallest that holds `rows`
+        if self.graphs is None or self._eager_step:
             self.set_step_tokens(most_tokens)
             return
         self.graphs.agreed_bs = self.graphs.bucket(rows)
