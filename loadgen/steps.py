@@ -20,9 +20,12 @@ the device's copy bandwidth and matmul peak and reports
 MoE models (`RoutedExperts` layers): a step reads only the experts its tokens route to, and each token
 multiplies by top_k of them, so the weight bytes count the distinct experts per layer that the point's
 tokens reached (`expert_reach`: its last step once more, eagerly, with hooks) and the params top_k
-experts per token. Dummy weights' own routing sends a step's tokens to a few experts, and more of them as
-the step grows; `--routing balanced` (layers/moe.py) sends each token to k experts drawn uniformly, as a
-trained router's even load.
+experts per token. `--routing balanced` (the default; layers/moe.py) sends each token to k experts drawn
+uniformly, as a trained router's even load; `--routing model` keeps the dummy weights' own routing, which
+sends a step's tokens to a few experts, and more of them as the step grows.
+
+On CUDA the KV pool is what `--mem-fraction-static` of the memory leaves after the weights; a run whose
+points need more slots than that stops before its first step, with the numbers.
 
 Decode steps are timed as the GPU worker runs them with overlap on (`--overlap on`, the default): step
 i+1 is launched before step i's tokens are read back (two in flight, `ModelRunner.launch`), so the step
@@ -57,13 +60,16 @@ def add_args(p) -> None:
                    help="HF model directory (config.json is enough with dummy weights) or a preset name "
                    "(llama-3.1-8b); default: a tiny Llama config")  # fmt: skip
     p.add_argument("--load-format", choices=("dummy", "auto"), default="dummy")
-    p.add_argument("--routing", choices=("model", "balanced"), default="model",
-                   help="MoE routing: model (the router's choice) or balanced (each token to k experts drawn "
-                   "uniformly, as a trained router's even load; dummy weights' own routing sends a step's "
-                   "tokens to a few experts)")  # fmt: skip
+    p.add_argument("--routing", choices=("model", "balanced"), default="balanced",
+                   help="MoE routing: balanced (the default: each token to k experts drawn uniformly, as a "
+                   "trained router's even load) or model (the router's choice; on dummy weights it sends a "
+                   "step's tokens to a few experts, so a step reads less than a real checkpoint's)")  # fmt: skip
     p.add_argument("--device", help="default: cuda if available, else cpu")
     p.add_argument("--dtype", help="default: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--kv-cache-dtype", choices=("auto", "fp8_e4m3"), default="auto")
+    p.add_argument("--mem-fraction-static", type=float, default=None,
+                   help="CUDA: the share of the GPU's memory for weights and the KV pool (as conduit serve; "
+                   "default: the runner's); the run stops at once if the pool left cannot hold its rows")  # fmt: skip
     p.add_argument("--quantization", choices=("auto", "none", "fp8"), default="auto",
                    help="DeepSeek-V2/V3/V4 weights: fp8 keeps (or with dummy weights makes) FP8 block-scaled "
                    "weights (V4: and FP4 experts, as stored), none dequantizes; auto: fp8 for an FP8 "
@@ -275,6 +281,7 @@ class _Bench:
                            kv_cache_dtype=args.kv_cache_dtype, hf_overrides=args.hf_overrides,
                            quantization=args.quantization,
                            num_kv_slots=slots, max_reqs=max_b, max_model_len=self.max_len, seed=args.seed,
+                           **self._mem_fraction(args),
                            cuda_graph=args.cuda_graph != "off", page_size=page,
                            attention_backend=args.attention_backend,
                            moe_a2a_backend=args.moe_a2a_backend, rank=getattr(args, "rank", 0),
@@ -282,6 +289,12 @@ class _Bench:
                            dist_init_addr=getattr(args, "dist_init_addr", None),
                            **self._speculation(args, k_max))  # fmt: skip
         self.runner = ModelRunner(cfg)
+        if self.runner.kv_pool.num_slots < slots:  # on CUDA the pool is what memory leaves after the weights
+            raise LoadgenError(
+                f"the KV pool holds {self.runner.kv_pool.num_slots} token slots and these points need {slots} "
+                f"(batch {max_b} x {self.per_row} slots of context and growth, or the prefill's {prefill_need}): "
+                "lower --batch-sizes or --context-len, or raise --mem-fraction-static"
+            )
         if self.runner.page_size != page:  # DeepSeek-V4: a page holds whole compression windows
             multiple = self.runner.kv_pool.page_multiple
             raise LoadgenError(f"this model needs --page-size a multiple of {multiple}, got {page}")
@@ -293,6 +306,10 @@ class _Bench:
         self.step_no = 0
         self.live: list[int] = []
         self.rng = torch.Generator().manual_seed(args.seed)
+
+    @staticmethod
+    def _mem_fraction(args) -> dict:
+        return {} if args.mem_fraction_static is None else {"mem_fraction_static": args.mem_fraction_static}
 
     @staticmethod
     def _speculation(args, k_max: int) -> dict:
