@@ -19,7 +19,7 @@ MODELS = {"v2lite": (64, 6, 2048, 1408), "v3": (256, 8, 7168, 2048)}
 SPACE = [
     MoEConfig(bm, bn, bk, warps, stages)
     for bm, bn, bk, (warps, stages) in itertools.product(
-        (16, 32, 64), (64, 128, 256), (64, 128), ((4, 3), (4, 4), (8, 4))
+        (16, 32, 64, 128), (64, 128, 256), (64, 128), ((4, 3), (4, 4), (8, 3), (8, 4))
     )
 ]
 
@@ -49,7 +49,9 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--tokens", default="8,64,256,1024")
     p.add_argument("--models", default="v2lite,v3")
+    p.add_argument("--block-m", default="16,32,64,128", help="the block_m values swept")
     args = p.parse_args()
+    block_ms = {int(b) for b in args.block_m.split(",")}
     dev = torch.device("cuda")
     copy = ceilings(dev, small=False)[0]
     print(f"copy ceiling {copy / 1e9:.0f} GB/s")
@@ -68,6 +70,8 @@ def main() -> None:
             default = choose_config(tokens * k, e, dev, torch.bfloat16)
             results = []
             for cfg in SPACE:
+                if cfg.block_m not in block_ms and cfg != default:
+                    continue
                 try:
                     got = fused_moe(x, w13, w2, topk_w, ids, config=cfg)
                     if not torch.allclose(got.float(), want.float(), atol=2e-2, rtol=2e-2):
