@@ -31,8 +31,9 @@ tokens on any rank, and a captured graph keeps the block size it was captured wi
 tokens). So before each step the ranks agree on one graph (`StepGraph`: all replay decode graphs, or all
 verify graphs, or all run eagerly) and one batch bucket, the one of the largest batch (`agreed_bs`); a
 rank with no rows runs an eager idle step with blocks of that bucket's size (runtime/gpu/lockstep.py).
-The padded path sets the exchanges' size itself (`size_exchanges`), as capture bakes it in, so the CPU
-runs check the agreement too.
+The padded path sets the exchanges' size itself (`lockstep`), as capture bakes it in, so the CPU runs
+check the agreement too. Every padded forward's exchanges take fixed blocks, whatever the bucket's
+tokens (`expert_parallel.graphed`): the normal exchange reads counts on the host.
 
 Off CUDA (or with `capture=False`) the same padded static-buffer path runs eagerly: that is how the CPU
 tests check the padding and buffer logic against the plain path."""
@@ -40,7 +41,6 @@ tests check the padding and buffer logic against the plain path."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import TYPE_CHECKING
@@ -51,6 +51,7 @@ import torch
 from runtime.gpu.attention.base import AttentionBackend
 from runtime.gpu.forward_batch import StepTables, make_batch
 from runtime.gpu.kv_pool import KVPool
+from runtime.gpu.layers.expert_parallel import ExpertParallelMoE, graphed
 from runtime.gpu.models.base import CausalLM
 from runtime.mailbox.messages import StepPlan
 
@@ -101,12 +102,14 @@ class GraphRunner:
         capture: bool = True,
         verify_q_len: int = 1,
         engram: EngramRuntime | None = None,
-        size_exchanges: Callable[[int], None] | None = None,
+        lockstep: bool = False,
     ) -> None:
         self.model, self.attn, self.pool, self.tables = model, attn, pool, tables
-        # DP ranks' MoE exchanges: every padded forward sizes them by its bucket's tokens (as capture
-        # bakes in), and `agreed_bs` (set before each step) is the bucket every rank replays
-        self.size_exchanges = size_exchanges
+        # the MoE exchanges (expert parallelism) take fixed blocks in every padded forward; DP ranks in
+        # `lockstep` size them by the bucket's tokens (as capture bakes in), and `agreed_bs` (set before
+        # each step) is the bucket every rank replays
+        self.exchanges = [m for m in model.modules() if isinstance(m, ExpertParallelMoE)]
+        self.lockstep = lockstep
         self.agreed_bs = 0
         self.engram = engram
         self.device = dev = tables.last_token.device
@@ -241,15 +244,14 @@ class GraphRunner:
 
     def _forward_verify(self, bs: int, ctx: int) -> None:
         t = bs * self.q_len
-        if self.size_exchanges is not None:
-            self.size_exchanges(t)
         pos, loc, token_rows, fed = (self.v_inputs[f, :t] for f in (V_POS, V_LOC, V_TOKEN_ROW, V_FED))
         rows, seq_lens = self.v_inputs[V_ROWS, :bs], self.v_inputs[V_SEQ_LENS, :bs]
         back = self.tables.behind(token_rows, self.v_inputs[V_AHEAD, :t])
         seq_lens = seq_lens - back.view(bs, self.q_len)[:, 0]  # a row's first place is always real
         batch = make_batch(self.tables, self.pool, fed, pos, loc, token_rows, fed, rows, back=back)
         self.attn.prepare_decode_graph(batch, seq_lens, ctx, q_len=self.q_len)
-        hidden = self.model(batch.input_ids, batch.positions, batch, self.attn)
+        with graphed(self.exchanges, t if self.lockstep else None):
+            hidden = self.model(batch.input_ids, batch.positions, batch, self.attn)
         self.v_logits[:t].copy_(self.model.compute_logits(hidden))
 
     def _fill(self, plan: StepPlan, bs: int) -> None:
@@ -278,8 +280,6 @@ class GraphRunner:
             self.copied[self.turn].record()
 
     def _forward(self, bs: int, ctx: int) -> None:
-        if self.size_exchanges is not None:
-            self.size_exchanges(bs)
         ids, pos, loc, rows, seq_lens, use_last, ahead = (self.inputs[f, :bs] for f in range(len(_PAD)))
         back = None
         if self.tables.rejected is not None:  # a speculating runner: rows may be planned ahead
@@ -289,7 +289,8 @@ class GraphRunner:
         if self.engram is not None:
             batch.engram = self.engram.graph_rows(batch)
         self.attn.prepare_decode_graph(batch, seq_lens, ctx)
-        hidden = self.model(batch.input_ids, batch.positions, batch, self.attn)
+        with graphed(self.exchanges, bs if self.lockstep else None):
+            hidden = self.model(batch.input_ids, batch.positions, batch, self.attn)
         self.logits[:bs].copy_(self.model.compute_logits(hidden))
 
     def _capture(self) -> None:

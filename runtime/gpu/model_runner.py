@@ -192,7 +192,7 @@ class ModelRunner:
         return GraphRunner(
             self.model, self.attn, self.kv_pool, self.tables,
             max_bs=max_bs, max_model_len=self.cfg.max_model_len, vocab_size=self.vocab_size, capture=capture,
-            verify_q_len=q_len, engram=self.engram, size_exchanges=self.set_step_tokens if lockstep else None,
+            verify_q_len=q_len, engram=self.engram, lockstep=lockstep,
         )  # fmt: skip
 
     def _grammar_compiler(self) -> GrammarCompiler:
@@ -300,14 +300,16 @@ class ModelRunner:
             self.set_step_tokens(most_tokens)
             return
         self.graphs.agreed_bs = self.graphs.bucket(rows)
-        self.set_step_tokens(self.graphs.tokens(graph, rows))
+        # an idle rank's eager step exchanges as the replaying ranks' graphs do: fixed blocks
+        self.set_step_tokens(self.graphs.tokens(graph, rows), graphed=True)
 
-    def set_step_tokens(self, n: int) -> None:
-        """The next step's most tokens on any DP rank (they agreed on it): MoE exchanges size by it."""
+    def set_step_tokens(self, n: int, graphed: bool = False) -> None:
+        """The next step's most tokens on any DP rank (they agreed on it): MoE exchanges size by it;
+        `graphed`: the ranks replay graphs, whose exchanges take fixed blocks whatever the size."""
         if self._exchanges is None:
             self._exchanges = [m for m in self.model.modules() if isinstance(m, ExpertParallelMoE)]
         for m in self._exchanges:
-            m.step_tokens = n
+            m.step_tokens, m.graphed = n, graphed
 
     def engram_counters(self) -> EngramCounters | None:
         return self.engram.counters() if self.engram is not None else None

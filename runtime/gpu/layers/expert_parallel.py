@@ -13,7 +13,11 @@ step on the CPU): each (token, chosen expert) pair goes to the rank of a slot ho
 (`all_to_all_single`, splits learned from a first exchange of counts, read on the host), runs
 there through the local experts with its routing weight, comes back the same way and is summed into its
 token. A rank with no tokens (an idle DP rank) still takes part with empty tensors, so the collectives
-of every rank line up."""
+of every rank line up. Low latency (decode-sized steps on CUDA, and every step that replays or captures a
+CUDA graph, whatever its size): blocks of a fixed number of rows per rank pair, the step's most tokens on
+any rank times k, so nothing is read on the host and the exchange can be captured. A verify graph of
+more than `LOW_LATENCY_MAX_TOKENS` tokens (bucket x (K + 1)) still takes fixed blocks; so does the idle
+rank's step beside it (the ranks agreed on the graph, so they agree on the mode)."""
 
 from __future__ import annotations
 
@@ -170,6 +174,8 @@ class ExpertParallelMoE(torch.nn.Module):
         # the step's largest token count over the EP ranks (DP ranks agree on it before each step), so
         # every rank picks the same mode and block size; None: this rank's own count (one rank)
         self.step_tokens: int | None = None
+        # the step replays (or captures) a CUDA graph, on every rank: fixed blocks whatever the size
+        self.graphed = False
 
     def _tables_on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if self._tables is None or self._tables[0].device != device:
@@ -204,10 +210,27 @@ class ExpertParallelMoE(torch.nn.Module):
             self.load.index_add_(0, flat, torch.ones_like(flat))
         most = self.step_tokens if self.step_tokens is not None else t
         low_latency = self.mode == "low_latency" or (
-            self.mode == "auto" and x.is_cuda and most <= LOW_LATENCY_MAX_TOKENS
+            self.mode == "auto" and (self.graphed or (x.is_cuda and most <= LOW_LATENCY_MAX_TOKENS))
         )
         exchange = MOE_EXCHANGE.get(x.device)
         return exchange(x, weights, slots, self.placement.per_rank, experts, most, low_latency)
+
+
+@contextlib.contextmanager
+def graphed(exchanges: Sequence[ExpertParallelMoE], tokens: int | None = None) -> Iterator[None]:
+    """Around a CUDA graph step's forward (captured, or its padded path run eagerly off CUDA): its
+    exchanges take fixed blocks whatever their size, since capture bakes the mode in; with `tokens`, of
+    that many rows a rank (the bucket's: DP ranks in lockstep replay one agreed bucket)."""
+    before = [m.graphed for m in exchanges]
+    for m in exchanges:
+        m.graphed = True
+        if tokens is not None:
+            m.step_tokens = tokens
+    try:
+        yield
+    finally:
+        for m, was in zip(exchanges, before, strict=True):
+            m.graphed = was
 
 
 _placement: ExpertPlacement | None = None  # set by the runner before the model is built (`use`)

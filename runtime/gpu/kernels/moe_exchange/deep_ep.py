@@ -56,12 +56,14 @@ def exchange(
     low_latency: bool,
 ) -> torch.Tensor:
     group = distributed.ep()
-    if group.size == 1:  # nothing to exchange: the plain path (DeepEP needs a group of ranks)
+    # nothing to exchange (DeepEP needs a group of ranks); or fixed blocks larger than the low-latency
+    # buffer holds (a verify graph's bucket x (K + 1) tokens): all_to_all_single's blocks, capturable too
+    if group.size == 1 or (low_latency and max_tokens > LOW_LATENCY_TOKENS):
         from runtime.gpu.kernels.moe_exchange.reference import exchange as plain
 
         return plain(x, weights, slots, per_rank, experts, max_tokens, low_latency)
     num_experts, d = per_rank * group.size, x.shape[1]
-    if low_latency and max_tokens <= LOW_LATENCY_TOKENS:
+    if low_latency:
         buf = _buffer(True, d, x.element_size(), num_experts)
         recv, counts, handle, _, _ = buf.low_latency_dispatch(
             x, slots, LOW_LATENCY_TOKENS, num_experts, use_fp8=False
