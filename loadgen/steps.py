@@ -91,6 +91,9 @@ def add_args(p) -> None:
         default="verify",
         help="k > 0: real verify steps (a speculating runner) or the k+1 tokens as an extend",
     )
+    p.add_argument("--speculative-algorithm", choices=("ngram", "mtp", "dspark"), default="ngram",
+                   help="the drafter of the verify steps' runner (mtp: the model's nextn layer, drafting "
+                   "just before each verify step; dspark: randomly initialised unless the checkpoint has it)")  # fmt: skip
     p.add_argument("--drafting", choices=("on", "off"), default="on",
                    help="k=0 steps of a speculating runner (--draft-tokens 0,k): the drafter drafts after "
                    "each (on), or only records its tokens (off: StepPlan.propose false, what the scheduler "
@@ -313,10 +316,10 @@ class _Bench:
 
     @staticmethod
     def _speculation(args, k_max: int) -> dict:
-        """Runner settings for real verify steps: the n-gram drafter, k_max drafts at most."""
+        """Runner settings for real verify steps: the drafter, k_max drafts at most."""
         if k_max == 0 or args.draft_mode != "verify":
             return {}
-        return {"speculative_algorithm": "ngram", "speculative_num_draft_tokens": k_max}
+        return {"speculative_algorithm": args.speculative_algorithm, "speculative_num_draft_tokens": k_max}
 
     def _plan(self, **kw):
         from runtime.mailbox.messages import StepPlan

@@ -23,6 +23,10 @@ attends a row's q_len queries causally over its length `prefix + q_len`; a paddi
 read the row's table past its real tokens, which holds valid slots. After the replay one gather picks
 the real positions' logits, in the eager path's order.
 
+A hidden-state drafter (mtp, dspark) keeps what it needs of every token's final hidden state and the
+tapped layers' outputs (`hidden_sink`, `taps`): its `capture` is fixed-shape device work, captured into
+the decode and verify graphs after the model (padding tokens write the padding slot 0).
+
 An Engram model's graphs hash each row's token and gather its table rows on the device
 (`EngramRuntime.graph_rows`): only placements that read on the device get graphs.
 
@@ -41,6 +45,7 @@ tests check the padding and buffer logic against the plain path."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import TYPE_CHECKING
@@ -49,7 +54,7 @@ import structlog
 import torch
 
 from runtime.gpu.attention.base import AttentionBackend
-from runtime.gpu.forward_batch import StepTables, make_batch
+from runtime.gpu.forward_batch import ForwardBatch, StepTables, make_batch
 from runtime.gpu.kv_pool import KVPool
 from runtime.gpu.layers.expert_parallel import ExpertParallelMoE, graphed
 from runtime.gpu.models.base import CausalLM
@@ -103,6 +108,8 @@ class GraphRunner:
         verify_q_len: int = 1,
         engram: EngramRuntime | None = None,
         lockstep: bool = False,
+        hidden_sink: Callable[[ForwardBatch, torch.Tensor], None] | None = None,
+        taps: tuple[int, ...] = (),
     ) -> None:
         self.model, self.attn, self.pool, self.tables = model, attn, pool, tables
         # the MoE exchanges (expert parallelism) take fixed blocks in every padded forward; DP ranks in
@@ -110,6 +117,7 @@ class GraphRunner:
         # each step) is the bucket every rank replays
         self.exchanges = [m for m in model.modules() if isinstance(m, ExpertParallelMoE)]
         self.lockstep = lockstep
+        self.hidden_sink, self.taps = hidden_sink, taps
         self.agreed_bs = 0
         self.engram = engram
         self.device = dev = tables.last_token.device
@@ -250,9 +258,18 @@ class GraphRunner:
         seq_lens = seq_lens - back.view(bs, self.q_len)[:, 0]  # a row's first place is always real
         batch = make_batch(self.tables, self.pool, fed, pos, loc, token_rows, fed, rows, back=back)
         self.attn.prepare_decode_graph(batch, seq_lens, ctx, q_len=self.q_len)
-        with graphed(self.exchanges, t if self.lockstep else None):
-            hidden = self.model(batch.input_ids, batch.positions, batch, self.attn)
+        hidden = self._model(batch, t)
         self.v_logits[:t].copy_(self.model.compute_logits(hidden))
+
+    def _model(self, batch: ForwardBatch, tokens: int) -> torch.Tensor:
+        """The model over a padded batch of `tokens` tokens, its hidden states handed to the sink."""
+        if self.taps:
+            batch.taps = dict.fromkeys(self.taps)
+        with graphed(self.exchanges, tokens if self.lockstep else None):
+            hidden = self.model(batch.input_ids, batch.positions, batch, self.attn)
+        if self.hidden_sink is not None:
+            self.hidden_sink(batch, hidden)
+        return hidden
 
     def _fill(self, plan: StepPlan, bs: int) -> None:
         self.turn ^= 1
@@ -289,8 +306,7 @@ class GraphRunner:
         if self.engram is not None:
             batch.engram = self.engram.graph_rows(batch)
         self.attn.prepare_decode_graph(batch, seq_lens, ctx)
-        with graphed(self.exchanges, bs if self.lockstep else None):
-            hidden = self.model(batch.input_ids, batch.positions, batch, self.attn)
+        hidden = self._model(batch, bs)
         self.logits[:bs].copy_(self.model.compute_logits(hidden))
 
     def _capture(self) -> None:

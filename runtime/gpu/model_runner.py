@@ -186,13 +186,16 @@ class ModelRunner:
     def make_graphs(self, max_bs: int, capture: bool = True) -> GraphRunner:
         """Decode graphs over this runner's model, backend, pool and tables, and verify graphs when it
         speculates (`capture=False`: the padded static-buffer path run eagerly, as the CPU tests check it)."""
-        q_len = self.spec.max_draft + 1 if self.spec is not None else 1
+        spec = self.spec
+        q_len = spec.max_draft + 1 if spec is not None else 1
         # DP ranks in lockstep: each padded forward sizes the MoE exchanges by its bucket (cuda_graph.py)
         lockstep = self.cfg.world_size > 1 and self.cfg.ep_size > 1
         return GraphRunner(
             self.model, self.attn, self.kv_pool, self.tables,
             max_bs=max_bs, max_model_len=self.cfg.max_model_len, vocab_size=self.vocab_size, capture=capture,
             verify_q_len=q_len, engram=self.engram, lockstep=lockstep,
+            hidden_sink=spec.capture if spec is not None and spec.wants_hidden else None,
+            taps=spec.drafter.taps if spec is not None else (),
         )  # fmt: skip
 
     def _grammar_compiler(self) -> GrammarCompiler:
@@ -409,10 +412,9 @@ class ModelRunner:
         return sampled
 
     def _graph_path(self, plan: StepPlan) -> str | None:
-        """The graph the step replays ("verify" or "decode"), None when it runs eagerly. Hidden-state
-        drafters (mtp, dspark) read every step's hidden states or layer outputs: eager steps. (A DP rank
-        also runs eagerly when the ranks agreed so: `set_step_shape`.)"""
-        if self.graphs is None or (self.spec is not None and self.spec.wants_hidden):
+        """The graph the step replays ("verify" or "decode"), None when it runs eagerly. (A DP rank also
+        runs eagerly when the ranks agreed so: `set_step_shape`.)"""
+        if self.graphs is None:
             return None
         if any(plan.draft_lens):
             return "verify" if self.graphs.fits_verify(plan) else None
@@ -421,18 +423,16 @@ class ModelRunner:
     @property
     def verify_ahead(self) -> bool:
         """Whether the scheduler may plan a row before its previous verify step's counts reach the host
-        (`StepPlan.assume_accepted`). On the CPU every step is eager: the rows planned ahead settle first
-        (`step_inputs.settle`, a free host read there), so every drafter, those that draft just before a
-        step from host lengths (draft-model, mtp) included, sees their real places. On CUDA only a
-        drafter that drafts on the device right after a step (ngram), with verify steps replaying graphs
-        that move such rows back without waiting; an eager CUDA step would wait for the previous one to
-        settle them, and hidden-state drafters (mtp, dspark) run eagerly."""
+        (`StepPlan.assume_accepted`). Verify steps that replay graphs move such rows back on the device
+        only, so only a drafter that drafts there right after a step (ngram, dspark) may; one that drafts
+        just before a step from host lengths (draft-model, mtp) would see the planned ones. Eager steps
+        settle the rows first (`step_inputs.settle`): a free host read on the CPU, where every drafter
+        may; a wait for the previous step on CUDA, which would undo the overlap."""
         if self.spec is None:
             return False
-        if self.device.type == "cpu":
-            return True
-        graphs = self.graphs is not None and self.graphs.q_len > 1
-        return self.spec.drafter.drafts_ahead and graphs and not self.spec.wants_hidden
+        if self.graphs is not None and self.graphs.q_len > 1:
+            return self.spec.drafter.drafts_ahead
+        return self.device.type == "cpu"
 
     def _save_blocks(self, plan: StepPlan) -> tuple[object | None, torch.Tensor | None]:
         """Before a verify step: what the verify rows' blocks overwrite of the pool's per-row state, to

@@ -66,7 +66,7 @@ class Drafter(ABC):
     # allocation that depends on values): it may then run as a CUDA graph (observe_graph.py)
     graph_safe: bool = False
     # hidden-state drafters (MTP, DSpark): the runner hands them the target's final hidden state of every
-    # token it computes (`capture`), and runs those steps eagerly (a CUDA graph keeps only the logits)
+    # token it computes (`capture`), inside the decode and verify CUDA graphs too
     wants_hidden: bool = False
     # target layers whose outputs `capture` reads from `batch.taps` (DSpark's context features)
     taps: tuple[int, ...] = ()
@@ -80,8 +80,10 @@ class Drafter(ABC):
         self.max_draft = max_draft
 
     def capture(self, batch: ForwardBatch, hidden: torch.Tensor) -> None:
-        """After an eager forward of the target over `batch`: the final hidden states [T, D] of its tokens
-        (their KV slots `batch.out_loc`, positions `batch.positions`); only called when `wants_hidden`."""
+        """After a forward of the target over `batch`: the final hidden states [T, D] of its tokens (their
+        KV slots `batch.out_loc`, positions `batch.positions`); only called when `wants_hidden`. Device
+        work of fixed shapes only (no host reads): it is captured into the target's CUDA graphs, whose
+        padding tokens write the padding slot 0."""
         return
 
     def register(self, start: SeqStart) -> None:

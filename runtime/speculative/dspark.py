@@ -111,6 +111,7 @@ class DSparkHead(nn.Module):
 class DSparkDrafter(Drafter):
     wants_hidden = True
     drafts_ahead = True
+    graph_safe = True  # `observe` is fixed-shape device work: a padding row (no tokens) drafts junk
 
     def __init__(
         self,
@@ -183,7 +184,8 @@ class DSparkDrafter(Drafter):
         """Each row's block from its last token and the context before it (device work only)."""
         k, w, device = self.max_draft, self.window, rows.device
         n = self.history.length[rows]
-        anchor = self.history.ids[rows, (n - 1).clamp(min=0)]
+        # (a graph's padding row has no history: its -1 would index past the embedding)
+        anchor = self.history.ids[rows, (n - 1).clamp(min=0)].clamp(min=0)
         pos = (n - 1)[:, None] + torch.arange(k, device=device)  # [B, K]
         ctx_pos = (n - 1)[:, None] - w + torch.arange(w, device=device)  # [B, W]
         ctx_valid = ctx_pos >= 0

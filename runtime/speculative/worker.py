@@ -111,7 +111,8 @@ class Speculation:
         return drafts
 
     def capture(self, batch: ForwardBatch, hidden: torch.Tensor) -> None:
-        """After an eager target forward: hidden-state drafters keep what they need of it."""
+        """After a target forward (eager, or inside a CUDA graph): hidden-state drafters keep what they
+        need of it."""
         if self.drafter.wants_hidden:
             self.drafter.capture(batch, hidden)
 

@@ -75,3 +75,66 @@ def test_rows_planned_ahead_are_moved_back_inside_the_captured_graphs(tmp_path):
     torch.backends.cuda.matmul.allow_tf32 = False
     save_tiny_llama(tmp_path)
     assert_rows_planned_ahead_emit_plain_tokens(str(tmp_path), "cuda", graphs=True)
+
+
+HIDDEN_STATE = [
+    ("mtp", "deepseek_v3"),
+    ("mtp", "deepseek_v4"),
+    ("dspark", "llama"),
+    ("dspark", "deepseek_v4"),
+]
+
+
+@pytest.mark.parametrize(("algorithm", "family"), HIDDEN_STATE, ids=[f"{a}-{f}" for a, f in HIDDEN_STATE])
+def test_hidden_state_drafters_replay_the_captured_graphs(tmp_path, algorithm, family):
+    """MTP and DSpark take the target's hidden states (and tapped layers) from inside the captured decode
+    and verify graphs: greedy outputs equal plain decoding's, the speculation counters and the state kept
+    per KV slot equal an eager runner's (overlap off: the same plans), and with overlap on DSpark's rows
+    are planned ahead and moved back inside the verify graphs (MTP drafts from host lengths: not)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "unit" / "speculative"))
+    from test_lossless import batch
+    from test_verify_graph_path import _drafter_state
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    if algorithm == "mtp":
+        SAVE[family](tmp_path, mtp_layers=1)
+    else:
+        SAVE[family](tmp_path)
+    v4 = {"swa_replay_exact": True} if family == "deepseek_v4" else {}
+
+    def runner(**more) -> ModelRunner:
+        return ModelRunner(RunnerConfig(str(tmp_path), device="cuda", dtype="float32", num_kv_slots=4096,
+                                        max_reqs=8, max_model_len=256, **v4, **more))  # fmt: skip
+
+    spec = {"speculative_algorithm": algorithm, "speculative_num_draft_tokens": 3}
+    plain, eager, graphed = runner(), runner(cuda_graph=False, **spec), runner(**spec)
+    assert (
+        graphed.graphs is not None and graphed.graphs.verify_graphs and graphed.graphs.hidden_sink is not None
+    )
+    assert graphed.verify_ahead == (algorithm == "dspark")
+    replays = []
+    run_verify = graphed.graphs.run_verify
+    graphed.graphs.run_verify = lambda plan: replays.append(any(plan.assume_accepted)) or run_verify(plan)
+    reqs = batch(False, n=6, max_new=24)
+
+    def run(r: ModelRunner, **cfg):  # noqa: ANN202
+        cfg = ServerConfig(device="cuda", max_total_tokens=4096, max_running_requests=8, chunked_prefill_size=2048,
+                           page_size=r.page_size, speculative_draft_policy="fixed", **cfg)  # fmt: skip
+        return asyncio.run(run_scheduler(cfg, reqs, runner=r, max_model_len=256))[0]
+
+    want = run(plain)
+    results = [run(r, disable_overlap=True) for r in (eager, graphed)]
+    kept = [[t.clone() for t in _drafter_state(r)] for r in (eager, graphed)]
+    results.append(run(graphed))
+    for got in results:
+        assert {r.rid: got.tokens[r.rid] for r in reqs} == {r.rid: want.tokens[r.rid] for r in reqs}
+    assert replays, "no verify step replayed a graph"
+    e, g, overlapped = (r.stats.spec for r in results)
+    assert (e.steps, e.drafted, e.accepted) == (g.steps, g.drafted, g.accepted) and g.drafted > 0
+    assert (overlapped.ahead_rows > 0) == (algorithm == "dspark") == any(replays), overlapped
+    for a, b in zip(*kept, strict=True):
+        assert a.abs().sum() > 0
+        torch.testing.assert_close(b, a, atol=1e-3, rtol=1e-3)

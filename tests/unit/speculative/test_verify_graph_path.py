@@ -11,6 +11,7 @@ counts (`StepPlan.assume_accepted`) are moved back inside the graphs, from the d
 from __future__ import annotations
 
 import pytest
+import torch
 
 from runtime.config import RunnerConfig
 from runtime.gpu.model_runner import ModelRunner
@@ -42,9 +43,9 @@ def _runner(tiny: tuple[str, str], **spec) -> ModelRunner:
     return ModelRunner(cfg)
 
 
-def run(runner: ModelRunner, reqs: list):
+def run(runner: ModelRunner, reqs: list, **overrides):
     """V4's pages hold whole compressor windows (rates 4 and 8: the runner's page size is 8)."""
-    return run_plain(runner, reqs, page_size=runner.page_size)
+    return run_plain(runner, reqs, page_size=runner.page_size, **overrides)
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])
@@ -89,3 +90,64 @@ def test_the_lookup_on_padded_graph_buffers_drafts_what_the_plain_lookup_drafts(
         s = run(spec, batch(False)).stats.spec
         stats.append((s.steps, s.drafted, s.accepted, list(s.lengths)))
     assert stats[0] == stats[1] and stats[0][2] > 0, stats
+
+
+# hidden-state drafters: their `capture` runs inside the decode and verify graphs
+HIDDEN_STATE = [
+    ("mtp", "deepseek_v3"),
+    ("mtp", "deepseek_v4"),  # the MTP block reads the last layer's tapped streams
+    ("dspark", "llama"),
+    ("dspark", "deepseek_v4"),  # context features from tapped layers (hyper-connection streams)
+]
+
+
+def _drafter_state(runner: ModelRunner) -> list:
+    """What a hidden-state drafter keeps per KV slot, less the padding slot 0 (graph padding writes it)."""
+    d = runner.spec.drafter
+    kept = [d.hidden] if hasattr(d, "hidden") else [*d.ctx_k, *d.ctx_v]
+    return [t[1:] for t in kept]
+
+
+@pytest.mark.parametrize(("algorithm", "family"), HIDDEN_STATE, ids=[f"{a}-{f}" for a, f in HIDDEN_STATE])
+def test_hidden_state_drafters_on_the_graph_path_keep_what_eager_steps_keep(tmp_path, algorithm, family):
+    """MTP and DSpark read every step's hidden states (and tapped layers): on the graph path the decode
+    and verify graphs hand them over. Same requests (every draft verified: the fixed policy) give plain
+    decoding's tokens, the eager run's speculation counters, and the same kept state in every KV slot;
+    DSpark drafts on the device, so greedy rows are planned ahead of their verify step's counts."""
+    if algorithm == "mtp":
+        saver = save_tiny_deepseek_v3 if family == "deepseek_v3" else save_tiny_deepseek_v4
+        saver(tmp_path, mtp_layers=1)
+    else:
+        FAMILIES[family](tmp_path)
+    tiny = (family, str(tmp_path))
+    spec = {"speculative_algorithm": algorithm, "speculative_num_draft_tokens": 3}
+    reqs = batch(False, n=6, max_new=24)
+    want = run(_runner(tiny), reqs).tokens
+    eager = _runner(tiny, **spec)
+    graphed = _runner(tiny, **spec)
+    graphed.graphs = graphed.make_graphs(8, capture=False)
+    assert graphed.graphs.q_len == 4 and graphed.graphs.hidden_sink is not None
+    graphed.spec.capture_observe(graphed.graphs.buckets, capture=False)
+    used = {"decode": 0, "verify": 0}
+    for kind, name in (("decode", "run"), ("verify", "run_verify")):
+        original = getattr(graphed.graphs, name)
+
+        def counted(plan, kind=kind, original=original):  # noqa: ANN001, ANN202
+            used[kind] += 1
+            return original(plan)
+
+        setattr(graphed.graphs, name, counted)
+    # overlap off: the same plans on both paths (eager CPU steps may plan any drafter's rows ahead)
+    results = [run(r, reqs, speculative_draft_policy="fixed", disable_overlap=True) for r in (eager, graphed)]
+    kept = [[t.clone() for t in _drafter_state(r)] for r in (eager, graphed)]
+    # overlap on: only a drafter that drafts on the device has rows planned ahead on the graph path
+    results.append(run(graphed, reqs, speculative_draft_policy="fixed"))
+    for got in results:
+        assert {r.rid: got.tokens[r.rid] for r in reqs} == {r.rid: want[r.rid] for r in reqs}
+    assert used["verify"] > 0 and used["decode"] > 0, used
+    e, g, overlapped = (r.stats.spec for r in results)
+    assert (e.steps, e.drafted, e.accepted) == (g.steps, g.drafted, g.accepted) and g.drafted > 0
+    assert (overlapped.ahead_rows > 0) == (algorithm == "dspark"), overlapped
+    for a, b in zip(*kept, strict=True):
+        assert a.abs().sum() > 0
+        torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
