@@ -54,7 +54,7 @@ import structlog
 import torch
 
 from runtime.gpu.attention.base import AttentionBackend
-from runtime.gpu.forward_batch import ForwardBatch, StepTables, make_batch
+from runtime.gpu.forward_batch import ForwardBatch, GraphStep, StepTables, make_batch
 from runtime.gpu.kv_pool import KVPool
 from runtime.gpu.layers.expert_parallel import ExpertParallelMoE, graphed
 from runtime.gpu.models.base import CausalLM
@@ -108,7 +108,7 @@ class GraphRunner:
         verify_q_len: int = 1,
         engram: EngramRuntime | None = None,
         lockstep: bool = False,
-        hidden_sink: Callable[[ForwardBatch, torch.Tensor], None] | None = None,
+        hidden_sink: Callable[[ForwardBatch, torch.Tensor, GraphStep], None] | None = None,
         taps: tuple[int, ...] = (),
     ) -> None:
         self.model, self.attn, self.pool, self.tables = model, attn, pool, tables
@@ -258,17 +258,17 @@ class GraphRunner:
         seq_lens = seq_lens - back.view(bs, self.q_len)[:, 0]  # a row's first place is always real
         batch = make_batch(self.tables, self.pool, fed, pos, loc, token_rows, fed, rows, back=back)
         self.attn.prepare_decode_graph(batch, seq_lens, ctx, q_len=self.q_len)
-        hidden = self._model(batch, t)
+        hidden = self._model(batch, t, GraphStep(seq_lens, ctx, self.q_len))
         self.v_logits[:t].copy_(self.model.compute_logits(hidden))
 
-    def _model(self, batch: ForwardBatch, tokens: int) -> torch.Tensor:
+    def _model(self, batch: ForwardBatch, tokens: int, shape: GraphStep) -> torch.Tensor:
         """The model over a padded batch of `tokens` tokens, its hidden states handed to the sink."""
         if self.taps:
             batch.taps = dict.fromkeys(self.taps)
         with graphed(self.exchanges, tokens if self.lockstep else None):
             hidden = self.model(batch.input_ids, batch.positions, batch, self.attn)
         if self.hidden_sink is not None:
-            self.hidden_sink(batch, hidden)
+            self.hidden_sink(batch, hidden, shape)
         return hidden
 
     def _fill(self, plan: StepPlan, bs: int) -> None:
@@ -306,7 +306,7 @@ class GraphRunner:
         if self.engram is not None:
             batch.engram = self.engram.graph_rows(batch)
         self.attn.prepare_decode_graph(batch, seq_lens, ctx)
-        hidden = self._model(batch, bs)
+        hidden = self._model(batch, bs, GraphStep(seq_lens, ctx, 1))
         self.logits[:bs].copy_(self.model.compute_logits(hidden))
 
     def _capture(self) -> None:

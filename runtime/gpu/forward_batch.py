@@ -78,6 +78,17 @@ class ForwardBatch:
         return self.taps is not None and layer in self.taps
 
 
+@dataclass(frozen=True)
+class GraphStep:
+    """A CUDA graph step's shape, for work planned from device tensors alone inside it (a hidden-state
+    drafter's own layer, `Drafter.capture`): each row's length with its new tokens [B], the graph's
+    context bucket, and the token places per row."""
+
+    seq_lens: torch.Tensor
+    max_seq_len: int
+    q_len: int
+
+
 def make_batch(
     tables: StepTables,
     pool: KVPool,

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.gpu.forward_batch import ForwardBatch
+from runtime.gpu.forward_batch import ForwardBatch, GraphStep
 from runtime.mailbox.messages import SeqStart
 
 
@@ -75,15 +75,18 @@ class Drafter(ABC):
     # the host (overlap, `StepPlan.assume_accepted`), its drafts following whatever was accepted. (On the
     # CPU every drafter may: eager steps settle such rows before `prepare`; `ModelRunner.verify_ahead`.)
     drafts_ahead: bool = False
+    # True when the drafter wants `before_verify` before each step that verifies drafts
+    wants_verify_rows: bool = False
 
     def __init__(self, max_draft: int) -> None:
         self.max_draft = max_draft
 
-    def capture(self, batch: ForwardBatch, hidden: torch.Tensor) -> None:
+    def capture(self, batch: ForwardBatch, hidden: torch.Tensor, graph: GraphStep | None = None) -> None:
         """After a forward of the target over `batch`: the final hidden states [T, D] of its tokens (their
         KV slots `batch.out_loc`, positions `batch.positions`); only called when `wants_hidden`. Device
         work of fixed shapes only (no host reads): it is captured into the target's CUDA graphs, whose
-        padding tokens write the padding slot 0."""
+        padding tokens write the padding slot 0; `graph`: such a step's shape (its batch has no host
+        lists)."""
         return
 
     def register(self, start: SeqStart) -> None:
@@ -103,6 +106,11 @@ class Drafter(ABC):
         keep what later drafts need of its tokens, and draft nothing if that saves work. By default it
         drafts as `observe` does and drops the drafts."""
         self.observe(step)
+
+    def before_verify(self, rows: torch.Tensor, first: torch.Tensor) -> None:
+        """Just before a step's forward, when `wants_verify_rows`: its verifying rows [V] and each one's
+        first fed position [V] on the device (where it really is, for a row planned ahead)."""
+        return
 
     def prepare(self, rows: list[int], lengths: list[int]) -> Drafts | None:
         """Just before a step in which `rows` verify drafts, each row's sequence `lengths[i]` tokens long

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.gpu.forward_batch import ForwardBatch, StepTables
+from runtime.gpu.forward_batch import ForwardBatch, GraphStep, StepTables
 from runtime.gpu.layers.rotary import rope_parameters
 from runtime.gpu.models.base import CausalLM
 from runtime.mailbox.messages import SeqStart
@@ -166,7 +166,7 @@ class DSparkDrafter(Drafter):
         self.history.register(start)
 
     @torch.inference_mode()
-    def capture(self, batch: ForwardBatch, hidden: torch.Tensor) -> None:
+    def capture(self, batch: ForwardBatch, hidden: torch.Tensor, graph: GraphStep | None = None) -> None:
         # a layer's output [T, D]; DeepSeek-V4's hyper-connection streams [T, n, D] are averaged
         features = [f.mean(1) if f.dim() == 3 else f for f in (batch.taps[i] for i in self.layer_ids)]
         ctx = self.head.context(torch.cat(features, -1).to(self.head.fc.weight.dtype))

@@ -3,12 +3,11 @@ of the request tables' `fed`), and acceptance after a verify step."""
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import torch
 
-from runtime.gpu.forward_batch import ForwardBatch, StepTables, columns_to_device
+from runtime.gpu.forward_batch import ForwardBatch, GraphStep, StepTables, columns_to_device
 from runtime.gpu.sampler import Block, Sampler, SampleResult
 from runtime.mailbox.messages import SeqStart, StepPlan
 from runtime.speculative.drafter import Drafter, Drafts, StepTokens
@@ -110,33 +109,31 @@ class Speculation:
             self.tables.fed[rows_t, 1:] = drafts.tokens
         return drafts
 
-    def capture(self, batch: ForwardBatch, hidden: torch.Tensor) -> None:
-        """After a target forward (eager, or inside a CUDA graph): hidden-state drafters keep what they
-        need of it."""
+    def capture(self, batch: ForwardBatch, hidden: torch.Tensor, graph: GraphStep | None = None) -> None:
+        """After a target forward (eager, or inside a CUDA graph of shape `graph`): hidden-state drafters
+        keep what they need of it."""
         if self.drafter.wants_hidden:
-            self.drafter.capture(batch, hidden)
+            self.drafter.capture(batch, hidden, graph)
 
     @property
     def wants_hidden(self) -> bool:
         return self.drafter.wants_hidden
 
     def prepare(self, plan: StepPlan) -> None:
-        """Before a step with verify rows: drafters that draft now (a draft model) write their drafts."""
-        starts = itertools.accumulate([0, *plan.extend_lens[:-1]])
-        cols = zip(plan.rows, plan.prefix_lens, plan.draft_lens, starts, strict=True)
-        verify = [(r, p + 1, plan.out_loc[s]) for r, p, k, s in cols if k]
+        """Before a step with verify rows: drafters that draft now (a draft model) write their drafts;
+        those that keep per-row state the step's block overwrites learn its rows (`before_verify`)."""
+        ahead = plan.assume_accepted or [False] * len(plan.rows)
+        cols = zip(plan.rows, plan.prefix_lens, plan.draft_lens, ahead, strict=True)
+        verify = [(r, p, a) for r, p, k, a in cols if k]
         if not verify:
             return
         rows = [r for r, _, _ in verify]
-        if self.drafter.wants_hidden:
-            # the slot of each row's last token, as the step will enter it (hidden-state drafters keep
-            # the entry that predicts the first draft there)
-            device = self.tables.req_to_token.device
-            index = columns_to_device(
-                [rows, [n - 1 for _, n, _ in verify], [s for _, _, s in verify]], device
+        if self.drafter.wants_verify_rows:
+            rows_t, first, behind = columns_to_device(
+                [list(c) for c in zip(*verify, strict=True)], self.tables.req_to_token.device
             )
-            self.tables.req_to_token[index[0], index[1]] = index[2]
-        drafts = self.drafter.prepare(rows, [n for _, n, _ in verify])
+            self.drafter.before_verify(rows_t, first - self.tables.behind(rows_t, behind))
+        drafts = self.drafter.prepare(rows, [p + 1 for _, p, _ in verify])
         if drafts is not None:
             index = torch.tensor(rows, dtype=torch.int64).to(self.tables.fed.device, non_blocking=True)
             self.tables.fed[index, 1:] = drafts.tokens

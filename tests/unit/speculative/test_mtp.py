@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 from runtime.config import RunnerConfig
 from runtime.gpu.model_runner import ModelRunner
 from runtime.gpu.testing import PagedPlanBuilder, save_tiny_deepseek_v3, save_tiny_deepseek_v4, seq_start
+from runtime.speculative.drafter import StepTokens
 from tests.unit.speculative.test_lossless import (
     MAX_MODEL_LEN,
     SLOTS,
@@ -47,15 +48,16 @@ def runners(checkpoint):
 def record_drafts(runner: ModelRunner) -> list[tuple[list[int], list[int]]]:
     """(the row's tokens, its drafts) of every row the drafter drafts for, as the runner runs."""
     drafter, calls = runner.spec.drafter, []
-    prepare = drafter.prepare
+    observe = drafter.observe
 
-    def recording(rows: list[int], lengths: list[int]):  # noqa: ANN202
-        drafts = prepare(rows, lengths)
-        for i, (r, n) in enumerate(zip(rows, lengths, strict=True)):
+    def recording(step):  # noqa: ANN001, ANN202
+        drafts = observe(step)
+        lengths = drafter.history.length[step.rows].tolist()
+        for i, (r, n) in enumerate(zip(step.rows.tolist(), lengths, strict=True)):
             calls.append((drafter.history.ids[r, :n].tolist(), drafts.tokens[i].tolist()))
         return drafts
 
-    drafter.prepare = recording
+    drafter.observe = recording
     return calls
 
 
@@ -77,23 +79,25 @@ def v4_checkpoint(tmp_path_factory):
 
 @pytest.mark.parametrize("family", ["deepseek_v3", "deepseek_v4"])
 def test_incremental_mtp_drafts_equal_a_one_shot_pass_over_the_sequence(checkpoint, v4_checkpoint, family):
-    """Drafts made during serving (entries caught up over many steps, accepted blocks, radix hits,
-    paged slots; on V4 the block's ring, with the chain's entries restored after each draft) against a
-    fresh drafter that sees each sequence once: prefill all but its last token, then draft."""
+    """Drafts made during serving (entries completed step by step with the target, accepted and
+    rejected blocks, radix hits, paged slots; on V4 the block's ring, with rejected places' and the
+    chain's entries restored) against a fresh drafter that sees each sequence once: prefill all but its
+    last token, then draft after it."""
     path = checkpoint if family == "deepseek_v3" else v4_checkpoint
     exact = {"swa_replay_exact": True} if family == "deepseek_v4" else {}
     spec = make_runner(path, **MTP, **exact)
     calls = record_drafts(spec)
-    run(spec, batch(False), page_size=16, chunked_prefill_size=64)
+    run(spec, batch(False), page_size=16, chunked_prefill_size=64, speculative_draft_policy="fixed")
     assert len(calls) >= 10
     fresh = make_runner(path, **MTP, **exact)
     for i, (tokens, drafts) in enumerate(calls[:: max(1, len(calls) // 12)]):
         pb, n = PagedPlanBuilder(16, SLOTS, seed=i), len(tokens)
         released = [1] if i else []
-        fresh.execute(pb.plan([1], [0], [n - 1], tokens[:-1], sample=[False], added=[seq_start(1, tokens)],
+        fresh.execute(pb.plan([1], [0], [n - 1], tokens[:-1], sample=[False], added=[seq_start(1, tokens[:-1])],
                               released=released))  # fmt: skip
-        fresh.tables.req_to_token[1, n - 1] = pb.slot(1, n - 1)
-        want = fresh.spec.drafter.prepare([1], [n]).tokens[0].tolist()
+        rows = torch.tensor([1])
+        step = StepTokens(rows, torch.tensor([[tokens[-1]]]), torch.ones(1, dtype=torch.int64))
+        want = fresh.spec.drafter.observe(step).tokens[0].tolist()
         assert drafts == want, f"sequence of {n} tokens"
 
 
