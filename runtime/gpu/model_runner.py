@@ -194,7 +194,7 @@ class ModelRunner:
             self.model, self.attn, self.kv_pool, self.tables,
             max_bs=max_bs, max_model_len=self.cfg.max_model_len, vocab_size=self.vocab_size, capture=capture,
             verify_q_len=q_len, engram=self.engram, lockstep=lockstep,
-            hidden_sink=spec.capture if spec is not None and spec.wants_hidden else None,
+            hidden_sink=spec.capture if spec is not None and spec.follows_target else None,
             taps=spec.drafter.taps if spec is not None else (),
         )  # fmt: skip
 
@@ -423,16 +423,13 @@ class ModelRunner:
     @property
     def verify_ahead(self) -> bool:
         """Whether the scheduler may plan a row before its previous verify step's counts reach the host
-        (`StepPlan.assume_accepted`). Verify steps that replay graphs move such rows back on the device
-        only, so only a drafter that drafts there right after a step (ngram, dspark) may; one that drafts
-        just before a step from host lengths (draft-model, mtp) would see the planned ones. Eager steps
-        settle the rows first (`step_inputs.settle`): a free host read on the CPU, where every drafter
-        may; a wait for the previous step on CUDA, which would undo the overlap."""
+        (`StepPlan.assume_accepted`): every drafter drafts on the device right after a step, so wherever
+        the verify step moves such rows back itself. Verify graphs do it on the device; eager steps
+        settle the rows first (`step_inputs.settle`): a free host read on the CPU, a wait for the
+        previous step on CUDA, which would undo the overlap."""
         if self.spec is None:
             return False
-        if self.graphs is not None and self.graphs.q_len > 1:
-            return self.spec.drafter.drafts_ahead
-        return self.device.type == "cpu"
+        return self.device.type == "cpu" or (self.graphs is not None and self.graphs.q_len > 1)
 
     def _save_blocks(self, plan: StepPlan) -> tuple[object | None, torch.Tensor | None]:
         """Before a verify step: what the verify rows' blocks overwrite of the pool's per-row state, to

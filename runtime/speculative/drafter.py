@@ -1,7 +1,8 @@
 """The drafter contract: a drafter proposes up to `max_draft` tokens that a request row's next step may
-verify. It sees every step's emitted tokens (`observe`, device work only, right after the step), and may
-draft either then, or just before a step that verifies a row's drafts (`prepare`, when the host knows the
-rows' lengths: what a draft model needs to run its own forward)."""
+verify. It sees every step's emitted tokens and drafts right after the step (`observe`), from the
+device's own record of each row (its emitted tokens and lengths, no host reads): a row's next step may
+then be planned before this step's counts reach the host (overlap, `StepPlan.assume_accepted`), its
+drafts following whatever was accepted."""
 
 from __future__ import annotations
 
@@ -26,11 +27,10 @@ class StepTokens:
 
 @dataclass(frozen=True)
 class Drafts:
-    """Proposals for some rows: `tokens[i, :count[i]]` (None: the drafter drafts in `prepare`; counts and
-    confidence then say what it will offer), with the drafter's confidence in each (its estimate of the
-    probability that the target accepts it, given the ones before)."""
+    """Proposals for some rows: `tokens[i, :count[i]]`, with the drafter's confidence in each (its
+    estimate of the probability that the target accepts it, given the ones before)."""
 
-    tokens: torch.Tensor | None  # [B, max_draft]
+    tokens: torch.Tensor  # [B, max_draft]
     counts: torch.Tensor  # [B]
     confidence: torch.Tensor  # [B, max_draft] in [0, 1]
 
@@ -65,16 +65,11 @@ class Drafter(ABC):
     # True when `observe` is device work of fixed shapes for fixed input shapes (no host reads, no
     # allocation that depends on values): it may then run as a CUDA graph (observe_graph.py)
     graph_safe: bool = False
-    # hidden-state drafters (MTP, DSpark): the runner hands them the target's final hidden state of every
-    # token it computes (`capture`), inside the decode and verify CUDA graphs too
-    wants_hidden: bool = False
+    # drafters that follow every target forward (MTP, DSpark, the draft model): the runner hands them each
+    # forward's batch and final hidden states (`capture`), inside the decode and verify CUDA graphs too
+    follows_target: bool = False
     # target layers whose outputs `capture` reads from `batch.taps` (DSpark's context features)
     taps: tuple[int, ...] = ()
-    # True when `observe` makes the drafts from the device's own record of each row (its emitted tokens,
-    # no host lengths): on CUDA a row's next step may then be planned before this step's counts reach
-    # the host (overlap, `StepPlan.assume_accepted`), its drafts following whatever was accepted. (On the
-    # CPU every drafter may: eager steps settle such rows before `prepare`; `ModelRunner.verify_ahead`.)
-    drafts_ahead: bool = False
     # True when the drafter wants `before_verify` before each step that verifies drafts
     wants_verify_rows: bool = False
 
@@ -83,7 +78,7 @@ class Drafter(ABC):
 
     def capture(self, batch: ForwardBatch, hidden: torch.Tensor, graph: GraphStep | None = None) -> None:
         """After a forward of the target over `batch`: the final hidden states [T, D] of its tokens (their
-        KV slots `batch.out_loc`, positions `batch.positions`); only called when `wants_hidden`. Device
+        KV slots `batch.out_loc`, positions `batch.positions`); only called when `follows_target`. Device
         work of fixed shapes only (no host reads): it is captured into the target's CUDA graphs, whose
         padding tokens write the padding slot 0; `graph`: such a step's shape (its batch has no host
         lists)."""
@@ -111,8 +106,3 @@ class Drafter(ABC):
         """Just before a step's forward, when `wants_verify_rows`: its verifying rows [V] and each one's
         first fed position [V] on the device (where it really is, for a row planned ahead)."""
         return
-
-    def prepare(self, rows: list[int], lengths: list[int]) -> Drafts | None:
-        """Just before a step in which `rows` verify drafts, each row's sequence `lengths[i]` tokens long
-        (its last token not yet in KV): drafts for them, or None when `observe` already made them."""
-        return None

@@ -109,8 +109,7 @@ class DSparkHead(nn.Module):
 
 
 class DSparkDrafter(Drafter):
-    wants_hidden = True
-    drafts_ahead = True
+    follows_target = True
     graph_safe = True  # `observe` is fixed-shape device work: a padding row (no tokens) drafts junk
 
     def __init__(

@@ -17,7 +17,6 @@ from runtime.speculative.drafter import Drafter, Drafts, StepTokens, TokenHistor
 
 class NgramDrafter(Drafter):
     graph_safe = True
-    drafts_ahead = True
 
     def __init__(
         self,

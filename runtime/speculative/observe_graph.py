@@ -50,8 +50,7 @@ class ObserveGraphs:
             out = self._observe(bs, width, draft)
         if out is None:
             return None
-        tokens = None if out.tokens is None else out.tokens[:n]
-        return Drafts(tokens, out.counts[:n], out.confidence[:n])
+        return Drafts(out.tokens[:n], out.counts[:n], out.confidence[:n])
 
     def _observe(self, bs: int, width: int, draft: bool) -> Drafts | None:
         step = StepTokens(self.rows[:bs], self.tokens[:bs, :width], self.counts[:bs])

@@ -103,37 +103,31 @@ class Speculation:
             drafts = self.drafter.observe(step)
         else:
             drafts = self.drafter.record(step)
-        if drafts is None:
-            return None
-        if drafts.tokens is not None:
+        if drafts is not None:
             self.tables.fed[rows_t, 1:] = drafts.tokens
         return drafts
 
     def capture(self, batch: ForwardBatch, hidden: torch.Tensor, graph: GraphStep | None = None) -> None:
-        """After a target forward (eager, or inside a CUDA graph of shape `graph`): hidden-state drafters
-        keep what they need of it."""
-        if self.drafter.wants_hidden:
+        """After a target forward (eager, or inside a CUDA graph of shape `graph`): drafters that follow
+        the target keep what they need of it."""
+        if self.drafter.follows_target:
             self.drafter.capture(batch, hidden, graph)
 
     @property
-    def wants_hidden(self) -> bool:
-        return self.drafter.wants_hidden
+    def follows_target(self) -> bool:
+        return self.drafter.follows_target
 
     def prepare(self, plan: StepPlan) -> None:
-        """Before a step with verify rows: drafters that draft now (a draft model) write their drafts;
-        those that keep per-row state the step's block overwrites learn its rows (`before_verify`)."""
+        """Before a step with verify rows: drafters that keep per-row state the step's block overwrites
+        learn its rows (`before_verify`)."""
+        if not self.drafter.wants_verify_rows:
+            return
         ahead = plan.assume_accepted or [False] * len(plan.rows)
         cols = zip(plan.rows, plan.prefix_lens, plan.draft_lens, ahead, strict=True)
         verify = [(r, p, a) for r, p, k, a in cols if k]
         if not verify:
             return
-        rows = [r for r, _, _ in verify]
-        if self.drafter.wants_verify_rows:
-            rows_t, first, behind = columns_to_device(
-                [list(c) for c in zip(*verify, strict=True)], self.tables.req_to_token.device
-            )
-            self.drafter.before_verify(rows_t, first - self.tables.behind(rows_t, behind))
-        drafts = self.drafter.prepare(rows, [p + 1 for _, p, _ in verify])
-        if drafts is not None:
-            index = torch.tensor(rows, dtype=torch.int64).to(self.tables.fed.device, non_blocking=True)
-            self.tables.fed[index, 1:] = drafts.tokens
+        rows_t, first, behind = columns_to_device(
+            [list(c) for c in zip(*verify, strict=True)], self.tables.req_to_token.device
+        )
+        self.drafter.before_verify(rows_t, first - self.tables.behind(rows_t, behind))

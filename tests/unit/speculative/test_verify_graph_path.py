@@ -98,20 +98,26 @@ HIDDEN_STATE = [
     ("mtp", "deepseek_v4"),  # the MTP block reads the last layer's tapped streams
     ("dspark", "llama"),
     ("dspark", "deepseek_v4"),  # context features from tapped layers (hyper-connection streams)
+    ("draft-model", "llama"),  # the target as its own draft: every token fed to it too
 ]
 
 
 def _drafter_state(runner: ModelRunner) -> list:
     """What a hidden-state drafter keeps per KV slot, less the padding slot 0 (graph padding writes it)."""
     d = runner.spec.drafter
-    kept = [d.hidden] if hasattr(d, "hidden") else [*d.ctx_k, *d.ctx_v]
+    if hasattr(d, "hidden"):  # MTP
+        kept = [d.hidden]
+    elif hasattr(d, "ctx_k"):  # DSpark
+        kept = [*d.ctx_k, *d.ctx_v]
+    else:  # the draft model's own KV, at the target's slots
+        kept = [t[: runner.kv_pool.num_slots] for t in (*d.pool.k, *d.pool.v)]
     return [t[1:] for t in kept]
 
 
 @pytest.mark.parametrize(("algorithm", "family"), HIDDEN_STATE, ids=[f"{a}-{f}" for a, f in HIDDEN_STATE])
 def test_hidden_state_drafters_on_the_graph_path_keep_what_eager_steps_keep(tmp_path, algorithm, family):
-    """MTP and DSpark read every step's hidden states (and tapped layers): on the graph path the decode
-    and verify graphs hand them over. Same requests (every draft verified: the fixed policy) give plain
+    """MTP, DSpark and the draft model follow every target forward (its hidden states, tapped layers,
+    tokens): on the graph path the decode and verify graphs hand them over. Same requests (every draft verified: the fixed policy) give plain
     decoding's tokens, the eager run's speculation counters, and the same kept state in every KV slot;
     both draft on the device, so with overlap greedy rows are planned ahead of their verify step's
     counts and moved back inside the graphs (MTP's entries too)."""
@@ -122,6 +128,8 @@ def test_hidden_state_drafters_on_the_graph_path_keep_what_eager_steps_keep(tmp_
         FAMILIES[family](tmp_path)
     tiny = (family, str(tmp_path))
     spec = {"speculative_algorithm": algorithm, "speculative_num_draft_tokens": 3}
+    if algorithm == "draft-model":
+        spec["speculative_draft_model_path"] = str(tmp_path)
     reqs = batch(False, n=6, max_new=24)
     want = run(_runner(tiny), reqs).tokens
     eager = _runner(tiny, **spec)
