@@ -82,13 +82,14 @@ HIDDEN_STATE = [
     ("mtp", "deepseek_v4"),
     ("dspark", "llama"),
     ("dspark", "deepseek_v4"),
+    ("draft-model", "llama"),  # the target as its own draft
 ]
 
 
 @pytest.mark.parametrize(("algorithm", "family"), HIDDEN_STATE, ids=[f"{a}-{f}" for a, f in HIDDEN_STATE])
-def test_hidden_state_drafters_replay_the_captured_graphs(tmp_path, algorithm, family):
-    """MTP and DSpark take the target's hidden states (and tapped layers) from inside the captured decode
-    and verify graphs: greedy outputs equal plain decoding's, the speculation counters and the state kept
+def test_drafters_that_follow_the_target_replay_the_captured_graphs(tmp_path, algorithm, family):
+    """MTP, DSpark and the draft model follow the target (its hidden states, tapped layers, tokens) from
+    inside the captured decode and verify graphs: greedy outputs equal plain decoding's, the speculation counters and the state kept
     per KV slot equal an eager runner's (overlap off: the same plans), and with overlap on rows are
     planned ahead and moved back inside the verify graphs (both draft on the device)."""
     import sys
@@ -110,6 +111,8 @@ def test_hidden_state_drafters_replay_the_captured_graphs(tmp_path, algorithm, f
                                         max_reqs=8, max_model_len=256, **v4, **more))  # fmt: skip
 
     spec = {"speculative_algorithm": algorithm, "speculative_num_draft_tokens": 3}
+    if algorithm == "draft-model":
+        spec["speculative_draft_model_path"] = str(tmp_path)
     plain, eager, graphed = runner(), runner(cuda_graph=False, **spec), runner(**spec)
     assert (
         graphed.graphs is not None and graphed.graphs.verify_graphs and graphed.graphs.hidden_sink is not None
