@@ -135,10 +135,18 @@ class DSparkDrafter(Drafter):
         rows = tables.req_to_token.shape[0]
         self.mask_id = getattr(config, "dspark_noise_token_id", None)
         self.mask_id = config.vocab_size - 1 if self.mask_id is None else self.mask_id
-        tensors = _mtp_tensors(model_path)
-        if tensors and "fc.weight" not in tensors:
-            log.info("the checkpoint's mtp.* tensors are not DSpark's (an MTP block?): random DSpark weights")
-            tensors = {}
+        names = _mtp_names(model_path)
+        if "0.main_proj.weight" in names:
+            raise ValueError(
+                "this checkpoint stores DeepSeek's own DSpark stages (DeepSeek-V4 blocks under mtp.0/1/2, "
+                "as DeepSeek-V4-Flash-0731), which this drafter cannot read yet; it reads DSpark weights in "
+                "its own layout (mtp.fc.weight, mtp.layers.{i}.*, mtp.markov_w1.weight, ...)"
+            )
+        tensors = _mtp_tensors(model_path) if "fc.weight" in names else {}
+        if names and not tensors:
+            log.warning(
+                "the checkpoint's mtp.* tensors are not DSpark's (an MTP block?): random DSpark weights"
+            )
         n_layers = 1 + max((int(k.split(".")[1]) for k in tensors if k.startswith("layers.")), default=0)
         rank = getattr(config, "dspark_markov_rank", None) or min(256, config.hidden_size)
         if "markov_w1.weight" in tensors:
@@ -222,6 +230,17 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+
+
+def _mtp_names(model_path: Path) -> set[str]:
+    """The checkpoint's `mtp.*` tensor names without the prefix, read from the files' headers only."""
+    from safetensors import safe_open
+
+    out: set[str] = set()
+    for f in sorted(Path(model_path).glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            out.update(n[len(PREFIX) :] for n in st.keys() if n.startswith(PREFIX))  # noqa: SIM118
+    return out
 
 
 def _mtp_tensors(model_path: Path) -> dict[str, torch.Tensor]:

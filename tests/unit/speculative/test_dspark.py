@@ -142,3 +142,20 @@ def test_the_confidence_head_decides_how_many_drafts_are_verified(v3, tmp_path):
         got = run(make_runner(tmp_path / name, **DSPARK), batch(False, eos=False))
         drafted[name] = got.stats.spec.drafted
     assert drafted["doubtful"] == 0 < drafted["sure"]
+
+
+def test_deepseeks_own_dspark_stages_are_refused_with_a_clear_error(v3, tmp_path):
+    """A checkpoint with DeepSeek's DSpark stages (V4 blocks under mtp.0/1/2, DeepSeek-V4-Flash-0731) is
+    not silently drafted from random weights: the drafter says it cannot read them."""
+    dst = tmp_path / "stages"
+    dst.mkdir()
+    for f in v3.iterdir():
+        if f.name != "model.safetensors":
+            (dst / f.name).write_bytes(f.read_bytes())
+    t = load_file(v3 / "model.safetensors")
+    d = t["model.norm.weight"].shape[0]
+    t["mtp.0.main_proj.weight"] = torch.zeros(d, 3 * d)
+    t["mtp.2.markov_head.markov_w1.weight"] = torch.zeros(8, 4)
+    save_file(t, dst / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="DeepSeek's own DSpark stages"):
+        make_runner(dst, **DSPARK)
