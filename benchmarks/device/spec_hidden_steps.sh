@@ -3,9 +3,9 @@
 # drafters, which read the target's hidden states and tapped layers, replayed as CUDA graphs (the graphs
 # hand the states over) against the same steps run eagerly (`--cuda-graph both`: graph and eager rows in
 # one process), beside the plain decode step (k=0). A 2-layer DeepSeek-V4-Flash cut with its MTP block
-# (dummy bf16, pages of 128, context 8K, batch 8 and 64): MTP drafts just before each verify step (its
-# catch-up and chain run eagerly, inside the step's time); DSpark (random weights) drafts right after each
-# step, in the step's time too. One process per algorithm (about 40 GB of weights). About 4 minutes.
+# (dummy bf16, pages of 128, context 8K, batch 8 and 64): both drafters draft on the device right after
+# each step (MTP chains its layer k times, DSpark runs its block pass; random weights), inside the step's
+# time. One process per algorithm (about 40 GB of weights). About 4 minutes.
 #   source .gpu/env.sh && bash benchmarks/device/spec_hidden_steps.sh
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"

@@ -72,3 +72,40 @@ def test_indexer_select_on_cuda_picks_the_reference_top_k(monkeypatch) -> None:
         monkeypatch.setattr(INDEX_SCORES, "get", lambda device: load_reference(OP))
         want = indexer.select(x, qr, pos, keys, rope, 1000)
     assert torch.equal(got.sort(1).values, want.sort(1).values)
+
+
+ROW_OP = "row_index_scores"
+
+
+@pytest.mark.parametrize("name", impl_names(ROW_OP))
+@pytest.mark.parametrize(
+    ("rows", "q_len", "context"),
+    [(64, 1, 8192), (64, 4, 8192), (32, 4, 131072), (8, 1, 131072)],
+    ids=["decode-B64-8K", "verify-B64-8K", "verify-B32-128K", "decode-B8-128K"],
+)
+def test_row_scores_at_v4_flash_decode_and_verify_shapes(
+    name: str, rows: int, q_len: int, context: int
+) -> None:
+    """Decode / verify rows of V4-Flash's indexer (64 heads, c 128, rate 4) over their own entries of a
+    shared pool; the rows' lengths spread over the context, so most programs of the short rows skip.
+    Prints the time and the bandwidth of the key rows read."""
+    from runtime.gpu.kernels.index_scores.testing import row_case
+
+    gen = torch.Generator().manual_seed(rows)
+    lengths = torch.randint(context // 2, context - q_len, (rows,), generator=gen).tolist()
+    c = row_case(lengths, q_len, H, C, context // 4, torch.bfloat16, "cuda", seed=rows + q_len)
+    fn = load_impl(ROW_OP, name)
+    want = load_reference(ROW_OP)(*c.args())
+    fn(*c.args())
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    got = fn(*c.args())
+    torch.cuda.synchronize()
+    ms = (time.perf_counter() - t0) * 1e3
+    seen = int(c.visible.view(rows, q_len).amax(1).sum())
+    gbs = seen * C * 2 / (ms * 1e-3) / 1e9
+    ratio = score_ratio(got, want, *TOLERANCE[torch.bfloat16])
+    print(
+        f"\n  {name} B={rows} q_len={q_len} ctx={context}: error {ratio:.3f}x tol, {ms:.3f} ms, {gbs:.0f} GB/s keys"
+    )
+    assert ratio <= 1.0

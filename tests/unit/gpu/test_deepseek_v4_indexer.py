@@ -21,7 +21,8 @@ TOPK, RATE = 5, 4
 
 def dense_select(indexer: Indexer, x, qr, positions, keys, rope) -> torch.Tensor:
     """[L, N] bool: each query's top-k entries among the causal ones, from its scores over all of them."""
-    scores = indexer.scores(x, qr, positions, rope, lambda q: torch.einsum("lhc,nc->lhn", q, keys.float()))
+    q, weights = indexer.queries(x, qr, positions, rope)
+    scores = (torch.einsum("lhc,nc->lhn", q.float(), keys.float()).relu() * weights[..., None]).sum(1)
     causal = torch.arange(keys.shape[0])[None, :] < ((positions + 1) // indexer.rate)[:, None]
     scores = scores.masked_fill(~causal, float("-inf"))
     picked = scores.topk(min(indexer.topk, keys.shape[0]), dim=-1).indices

@@ -635,6 +635,32 @@ def index_scores_fp32_c24_padded_many_blocks():
     return _index(18, 2, 24, 70, torch.float32, prefix=200)  # c padded to 32, 5 entry blocks
 
 
+def _row_index(lengths: list[int], q_len: int, heads: int, dim: int, width: int, dtype) -> float:
+    """Indexer scores of decode / verify rows over their own entries in a shared pool, through a table
+    whose entries past a row's end point outside the pool (never read)."""
+    from runtime.gpu.kernels.index_scores import reference, row_triton
+    from runtime.gpu.kernels.index_scores.testing import row_case, score_ratio
+
+    c = row_case(lengths, q_len, heads, dim, width, dtype, "cpu", seed=len(lengths) + width)
+    want = reference.row_index_scores(*c.args())
+    return score_ratio(row_triton.row_index_scores(*c.args()), want, *_tol(dtype))
+
+
+@case
+def row_index_scores_decode_fp32_short_and_padding_rows():
+    return _row_index([37, 3, -1, 90], 1, 3, 16, 40, torch.float32)  # rows past, inside, before the blocks
+
+
+@case
+def row_index_scores_verify_q4_bf16_c32():
+    return _row_index([100, 14, -4, 61], 4, 5, 32, 48, torch.bfloat16)  # windows closing mid-row; padding
+
+
+@case
+def row_index_scores_verify_q3_fp32_c24_padded_heads():
+    return _row_index([200, 7], 3, 20, 24, 70, torch.float32)  # heads padded to 32, c to 32
+
+
 def _moe_blocks(t: int, k: int, d: int, ep: int, per_rank: int, cap: int, dtype) -> float:
     """Pack, a stand-in for the experts (each row scaled by its weight and its local expert + 1), combine:
     Triton against the reference. Also: every pair took a row of its own in its destination's block (the

@@ -24,7 +24,7 @@ group with the same row at consecutive positions before it (its run; a CUDA grap
   host branch); then it pushes every place's token into its tail;
 - the compressed entries are read in place from the paged pool through req_to_token (entry w of a row
   at `req_to_token[row, w * rate] // rate`), each place's those w < (p + 1) // rate; CSA's narrowed to the
-  Lightning Indexer's top-k (its keys gathered once per group, scored per place);
+  Lightning Indexer's top-k (the `row_index_scores` op: each group's keys read in place, scored per place);
 - one `sparse_attention` call takes the window keys (rings, scratch) as its first source and the entry
   pool as its second.
 
@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 import torch
 
 from runtime.gpu.forward_batch import ForwardBatch
+from runtime.gpu.kernels.index_scores import ROW_INDEX_SCORES
 from runtime.gpu.kernels.sparse_attention import SPARSE_ATTENTION
 from runtime.gpu.models.deepseek_v4.compressor import Compressor, Indexer
 from runtime.gpu.models.deepseek_v4.kv_pool import Tail, V4KVPool, V4Layer
@@ -224,16 +225,11 @@ def select(
 ) -> torch.Tensor:
     """`Indexer.select` for every place over its entries (`meta.entries[rate]`, -1: none) of the key pool
     `keys` -> the top-k each place attends, as entry indices [T, min(top-k, W)] (-1: none; the attention
-    then walks top-k columns, not W). A group's keys are gathered once for its places."""
-    k = keys[meta.groups[rate]].float()  # [B, W, c]
-    q_len, index = meta.q_len, meta.entries[rate]
-
-    def dot(q: torch.Tensor) -> torch.Tensor:  # [T, heads, c] -> [T, heads, W]
-        t, heads, c = q.shape
-        return torch.einsum("bjhc,bwc->bjhw", q.view(-1, q_len, heads, c), k).reshape(t, heads, -1)
-
-    scores = indexer.scores(x, qr, meta.positions, rope, dot)
-    valid = index >= 0
-    scores = scores.masked_fill(~valid, float("-inf"))
+    then walks top-k columns, not W). The `row_index_scores` op reads each group's keys in place through
+    its entry table and sums the heads itself: the largest tensor is the scores [T, W] float32."""
+    index = meta.entries[rate]
+    q, weights = indexer.queries(x, qr, meta.positions, rope)
+    visible = torch.where(meta.in_run.flatten(), (meta.positions + 1) // rate, 0).clamp_(max=index.shape[1])
+    scores = ROW_INDEX_SCORES.get(x.device)(q.to(keys.dtype), weights, keys, meta.groups[rate], visible)
     picked = scores.topk(min(indexer.topk, index.shape[1]), dim=-1).indices
-    return torch.where(valid.gather(1, picked), index.gather(1, picked), -1)
+    return torch.where(scores.gather(1, picked) > float("-inf"), index.gather(1, picked), -1)

@@ -6,12 +6,11 @@ table) at the window's first position. HCA (rate 128) uses disjoint windows. CSA
 `kv_proj` / `gate_proj` give two series [Ca | Cb], and entry w pools Ca of window w-1 with Cb of window
 w (2 * rate slots; window 0's Ca half is empty). The indexer is a CSA compressor at `index_head_dim`
 plus a scorer that picks, per query, the `index_topk` entries CSA attends (`Indexer.select`, in tiles of
-entries with a running top-k, for prefill; `scores` for decode rows, attention_decode.py)."""
+entries with a running top-k, for prefill; decode and verify rows: attention_decode.py's `select`)."""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from runtime.gpu.kernels.index_scores import INDEX_SCORES
@@ -91,13 +90,6 @@ class Indexer(Compressor):
         q = rope(self.q_b_proj(qr).view(-1, self.n_heads, self.dim), positions)
         weights = self.scorer.weights_proj(x).float() * (self.n_heads**-0.5 * self.dim**-0.5)
         return q, weights
-
-    def scores(self, x: torch.Tensor, qr: torch.Tensor, positions: torch.Tensor, rope, dot) -> torch.Tensor:
-        """score[t, w] for queries x [L, D] / qr [L, q_lora_rank] at `positions`: `dot` maps the roped
-        float32 queries [L, heads, c] to their dot products with the keys, [L, heads, N] (each decode
-        row's own keys), -> [L, N] float32."""
-        q, weights = self.queries(x, qr, positions, rope)
-        return (F.relu(dot(q.float())) * weights.unsqueeze(-1)).sum(1)
 
     def select(
         self,
