@@ -12,7 +12,9 @@ request table with the target's slot numbers (so it needs no allocator), plus K 
   L - 1 - `shift` on (its last token, which no forward has fed yet), into the scratch slots (the next
   step completes that entry for real); per-row state the chain overwrites is restored after it.
 Attention is planned from device lengths (`prepare_decode_graph`) wherever the host does not know them,
-so nothing waits for the host and the scheduler plans rows ahead of their verify step's counts.
+so nothing waits for the host and the scheduler plans rows ahead of their verify step's counts; and,
+without per-row state to restore, `observe` replays as CUDA graphs (`graph_safe`; a padding row of a
+graph bucket is row 0 again, which drafts what row 0 drafts into the same scratch slots).
 Confidence: 1 (the policy learns each request's acceptance)."""
 
 from __future__ import annotations
@@ -55,6 +57,11 @@ class ChainDrafter(Drafter):
         # per-row state (V4's ring) that a verify block's entries overwrite: saved before the step
         self.wants_verify_rows = block is not None
         self._saved: tuple[torch.Tensor, object] | None = None
+        # Without such state, `observe` is fixed-shape device work (the chain's attention is planned from
+        # device lengths), so it replays as CUDA graphs (observe_graph.py): K eager layer or model
+        # forwards a step cost hundreds of launches. V4's saved blocks are shaped by each step's verify
+        # rows and held outside any graph's buffers, so its chain stays eager.
+        self.graph_safe = block is None
 
     # ------------------------------------------------------------------ what each drafter does
 
@@ -163,7 +170,9 @@ class ChainDrafter(Drafter):
         k = self.max_draft
         n = self.history.length[rows]
         first = (n - 1 - self.shift).clamp(min=0)  # the entry of the row's last token
-        tok, state = self.history.ids[rows, (n - 1).clamp(min=0)], self.chain_start(rows, first)
+        # (a row with no tokens, a graph bucket's padding row, reads the history's -1: token 0 instead)
+        tok = self.history.ids[rows, (n - 1).clamp(min=0)].clamp(min=0)
+        state = self.chain_start(rows, first)
         saved = self.pool.save_blocks(rows, first, k) if self.wants_verify_rows else None
         no_fed, scratch, tokens = torch.full_like(rows, -1), self.scratch + rows * k, []
         for j in range(k):
