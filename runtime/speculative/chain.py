@@ -8,13 +8,16 @@ request table with the target's slot numbers (so it needs no allocator), plus K 
   p - 1 with token p). A verify block's places after a rejected draft complete wrong entries, in
   positions and slots the row gives up; per-row state they overwrite (DeepSeek-V4's ring) is saved
   before the step (`before_verify`) and restored once the counts are known (`observe`), as the target's.
-- `observe`, right after the step: the row, now L tokens long, drafts K tokens one at a time from entry
-  L - 1 - `shift` on (its last token, which no forward has fed yet), into the scratch slots (the next
-  step completes that entry for real); per-row state the chain overwrites is restored after it.
+- `restore`, right after the step (eager): the saved per-row state of the rejected places, back.
+- `observe`, then: the row, now L tokens long, drafts K tokens one at a time from entry L - 1 - `shift`
+  on (its last token, which no forward has fed yet), into the scratch slots (the next step completes
+  that entry for real); per-row state the chain overwrites is saved and restored inside it.
 Attention is planned from device lengths (`prepare_decode_graph`) wherever the host does not know them,
-so nothing waits for the host and the scheduler plans rows ahead of their verify step's counts; and,
-without per-row state to restore, `observe` replays as CUDA graphs (`graph_safe`; a padding row of a
-graph bucket is row 0 again, which drafts what row 0 drafts into the same scratch slots).
+so nothing waits for the host and the scheduler plans rows ahead of their verify step's counts; and
+`observe` is fixed-shape device work, so it replays as CUDA graphs (`graph_safe`: K eager layer or model
+forwards a step would cost hundreds of launches; a padding row of a graph bucket is row 0 again, which
+drafts what row 0 drafts into the same scratch slots). `restore` stays outside the graphs: what it
+restores was saved before the step, in tensors shaped by that step's verify rows.
 Confidence: 1 (the policy learns each request's acceptance)."""
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from runtime.speculative.drafter import Drafter, Drafts, StepTokens, TokenHistor
 
 class ChainDrafter(Drafter):
     follows_target = True
+    graph_safe = True
     shift = 0  # a token at position p is the drafter's entry p - shift
 
     def __init__(
@@ -57,11 +61,6 @@ class ChainDrafter(Drafter):
         # per-row state (V4's ring) that a verify block's entries overwrite: saved before the step
         self.wants_verify_rows = block is not None
         self._saved: tuple[torch.Tensor, object] | None = None
-        # Without such state, `observe` is fixed-shape device work (the chain's attention is planned from
-        # device lengths), so it replays as CUDA graphs (observe_graph.py): K eager layer or model
-        # forwards a step cost hundreds of launches. V4's saved blocks are shaped by each step's verify
-        # rows and held outside any graph's buffers, so its chain stays eager.
-        self.graph_safe = block is None
 
     # ------------------------------------------------------------------ what each drafter does
 
@@ -105,14 +104,21 @@ class ChainDrafter(Drafter):
         if entries is not None:
             self.complete(entries)
 
+    def restore(self, step: StepTokens) -> None:
+        """The per-row state the last verify block's rejected places overwrote, back."""
+        if self._saved is None:
+            return
+        (rows, saved), self._saved = self._saved, None
+        kept = torch.zeros(self.tables.req_to_token.shape[0], dtype=torch.int64, device=rows.device)
+        kept[step.rows] = step.counts
+        self.pool.restore_rejected(saved, kept[rows])
+
     def observe(self, step: StepTokens) -> Drafts:
         self.history.append(step)
-        self._restore(step)
         return self._draft(step.rows)
 
     def record(self, step: StepTokens) -> None:
         self.history.append(step)
-        self._restore(step)
 
     # ------------------------------------------------------------------ entries
 
@@ -155,15 +161,6 @@ class ChainDrafter(Drafter):
         return entries
 
     # ------------------------------------------------------------------ drafting
-
-    def _restore(self, step: StepTokens) -> None:
-        """The per-row state the last verify block's rejected places overwrote, back."""
-        if self._saved is None:
-            return
-        (rows, saved), self._saved = self._saved, None
-        kept = torch.zeros(self.tables.req_to_token.shape[0], dtype=torch.int64, device=rows.device)
-        kept[step.rows] = step.counts
-        self.pool.restore_rejected(saved, kept[rows])
 
     @torch.inference_mode()
     def _draft(self, rows: torch.Tensor) -> Drafts:

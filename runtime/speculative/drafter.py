@@ -92,6 +92,11 @@ class Drafter(ABC):
         """The request in `row` left."""
         return
 
+    def restore(self, step: StepTokens) -> None:
+        """Right after a step, before `observe` or `record` and outside any CUDA graph: per-row state
+        the step's rejected places overwrote (saved by `before_verify`), back, from its counts."""
+        return
+
     @abstractmethod
     def observe(self, step: StepTokens) -> Drafts:
         """Right after a step: its emitted tokens, and the drafts (or what will be drafted) for its rows."""

@@ -6,7 +6,8 @@ from which no row may verify drafts (`StepPlan.propose`): the lookup's GPU time 
 
 Inputs go through static buffers padded to the bucket: padding rows are row 0 with no tokens (a drafter
 appends nothing for them, and their drafts are sliced away). A drafter opts in with `graph_safe` (its
-observe is device work of fixed shapes for fixed inputs, as the n-gram drafter's is). Off CUDA (or with
+observe is device work of fixed shapes for fixed inputs, as the n-gram drafter's is); its `restore`
+runs before, eagerly (Speculation.propose). Off CUDA (or with
 `capture=False`) the padded path runs eagerly, which is how the CPU tests check it."""
 
 from __future__ import annotations

@@ -96,6 +96,7 @@ class Speculation:
         columns 1..K. Without `draft` (`StepPlan.propose`) it only records them, and there are none."""
         counts = emitted.counts if emitted.counts is not None else torch.ones_like(rows_t)
         step = StepTokens(rows_t, emitted.tokens, counts)
+        self.drafter.restore(step)
         graphs = self.observe_graphs
         if graphs is not None and graphs.fits(len(rows_t)):
             drafts = graphs.observe(step, draft)
