@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from runtime.gpu.kernels.common import dot_precision, next_pow2
+from runtime.gpu.kernels.index_scores.triton import kernel_inputs
 from runtime.gpu.kernels.triton_utils import dot_f32, dot_operand
 
 
@@ -64,19 +65,12 @@ def row_index_scores(
     """`RowIndexScores`."""
     tokens, heads, c = q.shape
     groups, width = table.shape
-    assert groups and tokens % groups == 0, (q.shape, table.shape)
-    assert q.stride(-1) == 1 and keys.shape[1] == c and keys.dtype == q.dtype, (
-        q.shape,
-        keys.shape,
-        keys.dtype,
-    )
-    keys = keys if keys.stride(-1) == 1 else keys.contiguous()
+    keys, weights = kernel_inputs(q, weights, keys)
     table = table if table.stride(-1) == 1 else table.contiguous()
-    weights = weights.float()
-    weights = weights if weights.stride(-1) == 1 else weights.contiguous()
     out = torch.empty(tokens, width, dtype=torch.float32, device=q.device)
     if tokens == 0 or width == 0:
         return out
+    assert tokens % groups == 0, (q.shape, table.shape)
     q_len = tokens // groups
     cuda = q.is_cuda
     block_n = (128 if q.dtype != torch.float32 else 64) if cuda else 16

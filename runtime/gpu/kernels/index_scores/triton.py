@@ -69,18 +69,25 @@ def _index_scores(
     tl.store(out_ptrs, acc, mask=mask_m[:, None] & mask_n[None, :])
 
 
-def index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor):
-    """`IndexScores`."""
-    tokens, heads, c = q.shape
-    n = keys.shape[0]
-    assert q.stride(-1) == 1 and keys.shape[1] == c and keys.dtype == q.dtype, (
+def kernel_inputs(
+    q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """keys and float32 weights with unit last strides, as both indexer kernels read them (q must have one)."""
+    assert q.stride(-1) == 1 and keys.shape[1] == q.shape[2] and keys.dtype == q.dtype, (
         q.shape,
         keys.shape,
         keys.dtype,
     )
-    keys = keys if keys.stride(-1) == 1 else keys.contiguous()
     weights = weights.float()
-    weights = weights if weights.stride(-1) == 1 else weights.contiguous()
+    unit = [t if t.stride(-1) == 1 else t.contiguous() for t in (keys, weights)]
+    return unit[0], unit[1]
+
+
+def index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor):
+    """`IndexScores`."""
+    tokens, heads, c = q.shape
+    n = keys.shape[0]
+    keys, weights = kernel_inputs(q, weights, keys)
     out = torch.empty(tokens, n, dtype=torch.float32, device=q.device)
     if tokens == 0 or n == 0:
         return out
