@@ -10,7 +10,8 @@ only, so its KV lives in the target's slot of position i + 1 (`shift` 1): a radi
 exactly the entries of its own tokens, and a request never writes a slot it shares.
 
 It follows the target on the device (chain.py): the hidden states are kept per KV slot and each token
-of a step completes its entry, inside the target's CUDA graphs too; right after the step, entry L - 2 of
+of a step completes its entry, inside the target's CUDA graphs too (V3: the entry's latent alone,
+`mtp_store_kv`; V4: the whole block); right after the step, entry L - 2 of
 a row now L tokens long (the last accepted position's hidden state, the token the step emitted last)
 predicts the first draft, and each further draft j runs the layer once more at entry L - 2 + j on its
 own previous output and draft j's embedding."""
@@ -63,7 +64,7 @@ class MTPDrafter(ChainDrafter):
 
     def complete(self, entries: ForwardBatch) -> None:
         prev = self.hidden[self.target.req_to_token[entries.token_rows, entries.positions]]
-        self.model.mtp_forward(0, entries.input_ids, prev, entries.positions, entries, self.attn)
+        self.model.mtp_store_kv(0, entries.input_ids, prev, entries.positions, entries, self.attn)
 
     def chain_start(self, rows: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
         return self.hidden[self.target.req_to_token[rows, first]]

@@ -129,3 +129,17 @@ class CausalLM(nn.Module, ABC):
         """MTP layer k on the previous stage's hidden states and the next tokens: its normed hidden
         states (logits through `compute_logits`)."""
         raise NotImplementedError(f"{type(self).__name__} has no MTP layers")
+
+    def mtp_store_kv(
+        self,
+        k: int,
+        next_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        batch: ForwardBatch,
+        attn: AttentionBackend,
+    ) -> None:
+        """MTP layer k's own state (its KV) for these entries, which is all the drafter needs of the
+        tokens the target computes (only the chain reads the layer's output). By default the whole layer
+        (`mtp_forward`, output dropped); a model that can write the KV alone overrides it."""
+        self.mtp_forward(k, next_ids, hidden, positions, batch, attn)

@@ -144,8 +144,7 @@ class DeepseekV3Attention(nn.Module):
         q_nope, q_pe = q.view(-1, self.num_heads, self.nope_dim + self.rope_dim).split(
             [self.nope_dim, self.rope_dim], dim=-1
         )
-        c, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
-        c, k_pe = self.kv_a_layernorm(c), k_pe.unsqueeze(1)
+        c, k_pe = self._kv_parts(x)
         if self.interleave:
             q_pe, k_pe = _deinterleave(q_pe), _deinterleave(k_pe)
         q_pe, k_pe = self.rotary(positions, q_pe, k_pe)
@@ -153,6 +152,20 @@ class DeepseekV3Attention(nn.Module):
         w_uk, w_uv = self.up_projections()
         o = attn.forward_mla(self.layer_id, q_nope, q_pe, latent, w_uk, w_uv, batch)
         return self.o_proj(o.reshape(-1, self.num_heads * self.v_dim))
+
+    def _kv_parts(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The normed latent c [T, r] and the unroped key k_pe [T, 1, dr] of x."""
+        c, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
+        return self.kv_a_layernorm(c), k_pe.unsqueeze(1)
+
+    def kv_latent(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """What the cache holds for x [T, D] at `positions`, [T, 1, r + dr], and nothing of the queries
+        (the MTP drafter's KV-only pass, `DeepseekV3MTPLayer.store_kv`)."""
+        c, k_pe = self._kv_parts(x)
+        if self.interleave:
+            k_pe = _deinterleave(k_pe)
+        _, k_pe = self.rotary(positions, k_pe, k_pe)  # (out of place: k_pe as q too, then dropped)
+        return torch.cat([c.unsqueeze(1), k_pe], dim=-1)
 
     def up_projections(self) -> tuple[torch.Tensor, torch.Tensor]:
         """W_UK [H, dn, r] and W_UV [H, dv, r]: views of kv_b_proj (latent -> per-head k_nope | v)."""
@@ -267,8 +280,19 @@ class DeepseekV3MTPLayer(DeepseekV3DecoderLayer):
         batch: ForwardBatch,
         attn: TorchMLABackend,
     ) -> torch.Tensor:
-        x = self.eh_proj(torch.cat([self.enorm(embeds), self.hnorm(hidden)], dim=-1))
+        x = self._input(embeds, hidden)
         return self.shared_head.norm(*super().forward(x, None, positions, batch, attn))[0]
+
+    def store_kv(
+        self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
+    ) -> None:
+        """The layer's latents for these entries into `batch.kv_pool` (at `batch.out_loc`), and nothing
+        more: no queries, attention, output projection or MoE (which `predict` runs for every entry)."""
+        h = self.input_layernorm(self._input(embeds, hidden))
+        batch.kv_pool.store(self.self_attn.layer_id, batch.out_loc, self.self_attn.kv_latent(h, positions))
+
+    def _input(self, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        return self.eh_proj(torch.cat([self.enorm(embeds), self.hnorm(hidden)], dim=-1))
 
 
 class DeepseekV3Model(nn.Module):
@@ -332,6 +356,17 @@ class DeepseekV3ForCausalLM(CausalLM):
         the next tokens `next_ids` [T]; returns its normed hidden states (logits: `compute_logits`)."""
         embeds = self.model.embed_tokens(next_ids)
         return self.mtp_layers[k].predict(embeds, hidden, positions, batch, attn)
+
+    def mtp_store_kv(
+        self,
+        k: int,
+        next_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        batch: ForwardBatch,
+        attn: TorchMLABackend,
+    ) -> None:
+        self.mtp_layers[k].store_kv(self.model.embed_tokens(next_ids), hidden, positions, batch)
 
     # ------------------------------------------------------------------ KV layout and attention
 
