@@ -1,8 +1,9 @@
 """The EP path at world size 1 on CUDA (`--moe-a2a-backend all_to_all`: the low-latency exchange, whose
 collectives are identities on one rank, captured in the decode CUDA graphs): graph replays decode as the
 plain fused MoE, and at the DeepSeek-V2-Lite shape (dummy bf16, 64 experts) and on a 2-layer slice of
-DeepSeek-V4-Flash (dummy bf16, 256 experts; two layers so that both runners fit one GPU) a decode step
-costs at most 3% more than the plain path's, measured interleaved in one process.
+DeepSeek-V4-Flash (dummy bf16, 256 experts; two layers so that both runners fit one H200) a decode step
+costs at most 3% more than the plain path's, measured interleaved in one process (skipped on GPUs of
+under 100 GiB: both runners do not fit an H100).
 benchmarks/device/ep_world1.sh."""
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ from tests.gpu.test_deepseek_v3_cuda import V2_LITE_SHAPE  # DeepSeek-V2-Lite's 
 pytestmark = pytest.mark.gpu
 
 BUDGET = 1.03  # the EP path's decode step against the plain one
+# both runners of a shape side by side (weights, pools, graphs): they fit an H200 (141 GB); on an H100
+# (80 GB) both shapes ran out of memory (2026-12-07), so the timed cases need this much
+TIMED_CASE_BYTES = 100 << 30
 
 
 def test_ep_path_graphs_decode_as_the_plain_moe(tmp_path):
@@ -74,6 +78,11 @@ SHAPES = {
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("batch", [1, 64])
 def test_ep_path_decode_step_within_budget_of_the_plain_path(tmp_path, batch, shape):
+    total = torch.cuda.get_device_properties(0).total_memory
+    if total < TIMED_CASE_BYTES:
+        pytest.skip(
+            f"two runners of {shape} need about 100 GiB of GPU memory; this GPU has {total >> 30} GiB"
+        )
     preset, config, overrides, page = SHAPES[shape]
     if config is not None:
         (tmp_path / "config.json").write_text(json.dumps(config))
