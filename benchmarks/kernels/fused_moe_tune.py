@@ -1,8 +1,11 @@
-"""Block sizes of the bf16 fused MoE (`fused_moe/triton.py`) swept at decode and verify token counts
-for DeepSeek-V2-Lite's experts (64, top-6, D 2048, I 1408) and V3's (256, top-8, D 7168, I 2048):
-each config timed by CUDA-graph replay of the whole op (layout, gate/up, down, sum), uniform random
-routing, against `choose_config`'s pick. The bandwidth column is over the experts the batch reaches.
-    python -m benchmarks.kernels.fused_moe_tune [--tokens 8,64,256,1024] [--models v2lite,v3]"""
+"""Block sizes of the fused MoE (`fused_moe/triton.py`) swept at decode and verify token counts for
+DeepSeek-V2-Lite's experts (64, top-6, D 2048, I 1408) and V3's (256, top-8, D 7168, I 2048) in bf16,
+and V4-Flash's (256, top-6, D 4096, I 2048) as stored (`v4`: packed FP4 with a UE8M0 scale per 32,
+random codes; both forms of the FP4 K step, `MoEConfig.fp4_group_dots`): each config timed by
+CUDA-graph replay of the whole op (layout, gate/up, down, sum), uniform random routing, against
+`choose_config`'s pick. The bandwidth column is over the weight (and scale) bytes of the experts the
+batch reaches.
+    python -m benchmarks.kernels.fused_moe_tune [--tokens 8,64,256,1024] [--models v2lite,v3,v4]"""
 
 from __future__ import annotations
 
@@ -14,14 +17,35 @@ import torch
 
 from benchmarks.kernels.timing import ceilings
 from runtime.gpu.kernels.fused_moe.triton import MoEConfig, choose_config, fused_moe
+from runtime.gpu.quant import fp4 as fp4_quant
 
-MODELS = {"v2lite": (64, 6, 2048, 1408), "v3": (256, 8, 7168, 2048)}
-SPACE = [
-    MoEConfig(bm, bn, bk, warps, stages)
-    for bm, bn, bk, (warps, stages) in itertools.product(
-        (16, 32, 64, 128), (64, 128, 256), (64, 128), ((4, 3), (4, 4), (8, 3), (8, 4))
-    )
+MODELS = {"v2lite": (64, 6, 2048, 1408), "v3": (256, 8, 7168, 2048), "v4": (256, 6, 4096, 2048)}
+FP4_MODELS = {"v4"}
+_TILES = list(
+    itertools.product((16, 32, 64, 128), (64, 128, 256), (64, 128), ((4, 3), (4, 4), (8, 3), (8, 4)))
+)
+SPACE = [MoEConfig(bm, bn, bk, warps, stages) for bm, bn, bk, (warps, stages) in _TILES]
+FP4_SPACE = [
+    MoEConfig(bm, bn, bk, warps, stages, fp4_group_dots=grouped)
+    for (bm, bn, bk, (warps, stages)), grouped in itertools.product(_TILES, (False, True))
 ]
+
+
+def _experts(e: int, d: int, i: int, fp4: bool, dev: torch.device) -> tuple[torch.Tensor, ...]:
+    """(w13, w2, w13 scales, w2 scales): bf16 normal weights, or random e2m1 codes with scale bytes
+    near 2^-3 (scales None for bf16)."""
+    if not fp4:
+        w13 = torch.empty(e, 2 * i, d, device=dev, dtype=torch.bfloat16).normal_(0, d**-0.5)
+        w2 = torch.empty(e, d, i, device=dev, dtype=torch.bfloat16).normal_(0, i**-0.5)
+        return w13, w2, None, None
+    group = fp4_quant.GROUP
+
+    def packed(rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+        codes = torch.randint(0, 256, (e, rows, cols // 2), device=dev, dtype=torch.uint8)
+        return codes, torch.randint(120, 126, (e, rows, cols // group), device=dev, dtype=torch.uint8)
+
+    (w13, s13), (w2, s2) = packed(2 * i, d), packed(d, i)
+    return w13, w2, s13, s2
 
 
 def replay_us(fn, reps: int = 20) -> float:  # noqa: ANN001
@@ -57,27 +81,29 @@ def main() -> None:
     print(f"copy ceiling {copy / 1e9:.0f} GB/s")
     for model in args.models.split(","):
         e, k, d, i = MODELS[model]
-        w13 = torch.empty(e, 2 * i, d, device=dev, dtype=torch.bfloat16).normal_(0, d**-0.5)
-        w2 = torch.empty(e, d, i, device=dev, dtype=torch.bfloat16).normal_(0, i**-0.5)
+        fp4 = model in FP4_MODELS
+        w13, w2, s13, s2 = _experts(e, d, i, fp4, dev)
+        per_expert = 3 * d * i * 2 if not fp4 else 3 * d * i // 2 * (1 + 2 / fp4_quant.GROUP)
         for tokens in (int(t) for t in args.tokens.split(",")):
             g = torch.Generator(device=dev).manual_seed(tokens)
             x = torch.randn(tokens, d, device=dev, generator=g).to(torch.bfloat16)
             ids = torch.rand(tokens, e, device=dev, generator=g).topk(k, -1).indices
             topk_w = torch.rand(tokens, k, device=dev, generator=g)
             reached = ids.unique().numel()
-            touched = reached * 3 * d * i * 2  # weight bytes of the experts reached
-            want = fused_moe(x, w13, w2, topk_w, ids)
+            touched = reached * per_expert  # weight (and scale) bytes of the experts reached
+            op = functools.partial(fused_moe, x, w13, w2, topk_w, ids, w13_scale=s13, w2_scale=s2)
+            want = op()
             default = choose_config(tokens * k, e, dev, torch.bfloat16)
             results = []
-            for cfg in SPACE:
+            for cfg in FP4_SPACE if fp4 else SPACE:
                 if cfg.block_m not in block_ms and cfg != default:
                     continue
                 try:
-                    got = fused_moe(x, w13, w2, topk_w, ids, config=cfg)
+                    got = op(config=cfg)
                     if not torch.allclose(got.float(), want.float(), atol=2e-2, rtol=2e-2):
                         print(f"  {cfg}: WRONG", flush=True)
                         continue
-                    us = replay_us(functools.partial(fused_moe, x, w13, w2, topk_w, ids, config=cfg))
+                    us = replay_us(functools.partial(op, config=cfg))
                 except Exception as exc:  # noqa: BLE001 - out of shared memory: skip the config
                     if "OutOfResources" not in type(exc).__name__ and "shared memory" not in str(exc):
                         raise
@@ -92,7 +118,7 @@ def main() -> None:
                     f"  {us:8.1f} us {touched / us / 1e3:6.0f} GB/s ({touched / us / copy * 1e8:.0f}% of copy) {cfg}"
                 )
             torch.cuda.empty_cache()
-        del w13, w2
+        del w13, w2, s13, s2
 
 
 if __name__ == "__main__":

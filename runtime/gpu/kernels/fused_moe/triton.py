@@ -53,6 +53,7 @@ class MoEConfig:
     block_k: int
     num_warps: int = 4
     num_stages: int = 3
+    fp4_group_dots: bool = False  # FP4 experts: a pair of dots per scale group (triton_fp4.py)
 
 
 def choose_config(

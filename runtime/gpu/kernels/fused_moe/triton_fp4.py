@@ -12,7 +12,15 @@ in bf16, so the dots see exactly the reference's dequantized weights: only the o
 accumulation differs. The activations are never quantized (W4A16), so no quantizer launches either.
 
 At decode the grid is a few programs per touched expert and the step is a stream of packed bytes; the
-unpacking is a handful of integer ops per weight on the CUDA cores, in the shadow of the loads."""
+unpacking is a handful of integer ops per weight on the CUDA cores, which on an H100 bound the kernels
+at about a quarter of the copy bandwidth (docs/PERF.md, V4-Flash as stored).
+
+`MoEConfig.fp4_group_dots` picks a leaner form of each K step: one pair of dots per scale group (16
+bytes a weight row) whose float32 partial is multiplied by the group's scale per column, so a weight
+costs its bit placement and one conversion (no float32 round trip, no scale multiply, no scale byte
+loaded per weight). Same values (the scales are powers of two), another accumulation order. Off by
+default until timed against the per-weight form on the device (benchmarks/kernels/fused_moe_tune.py
+--models v4 sweeps both)."""
 
 from __future__ import annotations
 
@@ -34,6 +42,40 @@ def _e2m1(code):
 
 
 @triton.jit
+def _e2m1_2m14(code):
+    """e2m1 codes (int32, 0..15) -> their values times 2^-14, as float16 (the bits placed, nothing else)."""
+    bits = ((code & 8) << 12) | ((code & 7) << 9)
+    return bits.to(tl.uint16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _fp4_groups(
+    acc, x_rows, x_valid, w_cols, s_cols, k0, K, mask_n,
+    BLOCK_K: tl.constexpr, GROUP: tl.constexpr, DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr,
+):  # fmt: skip
+    """acc + x @ W for one K step as BLOCK_K // GROUP scale groups: per group the even and odd columns
+    of x ([BLOCK_M, GROUP / 2] from the row pointers x_rows [BLOCK_M, 1]) meet the low and high nibbles
+    of its bytes ([GROUP / 2, BLOCK_N] from the column pointers w_cols [1, BLOCK_N]) in two dots, and
+    the float32 partial takes the group's scale per column (bytes at s_cols [BLOCK_N]) times 2^14."""
+    offs_g = tl.arange(0, GROUP // 2)
+    for g in tl.static_range(BLOCK_K // GROUP):
+        kk = k0 + g * GROUP
+        mj = offs_g < (K - kk) // 2
+        xm = x_valid[:, None] & mj[None, :]
+        x_even = tl.load(x_rows + kk + 2 * offs_g[None, :], mask=xm, other=0.0)
+        x_odd = tl.load(x_rows + kk + 1 + 2 * offs_g[None, :], mask=xm, other=0.0)
+        packed = tl.load(w_cols + kk // 2 + offs_g[:, None], mask=mj[:, None] & mask_n[None, :], other=0)
+        packed = packed.to(tl.int32)
+        lo = _e2m1_2m14(packed & 15).to(x_even.dtype)
+        hi = _e2m1_2m14((packed >> 4) & 15).to(x_even.dtype)
+        part = tl.dot(dot_operand(x_even, DOT_F32), dot_operand(lo, DOT_F32), input_precision=DOT_PREC)
+        part = tl.dot(dot_operand(x_odd, DOT_F32), dot_operand(hi, DOT_F32), part, input_precision=DOT_PREC)
+        s = tl.load(s_cols + kk // GROUP, mask=mask_n, other=127).to(tl.int32)
+        acc += part * ((s << 23).to(tl.float32, bitcast=True) * 16384.0)[None, :]
+    return acc
+
+
+@triton.jit
 def _fp4_step(acc, x_even, x_odd, w_ptrs, s_ptrs, mask, DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr):
     """acc + x @ W for one K step: packed bytes [BLOCK_K/2, BLOCK_N] at w_ptrs, their groups' scale
     bytes at s_ptrs (same shape: a byte's group, per column), x split into even and odd columns."""
@@ -52,7 +94,7 @@ def _gate_up_swiglu_fp4(
     stride_xm, stride_we, stride_wn, stride_wse, stride_wsn, stride_hm,
     TOPK: tl.constexpr, HAS_LIMIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
-    DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr,
+    DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr, GROUP_DOTS: tl.constexpr,
 ):  # fmt: skip
     """`triton._gate_up_swiglu` on packed W [E, 2N, K/2] with scale bytes WS [E, 2N, K/32]."""
     b = tl.program_id(0)
@@ -69,14 +111,27 @@ def _gate_up_swiglu_fp4(
     us_ptrs = gs_ptrs + N * stride_wsn
     acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        mj = offs_j < (K - k0) // 2
-        x_even = tl.load(x_ptrs + k0, mask=valid[:, None] & mj[None, :], other=0.0)
-        x_odd = tl.load(x_ptrs + k0 + 1, mask=valid[:, None] & mj[None, :], other=0.0)
-        mask = mj[:, None] & mask_n[None, :]
-        wk, sk = k0 // 2, k0 // GROUP
-        acc_g = _fp4_step(acc_g, x_even, x_odd, g_ptrs + wk, gs_ptrs + sk, mask, DOT_PREC, DOT_F32)
-        acc_u = _fp4_step(acc_u, x_even, x_odd, u_ptrs + wk, us_ptrs + sk, mask, DOT_PREC, DOT_F32)
+    if GROUP_DOTS:
+        x_rows = X + tok[:, None] * stride_xm
+        g_cols = W + e * stride_we + rows * stride_wn
+        gs_cols = WS + e * stride_wse + offs_n.to(tl.int64) * stride_wsn
+        for k0 in range(0, K, BLOCK_K):
+            acc_g = _fp4_groups(
+                acc_g, x_rows, valid, g_cols, gs_cols, k0, K, mask_n, BLOCK_K, GROUP, DOT_PREC, DOT_F32
+            )
+            acc_u = _fp4_groups(
+                acc_u, x_rows, valid, g_cols + N * stride_wn, gs_cols + N * stride_wsn, k0, K, mask_n,
+                BLOCK_K, GROUP, DOT_PREC, DOT_F32,
+            )  # fmt: skip
+    else:
+        for k0 in range(0, K, BLOCK_K):
+            mj = offs_j < (K - k0) // 2
+            x_even = tl.load(x_ptrs + k0, mask=valid[:, None] & mj[None, :], other=0.0)
+            x_odd = tl.load(x_ptrs + k0 + 1, mask=valid[:, None] & mj[None, :], other=0.0)
+            mask = mj[:, None] & mask_n[None, :]
+            wk, sk = k0 // 2, k0 // GROUP
+            acc_g = _fp4_step(acc_g, x_even, x_odd, g_ptrs + wk, gs_ptrs + sk, mask, DOT_PREC, DOT_F32)
+            acc_u = _fp4_step(acc_u, x_even, x_odd, u_ptrs + wk, us_ptrs + sk, mask, DOT_PREC, DOT_F32)
     store_swiglu(acc_g, acc_u, limit, H, offs_m, offs_n, stride_hm, valid, mask_n, HAS_LIMIT)
 
 
@@ -86,7 +141,7 @@ def _down_weighted_fp4(
     num_pairs, N, K,
     stride_hm, stride_we, stride_wn, stride_wse, stride_wsn, stride_ym,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
-    DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr,
+    DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr, GROUP_DOTS: tl.constexpr,
 ):  # fmt: skip
     """`triton._down_weighted` on packed W [E, N, K/2] with scale bytes WS [E, N, K/32]."""
     b = tl.program_id(0)
@@ -99,12 +154,23 @@ def _down_weighted_fp4(
     w_ptrs = W + e * stride_we + rows * stride_wn + offs_j[:, None]
     s_ptrs = WS + e * stride_wse + rows * stride_wsn + offs_j[:, None] // (GROUP // 2)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        mj = offs_j < (K - k0) // 2
-        h_even = tl.load(h_ptrs + k0, mask=valid[:, None] & mj[None, :], other=0.0)
-        h_odd = tl.load(h_ptrs + k0 + 1, mask=valid[:, None] & mj[None, :], other=0.0)
-        mask = mj[:, None] & mask_n[None, :]
-        acc = _fp4_step(acc, h_even, h_odd, w_ptrs + k0 // 2, s_ptrs + k0 // GROUP, mask, DOT_PREC, DOT_F32)
+    if GROUP_DOTS:
+        h_rows = H + offs_m[:, None].to(tl.int64) * stride_hm
+        w_cols = W + e * stride_we + rows * stride_wn
+        s_cols = WS + e * stride_wse + offs_n.to(tl.int64) * stride_wsn
+        for k0 in range(0, K, BLOCK_K):
+            acc = _fp4_groups(
+                acc, h_rows, valid, w_cols, s_cols, k0, K, mask_n, BLOCK_K, GROUP, DOT_PREC, DOT_F32
+            )
+    else:
+        for k0 in range(0, K, BLOCK_K):
+            mj = offs_j < (K - k0) // 2
+            h_even = tl.load(h_ptrs + k0, mask=valid[:, None] & mj[None, :], other=0.0)
+            h_odd = tl.load(h_ptrs + k0 + 1, mask=valid[:, None] & mj[None, :], other=0.0)
+            mask = mj[:, None] & mask_n[None, :]
+            acc = _fp4_step(
+                acc, h_even, h_odd, w_ptrs + k0 // 2, s_ptrs + k0 // GROUP, mask, DOT_PREC, DOT_F32
+            )
     acc = acc * tl.load(TopkW + pair, mask=valid, other=0.0)[:, None]
     y_ptrs = Y + pair[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
     tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=valid[:, None] & mask_n[None, :])
@@ -115,7 +181,7 @@ def launch_fp4(x, w13, w2, h, y, weights, lay: MoELayout, cfg, topk: int, limit:
     assert cfg.block_k % GROUP == 0, "a K step is whole scale groups"
     (w13_s, w2_s), inter, hidden = scales, h.shape[1], y.shape[1]
     common = dict(GROUP=GROUP, DOT_PREC=dot_precision(x.dtype), DOT_F32=dot_f32(x), num_warps=cfg.num_warps,
-                  num_stages=cfg.num_stages)  # fmt: skip
+                  num_stages=cfg.num_stages, GROUP_DOTS=cfg.fp4_group_dots)  # fmt: skip
     half = cfg.block_n // 2
     _gate_up_swiglu_fp4[(lay.max_blocks, triton.cdiv(inter, half))](
         x, w13, w13_s, h, lay.sorted_pairs, lay.block_expert, lay.num_rows,
