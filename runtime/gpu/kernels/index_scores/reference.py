@@ -15,34 +15,36 @@ _CHUNK_ELEMS = 1 << 26  # float32 scores per head chunk (256 MB)
 
 def index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor):
     """`IndexScores`."""
-    tokens, heads, _ = q.shape
-    n = keys.shape[0]
     k = keys.float()
-    chunk = max(1, _CHUNK_ELEMS // max(1, tokens * n))
-    out = torch.zeros(tokens, n, dtype=torch.float32, device=q.device)
-    for h0 in range(0, heads, chunk):
-        h1 = min(heads, h0 + chunk)
-        out += (F.relu(torch.einsum("thc,nc->thn", q[:, h0:h1].float(), k)) * weights[:, h0:h1, None]).sum(1)
-    hidden = torch.arange(n, device=q.device)[None, :] >= visible[:, None]
-    return out.masked_fill(hidden, float("-inf"))
+    return _masked_head_sum(q, weights, k.shape[0], visible, lambda qh: torch.einsum("thc,nc->thn", qh, k))
 
 
 def row_index_scores(
     q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, table: torch.Tensor, visible: torch.Tensor
 ):
-    """`RowIndexScores`: each group's keys gathered ([G, W, c] float32), then `index_scores`' sum per
+    """`RowIndexScores`: each group's keys gathered ([G, W, c] float32), then the same head sum per
     group; table entries past a group's largest visible read row 0 instead."""
-    tokens, heads, c = q.shape
     groups, width = table.shape
-    q_len = tokens // max(1, groups)
+    q_len = q.shape[0] // max(1, groups)
     seen = visible.view(groups, q_len).amax(1)
     w = torch.arange(width, device=q.device)
-    rows = torch.where(w[None, :] < seen[:, None], table.long(), 0)
-    k = keys[rows].float()  # [G, W, c]
+    k = keys[torch.where(w[None, :] < seen[:, None], table.long(), 0)].float()  # [G, W, c]
+
+    def dots(qh: torch.Tensor) -> torch.Tensor:  # [T, h, c] -> [T, h, W], each group's own keys
+        t, h, c = qh.shape
+        return torch.einsum("gjhc,gwc->gjhw", qh.view(groups, q_len, h, c), k).reshape(t, h, width)
+
+    return _masked_head_sum(q, weights, width, visible, dots)
+
+
+def _masked_head_sum(q, weights, width: int, visible: torch.Tensor, dots) -> torch.Tensor:  # noqa: ANN001
+    """sum_h weights[t, h] ReLU(dots(q)[t, h, n]) over [T, width] entries, heads a chunk at a time
+    (`dots` maps float32 q [T, h, c] to [T, h, width]), -inf where n >= visible[t]."""
+    tokens, heads, _ = q.shape
     chunk = max(1, _CHUNK_ELEMS // max(1, tokens * width))
     out = torch.zeros(tokens, width, dtype=torch.float32, device=q.device)
     for h0 in range(0, heads, chunk):
         h1 = min(heads, h0 + chunk)
-        dots = torch.einsum("gjhc,gwc->gjhw", q[:, h0:h1].float().view(groups, q_len, h1 - h0, c), k)
-        out += (F.relu(dots.reshape(tokens, h1 - h0, width)) * weights[:, h0:h1, None]).sum(1)
-    return out.masked_fill(w[None, :] >= visible[:, None], float("-inf"))
+        out += (F.relu(dots(q[:, h0:h1].float())) * weights[:, h0:h1, None]).sum(1)
+    hidden = torch.arange(width, device=q.device)[None, :] >= visible[:, None]
+    return out.masked_fill(hidden, float("-inf"))

@@ -61,6 +61,7 @@ class DecodeMeta:
     in_run: torch.Tensor  # [B, q_len] bool: place j continues place 0's run (the group's row's new tokens)
     groups: dict[int, torch.Tensor]  # rate -> [B, W] entry-pool index of window w of group b's row
     entries: dict[int, torch.Tensor]  # rate -> [T, W] int32: groups' row for each place, -1 past its own
+    seen: dict[int, torch.Tensor]  # rate -> [T]: the entries each place sees (its row's first ones)
     # `closing`'s tensors by (rate, tail length), computed by the step's first layer that needs them
     closing: dict[tuple[int, int], tuple[torch.Tensor, ...]] = field(default_factory=dict)
 
@@ -106,7 +107,7 @@ def prepare(
     key_pos = torch.where(later, key_pos - window, key_pos)
     window_index = torch.where(key_pos >= lowest[:, None], torch.where(later, scratch, ring), -1).int()
     group_rows, in_run = grid_rows[:, 0], run[:, :, 0]
-    groups, entries = {}, {}
+    groups, entries, seen = {}, {}, {}
     for rate in cache.rates:
         if max_seq_len is None:
             width = max((p + n) // rate for p, n in zip(batch.prefix_lens, batch.extend_lens, strict=True))
@@ -114,10 +115,12 @@ def prepare(
             width = max_seq_len // rate
         w = torch.arange(width, device=device)
         index = batch.req_to_token[group_rows[:, None], w * rate] // rate
-        visible = (w[None, :] < ((pos + 1) // rate)[:, None]) & in_run.flatten()[:, None]
+        seen[rate] = torch.where(in_run.flatten(), (pos + 1) // rate, 0).clamp_(max=width)
         groups[rate] = index
-        entries[rate] = torch.where(visible, index.repeat_interleave(q_len, 0), -1).int()
-    return DecodeMeta(q_len, rows, pos, window_index, group_rows, in_run, groups, entries)
+        entries[rate] = torch.where(
+            w[None, :] < seen[rate][:, None], index.repeat_interleave(q_len, 0), -1
+        ).int()
+    return DecodeMeta(q_len, rows, pos, window_index, group_rows, in_run, groups, entries, seen)
 
 
 def forward(
@@ -229,7 +232,8 @@ def select(
     its entry table and sums the heads itself: the largest tensor is the scores [T, W] float32."""
     index = meta.entries[rate]
     q, weights = indexer.queries(x, qr, meta.positions, rope)
-    visible = torch.where(meta.in_run.flatten(), (meta.positions + 1) // rate, 0).clamp_(max=index.shape[1])
-    scores = ROW_INDEX_SCORES.get(x.device)(q.to(keys.dtype), weights, keys, meta.groups[rate], visible)
+    scores = ROW_INDEX_SCORES.get(x.device)(
+        q.to(keys.dtype), weights, keys, meta.groups[rate], meta.seen[rate]
+    )
     picked = scores.topk(min(indexer.topk, index.shape[1]), dim=-1).indices
     return torch.where(scores.gather(1, picked) > float("-inf"), index.gather(1, picked), -1)
