@@ -32,8 +32,8 @@ FP4_SPACE = [
 
 
 def _experts(e: int, d: int, i: int, fp4: bool, dev: torch.device) -> tuple[torch.Tensor, ...]:
-    """(w13, w2, w13 scales, w2 scales): bf16 normal weights, or random e2m1 codes with scale bytes
-    near 2^-3 (scales None for bf16)."""
+    """(w13, w2, w13 scales, w2 scales): bf16 normal weights, or random e2m1 codes with scales of
+    2^-7 to 2^-2 (scales None for bf16)."""
     if not fp4:
         w13 = torch.empty(e, 2 * i, d, device=dev, dtype=torch.bfloat16).normal_(0, d**-0.5)
         w2 = torch.empty(e, d, i, device=dev, dtype=torch.bfloat16).normal_(0, i**-0.5)
