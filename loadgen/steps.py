@@ -103,8 +103,8 @@ def add_args(p) -> None:
     p.add_argument("--steps", type=int, default=10, help="timed steps per point (median reported)")
     p.add_argument("--warmup-steps", type=int, default=2)
     p.add_argument("--profile-steps", type=int, default=0,
-                   help="after each decode point's timed steps, run this many more under the torch profiler "
-                   "and print the kernels' device time per step (CUDA)")  # fmt: skip
+                   help="after each decode or prefill point's timed steps, run this many more under the torch "
+                   "profiler and print the kernels' device time per step (CUDA)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--page-size", type=int, default=1,
                    help="KV pool page size: each decode row's slots start on a page (MLA reads whole "
@@ -429,11 +429,15 @@ class _Bench:
         c, base = self.args.prefill_context, self.first_slot  # position p at slot base + p
         self._register([1], {1: list(range(base, base + c))})
         plans = []
-        for _ in range(self.args.warmup_steps + self.args.steps):  # the same chunk, rewritten each time
+        timed = self.args.warmup_steps + self.args.steps
+        for _ in range(timed + self.args.profile_steps):  # the same chunk, rewritten each time
             plans.append(self._plan(rows=[1], prefix_lens=[c], extend_lens=[n], use_last=[False],
                                     input_ids=self._ids(n), out_loc=list(range(base + c, base + c + n)),
                                     sample=[True]))  # fmt: skip
+        plans, profiled = plans[:timed], plans[timed:]
         t = self._time(plans)
+        if profiled:
+            self._profile(profiled, f"prefill N={n} C={c}")
         from runtime.gpu.layers.expert_parallel import timed_exchanges
 
         with timed_exchanges() as a2a:

@@ -28,6 +28,12 @@ def forced_kernel(op: str) -> str | None:
     return os.environ.get(f"CONDUIT_KERNEL_{op.upper()}")
 
 
+def fp4_moe_step() -> str | None:
+    """$CONDUIT_FP4_MOE_STEP=form forces the FP4 experts' K-step form (`fused_moe.triton_fp4.FP4_STEPS`)
+    over `choose_config`'s pick, for comparisons in one call."""
+    return os.environ.get("CONDUIT_FP4_MOE_STEP") or None
+
+
 def step_trace_path() -> str | None:
     """$CONDUIT_STEP_TRACE=file: the scheduler appends a JSON line per step (rows, decode rows, prefill
     tokens, device start and end), for finding where a benchmark's time goes."""

@@ -9,9 +9,9 @@ dir=$(results fused_moe)
 describe_machine "$dir"
 $PY -m benchmarks.kernels.ops --ops fused_moe 2>&1 | tee "$dir/bench.txt"
 $PY -m benchmarks.kernels.moe_layout 2>&1 | tee "$dir/layout.txt"
-# TUNE_FP4=1: V4-Flash's FP4 experts, both forms of the K step (MoEConfig.fp4_group_dots) over the tiles
+# TUNE_FP4=1: V4-Flash's FP4 experts, the forms of the K step (MoEConfig.fp4_step) over the tiles
 # at decode and verify token counts (docs/PERF.md "DeepSeek-V4-Flash as stored"). About 6 minutes more.
 if [ "${TUNE_FP4:-0}" = 1 ]; then
   $PY -m benchmarks.kernels.fused_moe_tune --models v4 --tokens ${TOKENS:-8,64,256} --block-m ${BLOCK_M:-16,32} \
-    2>&1 | tee "$dir/tune_fp4.txt"
+    --fp4-steps ${FP4_STEPS:-values,groups,scaled,asm,asm_t} 2>&1 | tee "$dir/tune_fp4.txt"
 fi

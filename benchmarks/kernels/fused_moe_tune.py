@@ -1,7 +1,7 @@
 """Block sizes of the fused MoE (`fused_moe/triton.py`) swept at decode and verify token counts for
 DeepSeek-V2-Lite's experts (64, top-6, D 2048, I 1408) and V3's (256, top-8, D 7168, I 2048) in bf16,
 and V4-Flash's (256, top-6, D 4096, I 2048) as stored (`v4`: packed FP4 with a UE8M0 scale per 32,
-random codes; both forms of the FP4 K step, `MoEConfig.fp4_group_dots`): each config timed by
+random codes; every form of the FP4 K step, `MoEConfig.fp4_step`): each config timed by
 CUDA-graph replay of the whole op (layout, gate/up, down, sum), uniform random routing, against
 `choose_config`'s pick. The bandwidth column is over the weight (and scale) bytes of the experts the
 batch reaches.
@@ -17,6 +17,7 @@ import torch
 
 from benchmarks.kernels.timing import ceilings
 from runtime.gpu.kernels.fused_moe.triton import MoEConfig, choose_config, fused_moe
+from runtime.gpu.kernels.fused_moe.triton_fp4 import FP4_STEPS
 from runtime.gpu.quant import fp4 as fp4_quant
 
 MODELS = {"v2lite": (64, 6, 2048, 1408), "v3": (256, 8, 7168, 2048), "v4": (256, 6, 4096, 2048)}
@@ -26,8 +27,8 @@ _TILES = list(
 )
 SPACE = [MoEConfig(bm, bn, bk, warps, stages) for bm, bn, bk, (warps, stages) in _TILES]
 FP4_SPACE = [
-    MoEConfig(bm, bn, bk, warps, stages, fp4_group_dots=grouped)
-    for (bm, bn, bk, (warps, stages)), grouped in itertools.product(_TILES, (False, True))
+    MoEConfig(bm, bn, bk, warps, stages, fp4_step=step)
+    for (bm, bn, bk, (warps, stages)), step in itertools.product(_TILES, FP4_STEPS)
 ]
 
 
@@ -74,8 +75,10 @@ def main() -> None:
     p.add_argument("--tokens", default="8,64,256,1024")
     p.add_argument("--models", default="v2lite,v3")
     p.add_argument("--block-m", default="16,32,64,128", help="the block_m values swept")
+    p.add_argument("--fp4-steps", default=",".join(FP4_STEPS), help="the FP4 K-step forms swept")
     args = p.parse_args()
     block_ms = {int(b) for b in args.block_m.split(",")}
+    steps = set(args.fp4_steps.split(","))
     dev = torch.device("cuda")
     copy = ceilings(dev, small=False)[0]
     print(f"copy ceiling {copy / 1e9:.0f} GB/s")
@@ -93,10 +96,10 @@ def main() -> None:
             touched = reached * per_expert  # weight (and scale) bytes of the experts reached
             op = functools.partial(fused_moe, x, w13, w2, topk_w, ids, w13_scale=s13, w2_scale=s2)
             want = op()
-            default = choose_config(tokens * k, e, dev, torch.bfloat16)
+            default = choose_config(tokens * k, e, dev, torch.bfloat16, fp4=fp4)
             results = []
             for cfg in FP4_SPACE if fp4 else SPACE:
-                if cfg.block_m not in block_ms and cfg != default:
+                if cfg != default and (cfg.block_m not in block_ms or (fp4 and cfg.fp4_step not in steps)):
                     continue
                 try:
                     got = op(config=cfg)
@@ -104,9 +107,9 @@ def main() -> None:
                         print(f"  {cfg}: WRONG", flush=True)
                         continue
                     us = replay_us(functools.partial(op, config=cfg))
-                except Exception as exc:  # noqa: BLE001 - out of shared memory: skip the config
+                except Exception as exc:  # noqa: BLE001 - out of shared memory, or a tile the form can't take
                     if "OutOfResources" not in type(exc).__name__ and "shared memory" not in str(exc):
-                        raise
+                        print(f"  {cfg}: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}", flush=True)
                     continue
                 results.append((us, cfg))
             results.sort(key=lambda r: r[0])

@@ -170,11 +170,11 @@ def test_fused_moe_fp8_matches_reference(fp8_weights, shape, tokens, limit):
     [("v4flash", 1, 10.0), ("v4flash", 64, 10.0), ("v4flash", 512, None), ("v4flash", 4096, None),
      ("ragged32", 33, 0.7)],
 )  # fmt: skip
-@pytest.mark.parametrize("group_dots", [False, True], ids=["per-weight-scales", "group-dots"])
-def test_fused_moe_fp4_matches_reference(fp4_weights, shape, tokens, limit, group_dots):
+@pytest.mark.parametrize("step", ["values", "groups", "scaled", "asm", "asm_t"])
+def test_fused_moe_fp4_matches_reference(fp4_weights, shape, tokens, limit, step):
     """W4A16: both sides multiply bf16 activations by the same dequantized weights (exact in bf16);
-    only the float32 accumulation order differs, so the bf16 tolerance holds. Both forms of the K step
-    (`MoEConfig.fp4_group_dots`), at `choose_config`'s tiles."""
+    only the float32 accumulation order differs, so the bf16 tolerance holds. Every form of the K step
+    (`MoEConfig.fp4_step`), at `choose_config`'s tiles."""
     from dataclasses import replace
 
     from runtime.gpu.kernels.fused_moe.triton import choose_config
@@ -183,7 +183,7 @@ def test_fused_moe_fp4_matches_reference(fp4_weights, shape, tokens, limit, grou
     w13, w2, s13, s2 = fp4_weights(shape)
     x = torch.randn(tokens, d, device="cuda").to(torch.bfloat16)
     topk_w, ids = _routing(tokens, e, k, seed=tokens)
-    cfg = replace(choose_config(tokens * k, e, x.device, x.dtype), fp4_group_dots=group_dots)
+    cfg = replace(choose_config(tokens * k, e, x.device, x.dtype), fp4_step=step)
     scales = dict(w13_scale=s13, w2_scale=s2)
     got = _impl("triton")(x, w13, w2, topk_w, ids, limit, **scales, config=cfg)
     want = _impl("reference")(x, w13, w2, topk_w, ids, limit, **scales)
@@ -196,7 +196,7 @@ def test_fused_moe_fp4_matches_reference(fp4_weights, shape, tokens, limit, grou
     touched = ids.unique().numel()
     gbytes = touched * 3 * d * i * (0.5 + 1 / fp4.GROUP) / 1e9  # half a byte per weight, a scale per 32
     print(
-        f"\n  fp4 {shape} T={tokens} {'group dots' if group_dots else 'per-weight scales'}: "
+        f"\n  fp4 {shape} T={tokens} {step}: "
         f"{ratio:.3f}x tol, {ms * 1e3:.1f} us, {touched} experts, "
         f"{gbytes / ms * 1e3:.0f} GB/s of expert weights, {2 * tokens * k * 3 * d * i / ms / 1e9:.1f} TFLOP/s"
     )

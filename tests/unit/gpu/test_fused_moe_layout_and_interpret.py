@@ -227,13 +227,15 @@ FP4_CASES = {
 }
 
 
-FP4_GROUP_DOTS_CASES = {  # the same, a pair of dots per scale group (MoEConfig.fp4_group_dots), K by 64
-    "fp4_group_dots_fp32_decode_batch1": (1, 4, 2, 64, 32, "float32", None, True),
-    "fp4_group_dots_bf16_ragged_k_v4_limit": (9, 4, 2, 96, 64, "bfloat16", 0.5, True),  # K 96: 1.5 steps
+FP4_STEP_CASES = {  # the same in the other K-step forms (MoEConfig.fp4_step), K by 64
+    "fp4_group_dots_fp32_decode_batch1": (1, 4, 2, 64, 32, "float32", None, "groups"),
+    "fp4_group_dots_bf16_ragged_k_v4_limit": (9, 4, 2, 96, 64, "bfloat16", 0.5, "groups"),  # K 96: 1.5 steps
+    "fp4_dot_scaled_bf16_ragged_k_v4_limit": (9, 4, 2, 96, 64, "bfloat16", 0.5, "scaled"),
+    "fp4_dot_scaled_bf16_decode_batch1": (1, 4, 2, 64, 32, "bfloat16", None, "scaled"),
 }
 
 
-def _run_fp4_case(tokens, experts, k, hidden, inter, dtype, limit, group_dots=False) -> float:
+def _run_fp4_case(tokens, experts, k, hidden, inter, dtype, limit, step=None) -> float:
     """The kernels see exactly the reference's dequantized weights: only accumulation order differs."""
     from runtime.gpu.kernels.fused_moe import triton as fused_triton
     from runtime.gpu.kernels.testing import close_ratio
@@ -241,7 +243,7 @@ def _run_fp4_case(tokens, experts, k, hidden, inter, dtype, limit, group_dots=Fa
     x, w13, w2, weights, ids, s13, s2 = _random_fp4_moe(
         tokens, experts, k, hidden, inter, getattr(torch, dtype), tokens
     )
-    config = fused_triton.MoEConfig(16, 32, 64, 1, 1, fp4_group_dots=True) if group_dots else None
+    config = fused_triton.MoEConfig(16, 32, 64, 1, 1, fp4_step=step) if step else None
     got = fused_triton.fused_moe(x, w13, w2, weights, ids, limit, w13_scale=s13, w2_scale=s2, config=config)
     want = reference.fused_moe(x, w13, w2, weights, ids, limit, w13_scale=s13, w2_scale=s2)
     return close_ratio(got, want, *_TOL[dtype])
@@ -311,7 +313,7 @@ for _table, _run in (
     (KERNEL_CASES, _run_case),
     (FP8_CASES, _run_fp8_case),
     (FP4_CASES, _run_fp4_case),
-    (FP4_GROUP_DOTS_CASES, _run_fp4_case),
+    (FP4_STEP_CASES, _run_fp4_case),
     (LAYOUT_CASES, _run_layout_case),
     (ROUTE_CASES, _run_route_case),
 ):

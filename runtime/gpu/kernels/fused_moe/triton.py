@@ -36,12 +36,13 @@ import torch
 import triton
 import triton.language as tl
 
+from runtime import envs
 from runtime.gpu.kernels.common import dot_precision
 from runtime.gpu.kernels.fp8_gemm import FP8_ACT_QUANT
 from runtime.gpu.kernels.fp8_gemm.reference import GROUP
 from runtime.gpu.kernels.fused_moe.layout import MoELayout
 from runtime.gpu.kernels.fused_moe.reference import expert_format
-from runtime.gpu.kernels.fused_moe.triton_fp4 import launch_fp4
+from runtime.gpu.kernels.fused_moe.triton_fp4 import FP4_DEFAULT_STEP, launch_fp4
 from runtime.gpu.kernels.fused_moe.triton_layout import block_tile, moe_layout_fast, store_swiglu
 from runtime.gpu.kernels.triton_utils import dot_f32, dot_operand
 
@@ -53,15 +54,17 @@ class MoEConfig:
     block_k: int
     num_warps: int = 4
     num_stages: int = 3
-    fp4_group_dots: bool = False  # FP4 experts: a pair of dots per scale group (triton_fp4.py)
+    fp4_step: str = "values"  # FP4 experts: the K step's form, triton_fp4.FP4_STEPS
 
 
 def choose_config(
-    num_pairs: int, num_experts: int, device: torch.device, dtype: torch.dtype, fp8: bool = False
-) -> MoEConfig:
+    num_pairs: int, num_experts: int, device: torch.device, dtype: torch.dtype, fp8: bool = False,
+    fp4: bool = False,
+) -> MoEConfig:  # fmt: skip
     """From the mean rows per expert, a host-side number: the same for every replay of a batch size.
     float32 (the parity tests) halves the stages: its tiles take twice the shared memory. FP8: the
-    same tiles with block_k = 128, one scale group per K step (e4m3 tiles take half the bytes of bf16's)."""
+    same tiles with block_k = 128, one scale group per K step (e4m3 tiles take half the bytes of bf16's).
+    FP4: the K step's form from $CONDUIT_FP4_MOE_STEP when set (comparisons), else FP4_DEFAULT_STEP."""
     if device.type != "cuda":  # the interpreter: small tiles
         return MoEConfig(16, 32, GROUP if fp8 else 32, num_warps=1, num_stages=1)
     per_expert = num_pairs / max(1, num_experts)
@@ -73,6 +76,8 @@ def choose_config(
         cfg = MoEConfig(64, 128, 64, num_warps=4, num_stages=3)
     if fp8:
         return replace(cfg, block_k=GROUP)
+    if fp4:
+        cfg = replace(cfg, fp4_step=envs.fp4_moe_step() or FP4_DEFAULT_STEP)
     return replace(cfg, num_stages=2) if dtype == torch.float32 else cfg
 
 
@@ -186,7 +191,7 @@ def fused_moe(
         assert all(s.stride(2) == 1 for s in scales)
     if num_tokens == 0:
         return x.new_zeros(0, hidden)
-    cfg = config or choose_config(num_tokens * k, num_experts, x.device, x.dtype, fmt == "fp8")
+    cfg = config or choose_config(num_tokens * k, num_experts, x.device, x.dtype, fmt == "fp8", fmt == "fp4")
     assert fmt != "fp8" or cfg.block_k == GROUP, "FP8 experts take one 128-group per K step"
     lay = moe_layout_fast(topk_ids, num_experts, cfg.block_m)
     # The Triton interpreter (CPU) rounds float32 to bf16 toward zero: there H and Y are written in
