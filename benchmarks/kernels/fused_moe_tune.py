@@ -103,7 +103,10 @@ def main() -> None:
                     continue
                 try:
                     got = op(config=cfg)
-                    if not torch.allclose(got.float(), want.float(), atol=2e-2, rtol=2e-2):
+                    # relative L2 error: forms differ in accumulation order, and the random experts'
+                    # outputs run to 1e5, where elementwise tolerances flag cancellations
+                    err = ((got.float() - want.float()).norm() / want.float().norm()).item()
+                    if not err < 1e-2:
                         print(f"  {cfg}: WRONG", flush=True)
                         continue
                     us = replay_us(functools.partial(op, config=cfg))
