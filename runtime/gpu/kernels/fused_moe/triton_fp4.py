@@ -19,9 +19,10 @@ quantized (W4A16), so no quantizer launches either.
 
 Timed on an H100 (docs/PERF.md, "DeepSeek-V4-Flash as stored"): at V4-Flash's experts "scaled" takes
 64 tokens in 2.51 ms against 3.64 ms (1,104 GB/s, 37% of copy, at the 16 x 128 x 64 tile `choose_config`
-gives FP4 decode batches) and 4,096 tokens in 8.2 against 30.1 ms. Forms that unpacked the codes by PTX
-(4 bytes per instruction sequence, as either dot operand) or scaled per group measured between the two
-and were dropped (git history). What still bounds decode is not the unpacking: see PERF.md."""
+gives FP4 decode batches) and 4,096 tokens in 8.2 against 30.1 ms. A form that unpacked the codes by PTX
+(4 bytes per instruction sequence) with the weights as the dot's left operand measured between the two;
+it, the same PTX as the right operand and per-group dots (both untimed) were dropped (git history). What
+still bounds decode is not the unpacking: see PERF.md."""
 
 from __future__ import annotations
 
