@@ -31,6 +31,7 @@ FP4 experts (W4A16, DeepSeek-V4's routed experts): two kernels of their own over
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cache
 
 import torch
 import triton
@@ -42,7 +43,7 @@ from runtime.gpu.kernels.fp8_gemm import FP8_ACT_QUANT
 from runtime.gpu.kernels.fp8_gemm.reference import GROUP
 from runtime.gpu.kernels.fused_moe.layout import MoELayout
 from runtime.gpu.kernels.fused_moe.reference import expert_format
-from runtime.gpu.kernels.fused_moe.triton_fp4 import FP4_DEFAULT_STEP, launch_fp4
+from runtime.gpu.kernels.fused_moe.triton_fp4 import FP4_DEFAULT_STEP, FP4_STEPS, launch_fp4
 from runtime.gpu.kernels.fused_moe.triton_layout import block_tile, moe_layout_fast, store_swiglu
 from runtime.gpu.kernels.triton_utils import dot_f32, dot_operand
 
@@ -57,6 +58,15 @@ class MoEConfig:
     fp4_step: str = "values"  # FP4 experts: the K step's form, triton_fp4.FP4_STEPS
 
 
+@cache
+def _fp4_step() -> str:
+    """The FP4 experts' K-step form, read once: $CONDUIT_FP4_MOE_STEP (comparisons), else the default."""
+    step = envs.fp4_moe_step() or FP4_DEFAULT_STEP
+    if step not in FP4_STEPS:
+        raise ValueError(f"CONDUIT_FP4_MOE_STEP={step}: choose from {', '.join(FP4_STEPS)}")
+    return step
+
+
 def choose_config(
     num_pairs: int, num_experts: int, device: torch.device, dtype: torch.dtype, fp8: bool = False,
     fp4: bool = False,
@@ -64,7 +74,7 @@ def choose_config(
     """From the mean rows per expert, a host-side number: the same for every replay of a batch size.
     float32 (the parity tests) halves the stages: its tiles take twice the shared memory. FP8: the
     same tiles with block_k = 128, one scale group per K step (e4m3 tiles take half the bytes of bf16's).
-    FP4: the K step's form from $CONDUIT_FP4_MOE_STEP when set (comparisons), else FP4_DEFAULT_STEP."""
+    FP4: the K step's form from `_fp4_step` (read once), and at decode sizes a tile of its own."""
     if device.type != "cuda":  # the interpreter: small tiles
         return MoEConfig(16, 32, GROUP if fp8 else 32, num_warps=1, num_stages=1)
     per_expert = num_pairs / max(1, num_experts)
@@ -79,7 +89,7 @@ def choose_config(
     if fp4:
         if per_expert <= 16:  # fused_moe_tune, V4-Flash at 64 tokens: the best of 24 tiles, 2.51 ms (H100)
             cfg = MoEConfig(16, 128, 64, num_warps=4, num_stages=3)
-        cfg = replace(cfg, fp4_step=envs.fp4_moe_step() or FP4_DEFAULT_STEP)
+        cfg = replace(cfg, fp4_step=_fp4_step())
     return replace(cfg, num_stages=2) if dtype == torch.float32 else cfg
 
 

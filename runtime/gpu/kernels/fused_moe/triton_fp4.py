@@ -60,10 +60,10 @@ def _fp4_step(acc, x_even, x_odd, w_ptrs, s_ptrs, mask, DOT_PREC: tl.constexpr, 
 
 
 @triton.jit
-def _fp4_scaled(acc, x, w_ptrs, s_ptrs, mask_x, mask_w, mask_s):
-    """ "scaled": acc + x @ W for one K step by `tl.dot_scaled`: x [BLOCK_M, BLOCK_K] bf16, packed bytes
-    [BLOCK_K/2, BLOCK_N] at w_ptrs, scale bytes [BLOCK_N, BLOCK_K/32] at s_ptrs."""
-    a = tl.load(x, mask=mask_x, other=0.0)
+def _fp4_scaled(acc, a, w_ptrs, s_ptrs, mask_w, mask_s):
+    """ "scaled": acc + a @ W for one K step by `tl.dot_scaled`: a [BLOCK_M, BLOCK_K] bf16 (loaded once
+    for the gate and up halves), packed bytes [BLOCK_K/2, BLOCK_N] at w_ptrs, scale bytes
+    [BLOCK_N, BLOCK_K/32] at s_ptrs."""
     w = tl.load(w_ptrs, mask=mask_w, other=0)
     s = tl.load(s_ptrs, mask=mask_s, other=127)
     return tl.dot_scaled(a, None, "bf16", w, s, "e2m1", acc)
@@ -97,12 +97,12 @@ def _gate_up_swiglu_fp4(
         gs_ptrs = WS + e * stride_wse + offs_n[:, None].to(tl.int64) * stride_wsn + offs_g[None, :]
         us_ptrs = gs_ptrs + N * stride_wsn
         for k0 in range(0, K, BLOCK_K):
-            mx = valid[:, None] & (offs_k < K - k0)[None, :]
+            a = tl.load(x_ptrs + k0, mask=valid[:, None] & (offs_k < K - k0)[None, :], other=0.0)
             mw = (offs_j < (K - k0) // 2)[:, None] & mask_n[None, :]
             ms = mask_n[:, None] & (offs_g < (K - k0) // GROUP)[None, :]
             wk, sk = k0 // 2, k0 // GROUP
-            acc_g = _fp4_scaled(acc_g, x_ptrs + k0, g_ptrs + wk, gs_ptrs + sk, mx, mw, ms)
-            acc_u = _fp4_scaled(acc_u, x_ptrs + k0, u_ptrs + wk, us_ptrs + sk, mx, mw, ms)
+            acc_g = _fp4_scaled(acc_g, a, g_ptrs + wk, gs_ptrs + sk, mw, ms)
+            acc_u = _fp4_scaled(acc_u, a, u_ptrs + wk, us_ptrs + sk, mw, ms)
     else:
         x_ptrs = X + tok[:, None] * stride_xm + 2 * offs_j[None, :]
         gs_ptrs = WS + e * stride_wse + rows * stride_wsn + offs_j[:, None] // (GROUP // 2)
@@ -141,10 +141,10 @@ def _down_weighted_fp4(
         h_ptrs = H + offs_m[:, None].to(tl.int64) * stride_hm + offs_k[None, :]
         s_ptrs = WS + e * stride_wse + offs_n[:, None].to(tl.int64) * stride_wsn + offs_g[None, :]
         for k0 in range(0, K, BLOCK_K):
-            mh = valid[:, None] & (offs_k < K - k0)[None, :]
+            a = tl.load(h_ptrs + k0, mask=valid[:, None] & (offs_k < K - k0)[None, :], other=0.0)
             mw = (offs_j < (K - k0) // 2)[:, None] & mask_n[None, :]
             ms = mask_n[:, None] & (offs_g < (K - k0) // GROUP)[None, :]
-            acc = _fp4_scaled(acc, h_ptrs + k0, w_ptrs + k0 // 2, s_ptrs + k0 // GROUP, mh, mw, ms)
+            acc = _fp4_scaled(acc, a, w_ptrs + k0 // 2, s_ptrs + k0 // GROUP, mw, ms)
     else:
         h_ptrs = H + offs_m[:, None].to(tl.int64) * stride_hm + 2 * offs_j[None, :]
         s_ptrs = WS + e * stride_wse + rows * stride_wsn + offs_j[:, None] // (GROUP // 2)
