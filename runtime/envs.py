@@ -34,6 +34,19 @@ def fp4_moe_step() -> str | None:
     return os.environ.get("CONDUIT_FP4_MOE_STEP") or None
 
 
+def fp4_moe_decode_tile() -> tuple[int, ...] | None:
+    """$CONDUIT_FP4_MOE_DECODE_TILE=block_m,block_n,block_k,warps,stages forces the FP4 experts' tile at
+    decode and verify sizes (up to 16 rows an expert) over `choose_config`'s, for comparing tiles in
+    whole steps (`benchmarks/device/v4_fp4_forms.sh`)."""
+    tile = os.environ.get("CONDUIT_FP4_MOE_DECODE_TILE")
+    if not tile:
+        return None
+    values = tuple(int(v) for v in tile.split(","))
+    if len(values) != 5:
+        raise ValueError(f"CONDUIT_FP4_MOE_DECODE_TILE={tile}: want block_m,block_n,block_k,warps,stages")
+    return values
+
+
 def step_trace_path() -> str | None:
     """$CONDUIT_STEP_TRACE=file: the scheduler appends a JSON line per step (rows, decode rows, prefill
     tokens, device start and end), for finding where a benchmark's time goes."""

@@ -3,15 +3,22 @@
 # process by CONDUIT_FP4_MOE_STEP) in whole steps of the 8-layer V4-Flash cut as stored (--quantization
 # fp8: FP8 projections, FP4 routed experts; 30.8 GB, fits an H100), dummy weights, balanced routing,
 # pages of 128: decode k=0 and verify k=3 at context 8K (B = 8, 64) and a 4K-token prefill, one process
-# per form. FORMS picks the forms (default: both, the float32-path form first);
-# EXTRA="--profile-steps 1" adds each point's kernel table. About 2 minutes a form on an H100.
+# per form. FORMS picks the forms (default: both, the float32-path form first); a form may name a decode
+# tile too, `step@block_m,block_n,block_k,warps,stages` (CONDUIT_FP4_MOE_DECODE_TILE);
+# EXTRA="--profile-steps 1" adds each point's kernel table; PREFILL="" skips the prefill point.
+# About 2 minutes a form on an H100.
 #   source .gpu/env.sh && bash benchmarks/device/v4_fp4_forms.sh
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 dir=$(results v4_fp4_forms)
 describe_machine "$dir"
 for form in ${FORMS:-values scaled}; do
-  CONDUIT_FP4_MOE_STEP=$form $PY -m loadgen steps --model-path deepseek-v4-flash --quantization fp8 \
-    --hf-overrides "$V4_OVERRIDES" --page-size 128 --batch-sizes ${BATCHES:-8,64} --context-len 8192 \
-    --draft-tokens 0,3 --prefill-tokens ${PREFILL:-4096} --steps 10 ${EXTRA:-} 2>&1 | tee "$dir/steps-$form.txt"
+  step=${form%%@*}
+  tile=""
+  [[ $form == *@* ]] && tile=${form#*@}
+  echo "== form $step, decode tile ${tile:-choose_config's}" | tee -a "$dir/steps.txt"
+  CONDUIT_FP4_MOE_STEP=$step CONDUIT_FP4_MOE_DECODE_TILE=$tile $PY -m loadgen steps --model-path deepseek-v4-flash \
+    --quantization fp8 --hf-overrides "$V4_OVERRIDES" --page-size 128 --batch-sizes ${BATCHES:-8,64} \
+    --context-len 8192 --draft-tokens 0,3 --prefill-tokens "${PREFILL-4096}" --steps 10 ${EXTRA:-} 2>&1 \
+    | tee -a "$dir/steps.txt"
 done

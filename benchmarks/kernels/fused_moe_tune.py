@@ -5,7 +5,9 @@ random codes; every form of the FP4 K step, `MoEConfig.fp4_step`): each config t
 CUDA-graph replay of the whole op (layout, gate/up, down, sum), uniform random routing, against
 `choose_config`'s pick. The bandwidth column is over the weight (and scale) bytes of the experts the
 batch reaches.
-    python -m benchmarks.kernels.fused_moe_tune [--tokens 8,64,256,1024] [--models v2lite,v3,v4]"""
+    python -m benchmarks.kernels.fused_moe_tune [--tokens 8,64,256,1024] [--models v2lite,v3,v4]
+Large sweeps compile in parallel first: n processes with `--compile-only --shard i/n`, then one timing
+process finds every kernel in Triton's cache (`benchmarks/device/fused_moe.sh`, TUNE_FP4=1)."""
 
 from __future__ import annotations
 
@@ -22,14 +24,21 @@ from runtime.gpu.quant import fp4 as fp4_quant
 
 MODELS = {"v2lite": (64, 6, 2048, 1408), "v3": (256, 8, 7168, 2048), "v4": (256, 6, 4096, 2048)}
 FP4_MODELS = {"v4"}
-_TILES = list(
-    itertools.product((16, 32, 64, 128), (64, 128, 256), (64, 128), ((4, 3), (4, 4), (8, 3), (8, 4)))
-)
-SPACE = [MoEConfig(bm, bn, bk, warps, stages) for bm, bn, bk, (warps, stages) in _TILES]
-FP4_SPACE = [
-    MoEConfig(bm, bn, bk, warps, stages, fp4_step=step)
-    for (bm, bn, bk, (warps, stages)), step in itertools.product(_TILES, FP4_STEPS)
-]
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",")]
+
+
+def space(args: argparse.Namespace, fp4: bool) -> list[MoEConfig]:
+    """The configs swept: block_m x block_n x block_k x (warps:stages) (x the FP4 K-step forms)."""
+    schedules = [tuple(int(v) for v in ws.split(":")) for ws in args.schedules.split(",")]
+    tiles = itertools.product(_ints(args.block_m), _ints(args.block_n), _ints(args.block_k), schedules)
+    steps = args.fp4_steps.split(",") if fp4 else ["values"]
+    return [
+        MoEConfig(bm, bn, bk, warps, stages, fp4_step=step)
+        for (bm, bn, bk, (warps, stages)), step in itertools.product(tiles, steps)
+    ]
 
 
 def _experts(e: int, d: int, i: int, fp4: bool, dev: torch.device) -> tuple[torch.Tensor, ...]:
@@ -75,12 +84,23 @@ def main() -> None:
     p.add_argument("--tokens", default="8,64,256,1024")
     p.add_argument("--models", default="v2lite,v3")
     p.add_argument("--block-m", default="16,32,64,128", help="the block_m values swept")
+    p.add_argument("--block-n", default="64,128,256")
+    p.add_argument("--block-k", default="64,128")
+    p.add_argument("--schedules", default="4:3,4:4,8:3,8:4", help="warps:stages pairs")
     p.add_argument("--fp4-steps", default=",".join(FP4_STEPS), help="the FP4 K-step forms swept")
+    p.add_argument(
+        "--shard", default="0/1", help="i/n: only every n-th config from the i-th (to compile in parallel)"
+    )
+    p.add_argument(
+        "--compile-only", action="store_true",
+        help="run each config once, untimed: fills Triton's cache for a timing process after it",
+    )  # fmt: skip
+    p.add_argument("--top", type=int, default=5, help="the fastest configs printed per point")
+    p.add_argument("--best-out", help="append each point's fastest config to this file, one line each")
     args = p.parse_args()
-    block_ms = {int(b) for b in args.block_m.split(",")}
-    steps = set(args.fp4_steps.split(","))
+    shard, shards = _ints(args.shard.replace("/", ","))
     dev = torch.device("cuda")
-    copy = ceilings(dev, small=False)[0]
+    copy = 0.0 if args.compile_only else ceilings(dev, small=False)[0]
     print(f"copy ceiling {copy / 1e9:.0f} GB/s")
     for model in args.models.split(","):
         e, k, d, i = MODELS[model]
@@ -98,11 +118,12 @@ def main() -> None:
             want = op()
             default = choose_config(tokens * k, e, dev, torch.bfloat16, fp4=fp4)
             results = []
-            for cfg in FP4_SPACE if fp4 else SPACE:
-                if cfg != default and (cfg.block_m not in block_ms or (fp4 and cfg.fp4_step not in steps)):
-                    continue
+            configs = [default] + [c for c in space(args, fp4) if c != default]
+            for cfg in configs[shard::shards]:
                 try:
                     got = op(config=cfg)
+                    if args.compile_only:
+                        continue
                     # relative L2 error: forms differ in accumulation order, and the random experts'
                     # outputs run to 1e5, where elementwise tolerances flag cancellations
                     err = ((got.float() - want.float()).norm() / want.float().norm()).item()
@@ -115,14 +136,24 @@ def main() -> None:
                         raise
                     continue
                 results.append((us, cfg))
+            if args.compile_only:
+                print(f"{model} T={tokens}: compiled {len(configs[shard::shards])} configs", flush=True)
+                continue
             results.sort(key=lambda r: r[0])
-            base = next(us for us, cfg in results if cfg == default)
-            print(f"{model} T={tokens} pairs={tokens * k} experts reached {reached}/{e}:")
+            base = next((us for us, cfg in results if cfg == default), float("nan"))
+            print(
+                f"{model} T={tokens} pairs={tokens * k} experts reached {reached}/{e}, {len(results)} configs:"
+            )
             print(f"  choose_config {default}: {base:.1f} us, {touched / base / 1e3:.0f} GB/s")
-            for us, cfg in results[:5]:
+            for us, cfg in results[: args.top]:
                 print(
                     f"  {us:8.1f} us {touched / us / 1e3:6.0f} GB/s ({touched / us / copy * 1e8:.0f}% of copy) {cfg}"
                 )
+            if args.best_out and results:
+                best = results[0][1]
+                with open(args.best_out, "a") as f:
+                    tile = f"{best.block_m},{best.block_n},{best.block_k},{best.num_warps},{best.num_stages}"
+                    f.write(f"{model} {tokens} {tile} {best.fp4_step} {results[0][0]:.1f}\n")
             torch.cuda.empty_cache()
         del w13, w2, s13, s2
 

@@ -170,11 +170,11 @@ def test_fused_moe_fp8_matches_reference(fp8_weights, shape, tokens, limit):
     [("v4flash", 1, 10.0), ("v4flash", 64, 10.0), ("v4flash", 512, None), ("v4flash", 4096, None),
      ("ragged32", 33, 0.7)],
 )  # fmt: skip
-@pytest.mark.parametrize("step", ["values", "scaled"])
+@pytest.mark.parametrize("step", ["values", "scaled", "scaled_lhs"])
 def test_fused_moe_fp4_matches_reference(fp4_weights, shape, tokens, limit, step):
     """W4A16: both sides multiply bf16 activations by the same dequantized weights (exact in bf16);
     only the float32 accumulation order differs, so the bf16 tolerance holds. Every form of the K step
-    (`MoEConfig.fp4_step`), at `choose_config`'s tiles."""
+    (`MoEConfig.fp4_step`), at `choose_config`'s FP4 tiles."""
     from dataclasses import replace
 
     from runtime.gpu.kernels.fused_moe.triton import choose_config
@@ -183,7 +183,7 @@ def test_fused_moe_fp4_matches_reference(fp4_weights, shape, tokens, limit, step
     w13, w2, s13, s2 = fp4_weights(shape)
     x = torch.randn(tokens, d, device="cuda").to(torch.bfloat16)
     topk_w, ids = _routing(tokens, e, k, seed=tokens)
-    cfg = replace(choose_config(tokens * k, e, x.device, x.dtype), fp4_step=step)
+    cfg = replace(choose_config(tokens * k, e, x.device, x.dtype, fp4=True), fp4_step=step)
     scales = dict(w13_scale=s13, w2_scale=s2)
     got = _impl("triton")(x, w13, w2, topk_w, ids, limit, **scales, config=cfg)
     want = _impl("reference")(x, w13, w2, topk_w, ids, limit, **scales)

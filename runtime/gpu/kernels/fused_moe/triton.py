@@ -59,6 +59,14 @@ class MoEConfig:
 
 
 @cache
+def _fp4_decode_tile() -> MoEConfig:
+    """The FP4 experts' tile at up to 16 rows an expert: $CONDUIT_FP4_MOE_DECODE_TILE (comparisons),
+    else fused_moe_tune's best at V4-Flash's experts and 64 tokens (H100)."""
+    forced = envs.fp4_moe_decode_tile()
+    return MoEConfig(*forced) if forced else MoEConfig(16, 128, 64, num_warps=4, num_stages=3)
+
+
+@cache
 def _fp4_step() -> str:
     """The FP4 experts' K-step form, read once: $CONDUIT_FP4_MOE_STEP (comparisons), else the default."""
     step = envs.fp4_moe_step() or FP4_DEFAULT_STEP
@@ -87,8 +95,8 @@ def choose_config(
     if fp8:
         return replace(cfg, block_k=GROUP)
     if fp4:
-        if per_expert <= 16:  # fused_moe_tune, V4-Flash at 64 tokens: the best of 24 tiles, 2.51 ms (H100)
-            cfg = MoEConfig(16, 128, 64, num_warps=4, num_stages=3)
+        if per_expert <= 16:
+            cfg = _fp4_decode_tile()
         cfg = replace(cfg, fp4_step=_fp4_step())
     return replace(cfg, num_stages=2) if dtype == torch.float32 else cfg
 
