@@ -60,31 +60,23 @@ def _fp4_step(acc, x_even, x_odd, w_ptrs, s_ptrs, mask, DOT_PREC: tl.constexpr, 
 
 
 @triton.jit
-def _scale_bytes(s_ptrs, mask_n, offs_g, K, k0, GROUP: tl.constexpr):
-    """The scale bytes [BLOCK_N, BLOCK_K/32] of the K step at k0 (none past K: the masked step after the
-    last reads nothing). The `dot_scaled` forms load them a step ahead of their use: a [BLOCK_N, 2]
-    byte tile is too narrow for Triton's pipeliner (under 4 bytes a thread), so loaded where it is used
-    every step waited for a global round trip."""
-    mask = mask_n[:, None] & (offs_g < (K - k0) // GROUP)[None, :]
-    return tl.load(s_ptrs + k0 // GROUP, mask=mask, other=127)
-
-
-@triton.jit
-def _fp4_scaled(acc, a, w_ptrs, s, mask_w):
+def _fp4_scaled(acc, a, w_ptrs, s_ptrs, mask_w, mask_s):
     """ "scaled": acc + a @ W for one K step by `tl.dot_scaled`: a [BLOCK_M, BLOCK_K] bf16 (loaded once
-    for the gate and up halves), packed bytes [BLOCK_K/2, BLOCK_N] at w_ptrs, scale bytes s
-    [BLOCK_N, BLOCK_K/32] (`_scale_bytes`)."""
+    for the gate and up halves), packed bytes [BLOCK_K/2, BLOCK_N] at w_ptrs, scale bytes
+    [BLOCK_N, BLOCK_K/32] at s_ptrs."""
     w = tl.load(w_ptrs, mask=mask_w, other=0)
+    s = tl.load(s_ptrs, mask=mask_s, other=127)
     return tl.dot_scaled(a, None, "bf16", w, s, "e2m1", acc)
 
 
 @triton.jit
-def _fp4_scaled_lhs(acc_t, a_t, w_ptrs, s, mask_w):
+def _fp4_scaled_lhs(acc_t, a_t, w_ptrs, s_ptrs, mask_w, mask_s):
     """ "scaled_lhs": acc_t + W @ a_t, the step computed transposed so that the weights are the dot's
     left operand: packed bytes [BLOCK_N, BLOCK_K/2] at w_ptrs (rows as stored, contiguous along K), scale
-    bytes s [BLOCK_N, BLOCK_K/32], a_t [BLOCK_K, BLOCK_M] bf16. The weight rows fill the MMA's M side
-    (64 or more on Hopper's wgmma) and the few rows of a decode block its N side."""
+    bytes [BLOCK_N, BLOCK_K/32] at s_ptrs, a_t [BLOCK_K, BLOCK_M] bf16. The weight rows fill the MMA's
+    M side (64 or more on Hopper's wgmma) and the few rows of a decode block its N side."""
     w = tl.load(w_ptrs, mask=mask_w, other=0)
+    s = tl.load(s_ptrs, mask=mask_s, other=127)
     return tl.dot_scaled(w, s, "e2m1", a_t, None, "bf16", acc_t)
 
 
@@ -120,16 +112,13 @@ def _gate_up_swiglu_fp4(
         us_ptrs = gs_ptrs + N * stride_wsn
         acc_gt = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
         acc_ut = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-        gs = _scale_bytes(gs_ptrs, mask_n, offs_g, K, 0, GROUP)
-        us = _scale_bytes(us_ptrs, mask_n, offs_g, K, 0, GROUP)
         for k0 in range(0, K, BLOCK_K):
-            gs_next = _scale_bytes(gs_ptrs, mask_n, offs_g, K, k0 + BLOCK_K, GROUP)
-            us_next = _scale_bytes(us_ptrs, mask_n, offs_g, K, k0 + BLOCK_K, GROUP)
             a_t = tl.load(xt_ptrs + k0, mask=(offs_k < K - k0)[:, None] & valid[None, :], other=0.0)
             mw = mask_n[:, None] & (offs_j < (K - k0) // 2)[None, :]
-            acc_gt = _fp4_scaled_lhs(acc_gt, a_t, gw_ptrs + k0 // 2, gs, mw)
-            acc_ut = _fp4_scaled_lhs(acc_ut, a_t, uw_ptrs + k0 // 2, us, mw)
-            gs, us = gs_next, us_next
+            ms = mask_n[:, None] & (offs_g < (K - k0) // GROUP)[None, :]
+            wk, sk = k0 // 2, k0 // GROUP
+            acc_gt = _fp4_scaled_lhs(acc_gt, a_t, gw_ptrs + wk, gs_ptrs + sk, mw, ms)
+            acc_ut = _fp4_scaled_lhs(acc_ut, a_t, uw_ptrs + wk, us_ptrs + sk, mw, ms)
         acc_g, acc_u = tl.trans(acc_gt), tl.trans(acc_ut)
     elif STEP == "scaled":
         offs_k = tl.arange(0, BLOCK_K)
@@ -137,16 +126,13 @@ def _gate_up_swiglu_fp4(
         x_ptrs = X + tok[:, None] * stride_xm + offs_k[None, :]
         gs_ptrs = WS + e * stride_wse + offs_n[:, None].to(tl.int64) * stride_wsn + offs_g[None, :]
         us_ptrs = gs_ptrs + N * stride_wsn
-        gs = _scale_bytes(gs_ptrs, mask_n, offs_g, K, 0, GROUP)
-        us = _scale_bytes(us_ptrs, mask_n, offs_g, K, 0, GROUP)
         for k0 in range(0, K, BLOCK_K):
-            gs_next = _scale_bytes(gs_ptrs, mask_n, offs_g, K, k0 + BLOCK_K, GROUP)
-            us_next = _scale_bytes(us_ptrs, mask_n, offs_g, K, k0 + BLOCK_K, GROUP)
             a = tl.load(x_ptrs + k0, mask=valid[:, None] & (offs_k < K - k0)[None, :], other=0.0)
             mw = (offs_j < (K - k0) // 2)[:, None] & mask_n[None, :]
-            acc_g = _fp4_scaled(acc_g, a, g_ptrs + k0 // 2, gs, mw)
-            acc_u = _fp4_scaled(acc_u, a, u_ptrs + k0 // 2, us, mw)
-            gs, us = gs_next, us_next
+            ms = mask_n[:, None] & (offs_g < (K - k0) // GROUP)[None, :]
+            wk, sk = k0 // 2, k0 // GROUP
+            acc_g = _fp4_scaled(acc_g, a, g_ptrs + wk, gs_ptrs + sk, mw, ms)
+            acc_u = _fp4_scaled(acc_u, a, u_ptrs + wk, us_ptrs + sk, mw, ms)
     else:
         x_ptrs = X + tok[:, None] * stride_xm + 2 * offs_j[None, :]
         gs_ptrs = WS + e * stride_wse + rows * stride_wsn + offs_j[:, None] // (GROUP // 2)
@@ -186,26 +172,22 @@ def _down_weighted_fp4(
         wt_ptrs = W + e * stride_we + offs_n[:, None].to(tl.int64) * stride_wn + offs_j[None, :]
         s_ptrs = WS + e * stride_wse + offs_n[:, None].to(tl.int64) * stride_wsn + offs_g[None, :]
         acc_t = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-        ws = _scale_bytes(s_ptrs, mask_n, offs_g, K, 0, GROUP)
         for k0 in range(0, K, BLOCK_K):
-            ws_next = _scale_bytes(s_ptrs, mask_n, offs_g, K, k0 + BLOCK_K, GROUP)
             a_t = tl.load(ht_ptrs + k0, mask=(offs_k < K - k0)[:, None] & valid[None, :], other=0.0)
             mw = mask_n[:, None] & (offs_j < (K - k0) // 2)[None, :]
-            acc_t = _fp4_scaled_lhs(acc_t, a_t, wt_ptrs + k0 // 2, ws, mw)
-            ws = ws_next
+            ms = mask_n[:, None] & (offs_g < (K - k0) // GROUP)[None, :]
+            acc_t = _fp4_scaled_lhs(acc_t, a_t, wt_ptrs + k0 // 2, s_ptrs + k0 // GROUP, mw, ms)
         acc = tl.trans(acc_t)
     elif STEP == "scaled":
         offs_k = tl.arange(0, BLOCK_K)
         offs_g = tl.arange(0, BLOCK_K // GROUP)
         h_ptrs = H + offs_m[:, None].to(tl.int64) * stride_hm + offs_k[None, :]
         s_ptrs = WS + e * stride_wse + offs_n[:, None].to(tl.int64) * stride_wsn + offs_g[None, :]
-        ws = _scale_bytes(s_ptrs, mask_n, offs_g, K, 0, GROUP)
         for k0 in range(0, K, BLOCK_K):
-            ws_next = _scale_bytes(s_ptrs, mask_n, offs_g, K, k0 + BLOCK_K, GROUP)
             a = tl.load(h_ptrs + k0, mask=valid[:, None] & (offs_k < K - k0)[None, :], other=0.0)
             mw = (offs_j < (K - k0) // 2)[:, None] & mask_n[None, :]
-            acc = _fp4_scaled(acc, a, w_ptrs + k0 // 2, ws, mw)
-            ws = ws_next
+            ms = mask_n[:, None] & (offs_g < (K - k0) // GROUP)[None, :]
+            acc = _fp4_scaled(acc, a, w_ptrs + k0 // 2, s_ptrs + k0 // GROUP, mw, ms)
     else:
         h_ptrs = H + offs_m[:, None].to(tl.int64) * stride_hm + 2 * offs_j[None, :]
         s_ptrs = WS + e * stride_wse + rows * stride_wsn + offs_j[:, None] // (GROUP // 2)
