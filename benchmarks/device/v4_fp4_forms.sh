@@ -16,7 +16,7 @@ for form in ${FORMS:-values scaled}; do
   step=${form%%@*}
   tile=""
   [[ $form == *@* ]] && tile=${form#*@}
-  echo "== form $step, decode tile ${tile:-choose_config's}" | tee -a "$dir/steps.txt"
+  echo "== form $step, decode tile ${tile:-from choose_config}" | tee -a "$dir/steps.txt"
   CONDUIT_FP4_MOE_STEP=$step CONDUIT_FP4_MOE_DECODE_TILE=$tile $PY -m loadgen steps --model-path deepseek-v4-flash \
     --quantization fp8 --hf-overrides "$V4_OVERRIDES" --page-size 128 --batch-sizes ${BATCHES:-8,64} \
     --context-len 8192 --draft-tokens 0,3 --prefill-tokens "${PREFILL-4096}" --steps 10 ${EXTRA:-} 2>&1 \

@@ -170,7 +170,7 @@ def test_fused_moe_fp8_matches_reference(fp8_weights, shape, tokens, limit):
     [("v4flash", 1, 10.0), ("v4flash", 64, 10.0), ("v4flash", 512, None), ("v4flash", 4096, None),
      ("ragged32", 33, 0.7)],
 )  # fmt: skip
-@pytest.mark.parametrize("step", ["values", "scaled", "scaled_lhs"])
+@pytest.mark.parametrize("step", ["values", "scaled"])
 def test_fused_moe_fp4_matches_reference(fp4_weights, shape, tokens, limit, step):
     """W4A16: both sides multiply bf16 activations by the same dequantized weights (exact in bf16);
     only the float32 accumulation order differs, so the bf16 tolerance holds. Every form of the K step

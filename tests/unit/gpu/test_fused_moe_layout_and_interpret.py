@@ -230,9 +230,6 @@ FP4_CASES = {
 FP4_STEP_CASES = {  # the same through tl.dot_scaled (MoEConfig.fp4_step "scaled", the CUDA default), K by 64
     "fp4_dot_scaled_bf16_ragged_k_v4_limit": (9, 4, 2, 96, 64, "bfloat16", 0.5, "scaled"),  # K 96: 1.5 steps
     "fp4_dot_scaled_bf16_decode_batch1": (1, 4, 2, 64, 32, "bfloat16", None, "scaled"),
-    # the weights as the left operand (the step computed transposed)
-    "fp4_dot_scaled_lhs_bf16_ragged_k_v4_limit": (9, 4, 2, 96, 64, "bfloat16", 0.5, "scaled_lhs"),
-    "fp4_dot_scaled_lhs_bf16_decode_batch1": (1, 4, 2, 64, 32, "bfloat16", None, "scaled_lhs"),
 }
 
 

@@ -36,7 +36,7 @@ from runtime.gpu.kernels.fused_moe.triton_layout import block_tile, store_swiglu
 from runtime.gpu.kernels.triton_utils import dot_f32, dot_operand
 from runtime.gpu.quant.fp4 import GROUP  # elements per scale along K; a K step is whole groups
 
-FP4_STEPS = ("values", "scaled", "scaled_lhs")
+FP4_STEPS = ("values", "scaled")
 FP4_DEFAULT_STEP = "scaled"
 
 
@@ -70,27 +70,15 @@ def _fp4_scaled(acc, a, w_ptrs, s_ptrs, mask_w, mask_s):
 
 
 @triton.jit
-def _fp4_scaled_lhs(acc_t, a_t, w_ptrs, s_ptrs, mask_w, mask_s):
-    """ "scaled_lhs": acc_t + W @ a_t, the step computed transposed so that the weights are the dot's
-    left operand: packed bytes [BLOCK_N, BLOCK_K/2] at w_ptrs (rows as stored, contiguous along K), scale
-    bytes [BLOCK_N, BLOCK_K/32] at s_ptrs, a_t [BLOCK_K, BLOCK_M] bf16. The weight rows fill the MMA's
-    M side (64 or more on Hopper's wgmma) and the few rows of a decode block its N side."""
-    w = tl.load(w_ptrs, mask=mask_w, other=0)
-    s = tl.load(s_ptrs, mask=mask_s, other=127)
-    return tl.dot_scaled(w, s, "e2m1", a_t, None, "bf16", acc_t)
-
-
-@triton.jit
 def _gate_up_swiglu_fp4(
     X, W, WS, H, Pairs, BlockExpert, NumRows,
     num_pairs, N, K, limit,
     stride_xm, stride_we, stride_wn, stride_wse, stride_wsn, stride_hm,
     TOPK: tl.constexpr, HAS_LIMIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
-    DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr, STEP: tl.constexpr,
+    DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr, SCALED: tl.constexpr,
 ):  # fmt: skip
-    """`triton._gate_up_swiglu` on packed W [E, 2N, K/2] with scale bytes WS [E, 2N, K/32]; STEP is
-    `MoEConfig.fp4_step`."""
+    """`triton._gate_up_swiglu` on packed W [E, 2N, K/2] with scale bytes WS [E, 2N, K/32]."""
     b = tl.program_id(0)
     if b * BLOCK_M >= tl.load(NumRows):
         return
@@ -102,25 +90,7 @@ def _gate_up_swiglu_fp4(
     u_ptrs = g_ptrs + N * stride_wn  # the up rows follow the N gate rows
     acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    if STEP == "scaled_lhs":
-        offs_k = tl.arange(0, BLOCK_K)
-        offs_g = tl.arange(0, BLOCK_K // GROUP)
-        xt_ptrs = X + tok[None, :] * stride_xm + offs_k[:, None]
-        gw_ptrs = W + e * stride_we + offs_n[:, None].to(tl.int64) * stride_wn + offs_j[None, :]
-        uw_ptrs = gw_ptrs + N * stride_wn
-        gs_ptrs = WS + e * stride_wse + offs_n[:, None].to(tl.int64) * stride_wsn + offs_g[None, :]
-        us_ptrs = gs_ptrs + N * stride_wsn
-        acc_gt = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-        acc_ut = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            a_t = tl.load(xt_ptrs + k0, mask=(offs_k < K - k0)[:, None] & valid[None, :], other=0.0)
-            mw = mask_n[:, None] & (offs_j < (K - k0) // 2)[None, :]
-            ms = mask_n[:, None] & (offs_g < (K - k0) // GROUP)[None, :]
-            wk, sk = k0 // 2, k0 // GROUP
-            acc_gt = _fp4_scaled_lhs(acc_gt, a_t, gw_ptrs + wk, gs_ptrs + sk, mw, ms)
-            acc_ut = _fp4_scaled_lhs(acc_ut, a_t, uw_ptrs + wk, us_ptrs + sk, mw, ms)
-        acc_g, acc_u = tl.trans(acc_gt), tl.trans(acc_ut)
-    elif STEP == "scaled":
+    if SCALED:
         offs_k = tl.arange(0, BLOCK_K)
         offs_g = tl.arange(0, BLOCK_K // GROUP)
         x_ptrs = X + tok[:, None] * stride_xm + offs_k[None, :]
@@ -154,7 +124,7 @@ def _down_weighted_fp4(
     num_pairs, N, K,
     stride_hm, stride_we, stride_wn, stride_wse, stride_wsn, stride_ym,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
-    DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr, STEP: tl.constexpr,
+    DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr, SCALED: tl.constexpr,
 ):  # fmt: skip
     """`triton._down_weighted` on packed W [E, N, K/2] with scale bytes WS [E, N, K/32]."""
     b = tl.program_id(0)
@@ -165,20 +135,7 @@ def _down_weighted_fp4(
     rows = offs_n[None, :].to(tl.int64)
     w_ptrs = W + e * stride_we + rows * stride_wn + offs_j[:, None]
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    if STEP == "scaled_lhs":
-        offs_k = tl.arange(0, BLOCK_K)
-        offs_g = tl.arange(0, BLOCK_K // GROUP)
-        ht_ptrs = H + offs_m[None, :].to(tl.int64) * stride_hm + offs_k[:, None]
-        wt_ptrs = W + e * stride_we + offs_n[:, None].to(tl.int64) * stride_wn + offs_j[None, :]
-        s_ptrs = WS + e * stride_wse + offs_n[:, None].to(tl.int64) * stride_wsn + offs_g[None, :]
-        acc_t = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            a_t = tl.load(ht_ptrs + k0, mask=(offs_k < K - k0)[:, None] & valid[None, :], other=0.0)
-            mw = mask_n[:, None] & (offs_j < (K - k0) // 2)[None, :]
-            ms = mask_n[:, None] & (offs_g < (K - k0) // GROUP)[None, :]
-            acc_t = _fp4_scaled_lhs(acc_t, a_t, wt_ptrs + k0 // 2, s_ptrs + k0 // GROUP, mw, ms)
-        acc = tl.trans(acc_t)
-    elif STEP == "scaled":
+    if SCALED:
         offs_k = tl.arange(0, BLOCK_K)
         offs_g = tl.arange(0, BLOCK_K // GROUP)
         h_ptrs = H + offs_m[:, None].to(tl.int64) * stride_hm + offs_k[None, :]
@@ -215,7 +172,7 @@ def launch_fp4(x, w13, w2, h, y, weights, lay: MoELayout, cfg, topk: int, limit:
     assert cfg.block_k % GROUP == 0, "a K step is whole scale groups"
     (w13_s, w2_s), inter, hidden = scales, h.shape[1], y.shape[1]
     common = dict(GROUP=GROUP, DOT_PREC=dot_precision(x.dtype), DOT_F32=dot_f32(x), num_warps=cfg.num_warps,
-                  num_stages=cfg.num_stages, STEP=fp4_step(cfg, x))  # fmt: skip
+                  num_stages=cfg.num_stages, SCALED=fp4_step(cfg, x) == "scaled")  # fmt: skip
     half = cfg.block_n // 2
     _gate_up_swiglu_fp4[(lay.max_blocks, triton.cdiv(inter, half))](
         x, w13, w13_s, h, lay.sorted_pairs, lay.block_expert, lay.num_rows,
