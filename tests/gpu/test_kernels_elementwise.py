@@ -131,3 +131,30 @@ def test_rope_store_matches_reference_and_writes_only_its_slots(
     # k and v as stored (rotated, scaled, in their own dtype) when write_kv; untouched otherwise
     assert close_ratio(qkv, qkv_theirs, *ULP[dtype]) <= 1.0
     assert torch.equal(qkv[:, : hq * d], qkv_theirs[:, : hq * d])  # q is returned, never overwritten
+
+
+@pytest.mark.parametrize("impls", _pair("rope_interleaved"), ids=lambda p: p[0].name)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize(
+    "shape", [(1, 64, 512), (64, 64, 512), (16384, 64, 512), (4096, 512), (333, 64, 128)], ids=str
+)  # V4-Flash: attention q / o, the K=V row, the indexer's q
+@pytest.mark.parametrize("inverse", [False, True])
+def test_rope_interleaved_matches_reference_in_place(impls, dtype, shape, inverse: bool) -> None:
+    """Positions up to 128K (angles past 1e5 radians: cos and sin computed in the program must hold
+    float32 accuracy there), YaRN-like scaling; the unrotated channels are left bit for bit."""
+    import triton.testing
+
+    fn, ref = _load(impls[0]), impls[1].load()
+    x = torch.randn(*shape, device="cuda").to(dtype)
+    pos = torch.randint(0, 131072, (shape[0],), device="cuda")
+    pos[0] = 131071
+    inv = 1.0 / (10000 ** (torch.arange(0, 64, 2, device="cuda").float() / 64))
+    got, want = x.clone(), x.clone()
+    assert fn(got, pos, inv, 1.2, inverse) is got
+    ref(want, pos, inv, 1.2, inverse)
+    assert torch.equal(got[..., :-64], x[..., :-64])
+    assert close_ratio(got, want, *ULP[dtype]) <= 1.0
+    if shape[0] == 16384:
+        ms = triton.testing.do_bench(lambda: fn(got, pos, inv, 1.2, inverse), warmup=5, rep=20)
+        ms_ref = triton.testing.do_bench(lambda: ref(want, pos, inv, 1.2, inverse), warmup=5, rep=20)
+        print(f"\n  rope_interleaved {shape} {dtype}: {ms * 1e3:.1f} us, reference {ms_ref * 1e3:.1f} us")

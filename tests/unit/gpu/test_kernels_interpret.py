@@ -202,6 +202,44 @@ def rope_strided_bf16():
     return _rope(torch.bfloat16)
 
 
+def _rope_interleaved(dtype, heads: int | None, half: int, inverse: bool) -> float:
+    """DeepSeek-V4's in-place form on a strided view (every other row of a larger tensor), YaRN-like
+    scaling, positions up to 128K: the rotated channels match the reference's and the others are left
+    exactly as they were, in x itself."""
+    from runtime.gpu.kernels.rope import reference, triton
+    from runtime.gpu.kernels.testing import close_ratio
+
+    g = torch.Generator().manual_seed(half)
+    dim = 4 * half
+    shape = (10, dim) if heads is None else (10, heads, dim)
+    base = torch.randn(2 * shape[0], *shape[1:], generator=g).to(dtype)
+    pos = torch.tensor([0, 1, 7, 100, 4095, 4096, 65535, 131071, 3, 9])
+    inv = 1.0 / (10000 ** (torch.arange(0, 2 * half, 2).float() / (2 * half)))
+    orig = base.clone()
+    x, want = base[::2], base[::2].clone()
+    out = triton.rope_interleaved(x, pos, inv, 1.3, inverse)
+    reference.rope_interleaved(want, pos, inv, 1.3, inverse)
+    assert out is x and torch.equal(x[..., : dim - 2 * half], orig[::2][..., : dim - 2 * half])
+    assert torch.equal(base[1::2], orig[1::2])  # the rows between the view's
+    assert not torch.equal(want, orig[::2])  # the reference did rotate, in place
+    return close_ratio(x, want, *_tol(dtype))
+
+
+@case
+def rope_interleaved_heads_fp32():
+    return _rope_interleaved(torch.float32, 5, 16, False)
+
+
+@case
+def rope_interleaved_heads_inverse_bf16():
+    return _rope_interleaved(torch.bfloat16, 19, 32, True)  # two head blocks, the second ragged
+
+
+@case
+def rope_interleaved_rows_odd_half_bf16():
+    return _rope_interleaved(torch.bfloat16, None, 12, False)  # [T, d], half not a power of two
+
+
 @case
 def rope_store_folded_norm_into_pools_bf16():
     """Rotated q returned, rotated k and plain v written at scattered slots, other slots untouched; q, k, v

@@ -21,8 +21,11 @@ Timed on an H100 (docs/PERF.md, "DeepSeek-V4-Flash as stored"): at V4-Flash's ex
 64 tokens in 2.51 ms against 3.64 ms (1,104 GB/s, 37% of copy, at the 16 x 128 x 64 tile `choose_config`
 gives FP4 decode batches) and 4,096 tokens in 8.2 against 30.1 ms. A form that unpacked the codes by PTX
 (4 bytes per instruction sequence) with the weights as the dot's left operand measured between the two;
-it, the same PTX as the right operand and per-group dots (both untimed) were dropped (git history). What
-still bounds decode is not the unpacking: see PERF.md."""
+it, the same PTX as the right operand and per-group dots (both untimed) were dropped (git history), as
+were `dot_scaled` with the weights as the left operand (slower at every size) and scale bytes loaded a
+step ahead (no change). Nsight Compute puts both decode kernels at 70-78% of instruction issue and 34-37%
+of DRAM bandwidth: the lowering's shared-memory round trips and per-weight instructions bound them, not
+loads or tiles (PERF.md: what would close the gap)."""
 
 from __future__ import annotations
 

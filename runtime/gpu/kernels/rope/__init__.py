@@ -1,5 +1,6 @@
 """Rotary position embedding (rotate-half / neox layout) on q and k in one pass; `rope_store` also
-writes k and v into the paged KV pools (the fused form the Triton attention backend uses)."""
+writes k and v into the paged KV pools (the fused form the Triton attention backend uses).
+`rope_interleaved` is DeepSeek-V4's form: interleaved pairs on each head's trailing channels, in place."""
 
 from __future__ import annotations
 
@@ -47,9 +48,24 @@ class RopeStore(Protocol):
         ...
 
 
+class RopeInterleaved(Protocol):
+    def __call__(
+        self, x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float, inverse: bool
+    ) -> torch.Tensor:
+        """In place: x [T, d] or [T, H, d] (unit last stride; any row and head strides) has the trailing
+        r = 2 * len(inv_freq) channels of each head rotated in interleaved pairs (2i, 2i + 1) by angle
+        positions[t] * inv_freq[i] (float32; `inverse`: its negative), cos and sin times `scaling`:
+        (a, b) -> (a cos - b sin, b cos + a sin) in float32, rounded to x's dtype. The first d - r
+        channels are left as they are. Returns x."""
+        ...
+
+
 ROPE = Op("rope", Rope)
 ROPE.register("triton", "runtime.gpu.kernels.rope.triton:rope", triton_on_cuda)
 ROPE.register("reference", "runtime.gpu.kernels.rope.reference:rope", always)
 ROPE_STORE = Op("rope_store", RopeStore)
 ROPE_STORE.register("triton", "runtime.gpu.kernels.rope.triton:rope_store", triton_on_cuda)
 ROPE_STORE.register("reference", "runtime.gpu.kernels.rope.reference:rope_store", always)
+ROPE_INTERLEAVED = Op("rope_interleaved", RopeInterleaved)
+ROPE_INTERLEAVED.register("triton", "runtime.gpu.kernels.rope.triton:rope_interleaved", triton_on_cuda)
+ROPE_INTERLEAVED.register("reference", "runtime.gpu.kernels.rope.reference:rope_interleaved", always)

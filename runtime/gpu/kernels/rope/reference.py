@@ -1,4 +1,5 @@
-"""Rotary embedding in plain PyTorch, as `runtime.gpu.layers.rotary` applies it (rotate-half layout)."""
+"""Rotary embedding in plain PyTorch, as `runtime.gpu.layers.rotary` applies it (rotate-half layout), and
+DeepSeek-V4's interleaved form."""
 
 from __future__ import annotations
 
@@ -31,3 +32,19 @@ def rope_store(positions, q, k, v, cos, sin, loc, k_pool, v_pool, rms_x=None, rm
         k_in.copy_(k_out)
         v_in.copy_(v)
     return q_out
+
+
+def rope_interleaved(x, positions, inv_freq, scaling, inverse=False):
+    """`RopeInterleaved`."""
+    freqs = positions.float()[:, None] * inv_freq.to(positions.device)
+    cos = (freqs.cos() * scaling).repeat_interleave(2, -1)
+    sin = (freqs.sin() * scaling).repeat_interleave(2, -1)
+    if inverse:
+        sin = -sin
+    rope_dim = cos.shape[-1]
+    shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (rope_dim,)
+    cos, sin = cos.view(shape), sin.view(shape)
+    rope = x[..., -rope_dim:]
+    rotated = torch.stack((-rope[..., 1::2], rope[..., 0::2]), dim=-1).flatten(-2)
+    rope.copy_(rope.float() * cos + rotated.float() * sin)
+    return x

@@ -6,7 +6,11 @@ place, like the reference; inputs may be strided views (the q/k slices of the fu
 the separate store was two index_put launches per layer, about 4% of a Llama-8B decode step. With
 `write_kv` it writes them back over k and v too, for a prefill kernel that reads them there.
 With `rms_x` it also applies the folded input norm (see `RopeStore`): the program computes
-its token's 1 / rms and scales q, k and v by it first, which takes the norm kernel off the step."""
+its token's 1 / rms and scales q, k and v by it first, which takes the norm kernel off the step.
+
+`rope_interleaved` (DeepSeek-V4) rotates each head's trailing channels in place, cos and sin computed
+from the position in the program: one launch where the PyTorch form took about fifteen (angles, cos,
+sin, repeats, the pair swap, float32 products, and a copy of the whole head through `torch.cat`)."""
 
 from __future__ import annotations
 
@@ -147,3 +151,40 @@ def rope_store(positions, q, k, v, cos, sin, loc, k_pool, v_pool, rms_x=None, rm
             num_warps=4,
         )  # fmt: skip
     return q_out
+
+
+@triton.jit
+def _rope_interleaved(
+    X, Pos, InvFreq, n_heads, half, stride_xt, stride_xh, offset, scaling, sign,
+    BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+):  # fmt: skip
+    """Program (t, head block): the pairs (2i, 2i + 1) of channels offset.. of BLOCK_H heads of token t."""
+    t = tl.program_id(0).to(tl.int64)
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    offs_i = tl.arange(0, BLOCK_HALF)
+    angle = tl.load(Pos + t).to(tl.float32) * tl.load(InvFreq + offs_i, mask=offs_i < half, other=0.0)
+    cos = tl.cos(angle) * scaling
+    sin = tl.sin(angle) * scaling * sign
+    mask = (offs_h < n_heads)[:, None] & (offs_i < half)[None, :]
+    ptrs = X + t * stride_xt + offs_h[:, None].to(tl.int64) * stride_xh + offset + 2 * offs_i[None, :]
+    a = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(ptrs + 1, mask=mask, other=0.0).to(tl.float32)
+    tl.store(ptrs, (a * cos[None, :] - b * sin[None, :]).to(X.dtype.element_ty), mask=mask)
+    tl.store(ptrs + 1, (b * cos[None, :] + a * sin[None, :]).to(X.dtype.element_ty), mask=mask)
+
+
+def rope_interleaved(x, positions, inv_freq, scaling, inverse=False):
+    """`RopeInterleaved`: one program per (token, block of up to 16 heads)."""
+    x3 = x if x.dim() == 3 else x.unsqueeze(1)
+    tokens, heads, dim = x3.shape
+    half = inv_freq.numel()
+    assert x3.stride(2) == 1 and 2 * half <= dim, (x.shape, x.stride(), half)
+    assert inv_freq.dtype == torch.float32 and inv_freq.is_contiguous() and positions.shape == (tokens,)
+    if tokens:
+        block_h = min(16, next_pow2(heads))
+        _rope_interleaved[(tokens, triton.cdiv(heads, block_h))](
+            x3, positions, inv_freq, heads, half, x3.stride(0), x3.stride(1), dim - 2 * half,
+            float(scaling), -1.0 if inverse else 1.0, BLOCK_H=block_h, BLOCK_HALF=next_pow2(half),
+            num_warps=4,
+        )  # fmt: skip
+    return x

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from runtime.gpu.kernels.rope import ROPE_INTERLEAVED
+
 
 def inv_frequencies(config, rope_kind: str) -> tuple[torch.Tensor, float]:
     """(inv_freq [rope_dim / 2], attention scaling) of table `rope_kind` ("main" | "compress")."""
@@ -42,15 +44,9 @@ class InterleavedRope:
         return inv
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, inverse: bool = False) -> torch.Tensor:
-        """x [T, ..., d], positions [T]; `inverse` rotates by -position (V4's attention output)."""
-        freqs = positions.float()[:, None] * self._inv_freq(positions.device)
-        cos = (freqs.cos() * self.scaling).repeat_interleave(2, -1)
-        sin = (freqs.sin() * self.scaling).repeat_interleave(2, -1)
-        if inverse:
-            sin = -sin
-        shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (self.rope_dim,)
-        cos, sin = cos.view(shape), sin.view(shape)
-        nope, rope = x[..., : -self.rope_dim], x[..., -self.rope_dim :]
-        rotated = torch.stack((-rope[..., 1::2], rope[..., 0::2]), dim=-1).flatten(-2)
-        out = rope.float() * cos + rotated.float() * sin
-        return torch.cat([nope, out.to(x.dtype)], dim=-1)
+        """x [T, d] or [T, H, d], positions [T]; `inverse` rotates by -position (V4's attention output).
+        In place (the `rope_interleaved` op): every caller hands over a tensor it has just made, and the
+        out-of-place form copied the whole head (the unrotated channels too) to rotate a quarter or an
+        eighth of it. Returns x."""
+        op = ROPE_INTERLEAVED.get(x.device)
+        return op(x, positions, self._inv_freq(positions.device), self.scaling, inverse)
