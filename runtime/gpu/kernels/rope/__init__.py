@@ -50,7 +50,12 @@ class RopeStore(Protocol):
 
 class RopeInterleaved(Protocol):
     def __call__(
-        self, x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float, inverse: bool
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        inv_freq: torch.Tensor,
+        scaling: float,
+        inverse: bool = False,
     ) -> torch.Tensor:
         """In place: x [T, d] or [T, H, d] (unit last stride; any row and head strides) has the trailing
         r = 2 * len(inv_freq) channels of each head rotated in interleaved pairs (2i, 2i + 1) by angle
