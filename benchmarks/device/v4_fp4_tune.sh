@@ -20,7 +20,6 @@ done
 wait
 tail -n 2 "$dir"/compile-*.txt | grep -v "^$" | head -40
 $PY -m benchmarks.kernels.fused_moe_tune "${sweep[@]}" --top 10 --best-out "$dir/best.txt" 2>&1 | tee "$dir/tune.txt"
-cp "$dir/best.txt" /tmp/v4_fp4_best.txt 2>/dev/null || true  # for a next call on the same machine
 (cd "$TRITON_CACHE_DIR" && find . -name "*fp4*.ttgir" | tar czf - -T -) > "$dir/ttgir.tar.gz" || true
 if [ "${STEPS:-1}" = 1 ]; then
   read -r _ _ tile step _ < <(grep "^v4 64 " "$dir/best.txt" | tail -1)

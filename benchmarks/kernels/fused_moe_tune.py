@@ -7,7 +7,7 @@ CUDA-graph replay of the whole op (layout, gate/up, down, sum), uniform random r
 batch reaches.
     python -m benchmarks.kernels.fused_moe_tune [--tokens 8,64,256,1024] [--models v2lite,v3,v4]
 Large sweeps compile in parallel first: n processes with `--compile-only --shard i/n`, then one timing
-process finds every kernel in Triton's cache (`benchmarks/device/fused_moe.sh`, TUNE_FP4=1)."""
+process finds every kernel in Triton's cache (`benchmarks/device/v4_fp4_tune.sh`)."""
 
 from __future__ import annotations
 
@@ -101,7 +101,8 @@ def main() -> None:
     shard, shards = _ints(args.shard.replace("/", ","))
     dev = torch.device("cuda")
     copy = 0.0 if args.compile_only else ceilings(dev, small=False)[0]
-    print(f"copy ceiling {copy / 1e9:.0f} GB/s")
+    if not args.compile_only:
+        print(f"copy ceiling {copy / 1e9:.0f} GB/s")
     for model in args.models.split(","):
         e, k, d, i = MODELS[model]
         fp4 = model in FP4_MODELS

@@ -32,7 +32,6 @@ class InterleavedRope:
 
     def __init__(self, config, rope_kind: str) -> None:
         self.inv_freq, self.scaling = inv_frequencies(config, rope_kind)
-        self.rope_dim = 2 * self.inv_freq.numel()
         # one copy per device, made on first use: a copy made on every call is a host-to-device
         # transfer, which CUDA graph capture refuses (the eager warm-up step makes it first)
         self._inv_freq_on: dict[torch.device, torch.Tensor] = {}
