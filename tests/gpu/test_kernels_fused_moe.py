@@ -170,7 +170,7 @@ def test_fused_moe_fp8_matches_reference(fp8_weights, shape, tokens, limit):
     [("v4flash", 1, 10.0), ("v4flash", 64, 10.0), ("v4flash", 512, None), ("v4flash", 4096, None),
      ("ragged32", 33, 0.7)],
 )  # fmt: skip
-@pytest.mark.parametrize("step", ["values", "scaled"])
+@pytest.mark.parametrize("step", ["values", "scaled", "mma"])
 def test_fused_moe_fp4_matches_reference(fp4_weights, shape, tokens, limit, step):
     """W4A16: both sides multiply bf16 activations by the same dequantized weights (exact in bf16);
     only the float32 accumulation order differs, so the bf16 tolerance holds. Every form of the K step
@@ -201,6 +201,33 @@ def test_fused_moe_fp4_matches_reference(fp4_weights, shape, tokens, limit, step
         f"{gbytes / ms * 1e3:.0f} GB/s of expert weights, {2 * tokens * k * 3 * d * i / ms / 1e9:.1f} TFLOP/s"
     )
     assert got.dtype == torch.bfloat16 and ratio <= 1.0
+
+
+@pytest.mark.parametrize("block_m", [8, 16, 32])
+@pytest.mark.parametrize("tokens", [1, 5, 64])
+def test_fp4_mma_every_code_and_scale(tokens, block_m):
+    """The mma kernels (`tilelang_fp4`) against the reference on every e2m1 code and scales from 2^-27
+    to 2^13 (past 2: the kernel's second multiply), at each block size they take, V4's SwiGLU clamp on."""
+    from dataclasses import replace
+
+    from runtime.gpu.kernels.fused_moe import tilelang_fp4
+    from runtime.gpu.kernels.fused_moe.triton import choose_config
+
+    e, k, d, i = 8, 2, 256, 128
+    g = torch.Generator(device="cuda").manual_seed(block_m + tokens)
+    w13 = torch.randint(0, 256, (e, 2 * i, d // 2), device="cuda", dtype=torch.uint8, generator=g)
+    w2 = torch.randint(0, 256, (e, d, i // 2), device="cuda", dtype=torch.uint8, generator=g)
+    s13 = torch.randint(100, 141, (e, 2 * i, d // 32), device="cuda", dtype=torch.uint8, generator=g)
+    s2 = torch.randint(112, 123, (e, d, i // 32), device="cuda", dtype=torch.uint8, generator=g)
+    x = (torch.randn(tokens, d, device="cuda", generator=g) * 2.0**-14).to(torch.bfloat16)
+    topk_w, ids = _routing(tokens, e, k, seed=tokens)
+    cfg = replace(choose_config(tokens * k, e, x.device, x.dtype, fp4=True), block_m=block_m, fp4_step="mma")
+    assert tilelang_fp4.supported(x, w13, w2, (s13, s2), block_m)
+    scales = dict(w13_scale=s13, w2_scale=s2)
+    got = _impl("triton")(x, w13, w2, topk_w, ids, 10.0, **scales, config=cfg)
+    want = _impl("reference")(x, w13, w2, topk_w, ids, 10.0, **scales)
+    assert want.abs().amax() > 1.0  # outputs well above the absolute tolerance
+    assert got.dtype == torch.bfloat16 and close_ratio(got, want, *TOLERANCE[torch.bfloat16]) <= 1.0
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8", "fp4"])

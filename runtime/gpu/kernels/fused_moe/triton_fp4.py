@@ -8,6 +8,9 @@ turns them into a dot:
   per 32. The weights are already in that OCP MX layout (codes packed along K low nibble first, scales
   [N, K/32]), so the tiles go in as loaded; on Hopper Triton upcasts the codes itself and runs one bf16
   dot over the whole K step, and on CPU the interpreter runs it.
+- "mma" (the default): at decode and verify blocks (8-32 pairs) with bf16 activations, not Triton at
+  all: `tilelang_fp4.py`'s mma.sync kernels, which turn the codes into mma operands in registers;
+  elsewhere (prefill blocks, shapes it does not take) "scaled".
 - "values" (float32 activations: the parity tests): the even columns of x meet the low nibbles and the
   odd columns the high ones, two dots of BLOCK_K/2 into one float32 accumulator. A code becomes its value
   by bit placement (sign and 3 magnitude bits put where an fp16 keeps its sign, two low exponent bits and
@@ -34,13 +37,14 @@ import triton
 import triton.language as tl
 
 from runtime.gpu.kernels.common import dot_precision
+from runtime.gpu.kernels.fused_moe import tilelang_fp4
 from runtime.gpu.kernels.fused_moe.layout import MoELayout
 from runtime.gpu.kernels.fused_moe.triton_layout import block_tile, store_swiglu
 from runtime.gpu.kernels.triton_utils import dot_f32, dot_operand
 from runtime.gpu.quant.fp4 import GROUP  # elements per scale along K; a K step is whole groups
 
-FP4_STEPS = ("values", "scaled")
-FP4_DEFAULT_STEP = "scaled"
+FP4_STEPS = ("values", "scaled", "mma")
+FP4_DEFAULT_STEP = "mma"  # where `tilelang_fp4.supported` holds (decode and verify blocks); else "scaled"
 
 
 @triton.jit
@@ -165,17 +169,21 @@ def _down_weighted_fp4(
 
 
 def fp4_step(cfg, x) -> str:  # noqa: ANN001
-    """The config's K-step form; "values" for activations other than bf16 (`tl.dot_scaled` takes bf16)."""
+    """The config's K-step form; "values" for activations other than bf16 (`tl.dot_scaled` and the mma
+    kernels take bf16)."""
     assert cfg.fp4_step in FP4_STEPS, cfg.fp4_step
     return cfg.fp4_step if x.dtype == torch.bfloat16 else "values"
 
 
 def launch_fp4(x, w13, w2, h, y, weights, lay: MoELayout, cfg, topk: int, limit: float | None, scales):  # noqa: ANN001
     """The two FP4 launches (`triton._launch`'s arguments; `scales` = (w13_scale, w2_scale) bytes)."""
+    step = fp4_step(cfg, x)
+    if step == "mma" and tilelang_fp4.supported(x, w13, w2, scales, cfg.block_m):
+        return tilelang_fp4.launch(x, w13, w2, h, y, weights, lay, topk, limit, scales)
     assert cfg.block_k % GROUP == 0, "a K step is whole scale groups"
     (w13_s, w2_s), inter, hidden = scales, h.shape[1], y.shape[1]
     common = dict(GROUP=GROUP, DOT_PREC=dot_precision(x.dtype), DOT_F32=dot_f32(x), num_warps=cfg.num_warps,
-                  num_stages=cfg.num_stages, SCALED=fp4_step(cfg, x) == "scaled")  # fmt: skip
+                  num_stages=cfg.num_stages, SCALED=step != "values")  # "mma" elsewhere: "scaled"  # fmt: skip
     half = cfg.block_n // 2
     _gate_up_swiglu_fp4[(lay.max_blocks, triton.cdiv(inter, half))](
         x, w13, w13_s, h, lay.sorted_pairs, lay.block_expert, lay.num_rows,

@@ -1,0 +1,137 @@
+"""FP4 experts at decode and verify sizes (W4A16, DeepSeek-V4's routed experts) on mma.sync: TileLang
+launches whose warps run `fp4_warp.cuh`, over the layout and contract of `triton_fp4.launch_fp4`.
+
+Why next to `triton_fp4.py`: there `tl.dot_scaled` streams 1.1 TB/s at 64 tokens (36% of copy, H100)
+with the SMs' instruction issue 70-78% busy, as its lowering moves each weight through shared memory
+twice. Here the codes go from DRAM into registers and become mma operands by a few integer ops
+(`fp4_warp.cuh` says how): the weights fill the mma rows and a block's 8-32 pairs its columns, so a
+decode step, where an expert sees a few tokens, wastes no mma rows on padding.
+
+The same two launches as the Triton kernels: gate/up + SwiGLU (its epilogue clamps and writes H), then
+down + routing weight (its epilogue writes each pair's row of Y). Grid: (layout blocks, column tiles);
+blocks past `num_rows` exit, so the grid is fixed per batch size (CUDA graphs). What it takes
+(`supported`): bf16 activations, dense weights and scales, K of both matmuls a multiple of 128, and
+column counts that fill the warps' tiles; anything else runs the Triton form."""
+
+# No `from __future__ import annotations`: TileLang reads the prim_func parameter annotations at
+# decoration time.
+import functools
+from pathlib import Path
+
+import torch
+
+from runtime.gpu.kernels.fused_moe.layout import MoELayout
+from runtime.gpu.kernels.registry import is_hopper as _hopper
+from runtime.gpu.kernels.registry import tilelang_importable as _importable
+
+WARPS = 4  # warps a CTA: gate/up columns 16 a warp (gate and up rows: 32), down rows 32 a warp
+STEP_K = 128  # K per step: 16 code bytes a thread and row
+TOKEN_TILES = (1, 2, 4)  # 8-pair mma column tiles a block (the layout's block_m / 8)
+STAGES = 2  # steps of weights in flight a thread (ptxas: 168 registers at 2 tiles of 8 pairs)
+
+_WARP_SOURCE = (Path(__file__).parent / "fp4_warp.cuh").read_text()
+
+
+def available(device: torch.device) -> bool:
+    return device.type == "cuda" and _hopper(device) and _importable()
+
+
+def supported(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, scales, block_m: int) -> bool:  # noqa: ANN001
+    """What the kernels are built for (see the module docstring)."""
+    inter, hidden = w2.shape[2] * 2, w2.shape[1]
+    return (
+        available(x.device)
+        and x.dtype == torch.bfloat16
+        and block_m % 8 == 0
+        and block_m // 8 in TOKEN_TILES
+        and hidden % STEP_K == 0
+        and inter % STEP_K == 0
+        and inter % (16 * WARPS) == 0
+        and hidden % (32 * WARPS) == 0
+        and x.stride(1) == 1
+        and x.stride(0) % 8 == 0
+        and x.data_ptr() % 16 == 0
+        and all(t.is_contiguous() for t in (w13, w2, *scales))
+    )
+
+
+@functools.cache
+def _gate_up_kernel(num_experts: int, inter: int, hidden: int, token_tiles: int, has_limit: bool):
+    import tilelang
+    import tilelang.language as T
+
+    tokens = T.dynamic("tokens")
+    rows = T.dynamic("rows")
+    blocks = T.dynamic("blocks")
+    x_stride = T.dynamic("x_stride")
+    fn = f"fp4_moe::gate_up<{token_tiles}, {WARPS}, {STAGES}, {str(has_limit).lower()}>"
+
+    @T.prim_func
+    def fp4_gate_up(
+        X: T.StridedTensor([tokens, hidden], [x_stride, 1], "bfloat16"),
+        W: T.Tensor([num_experts, 2 * inter, hidden // 2], "uint8"),
+        WS: T.Tensor([num_experts, 2 * inter, hidden // 32], "uint8"),
+        H: T.Tensor([rows, inter], "bfloat16"),
+        Pairs: T.Tensor([rows], "int32"),
+        BlockExpert: T.Tensor([blocks], "int32"),
+        NumRows: T.Tensor([1], "int32"),
+        num_pairs: T.int32,
+        topk: T.int32,
+        limit: T.float32,
+    ):
+        with T.Kernel(blocks, inter // (16 * WARPS), threads=32 * WARPS) as (bx, by):
+            T.import_source(_WARP_SOURCE)
+            T.call_extern(
+                "handle", fn, T.address_of(X[0, 0]), T.cast(x_stride, "int64"), T.address_of(W[0, 0, 0]),
+                T.address_of(WS[0, 0, 0]), T.address_of(H[0, 0]), T.address_of(Pairs[0]),
+                T.address_of(BlockExpert[0]), T.address_of(NumRows[0]), num_pairs, topk, inter, hidden, limit,
+                bx, by, T.get_thread_binding(),
+            )  # fmt: skip
+
+    return tilelang.compile(fp4_gate_up, target="cuda")
+
+
+@functools.cache
+def _down_kernel(num_experts: int, inter: int, hidden: int, token_tiles: int):
+    import tilelang
+    import tilelang.language as T
+
+    rows = T.dynamic("rows")
+    blocks = T.dynamic("blocks")
+    num_out = T.dynamic("num_out")
+    fn = f"fp4_moe::down<{token_tiles}, {WARPS}, {STAGES}>"
+
+    @T.prim_func
+    def fp4_down(
+        H: T.Tensor([rows, inter], "bfloat16"),
+        W: T.Tensor([num_experts, hidden, inter // 2], "uint8"),
+        WS: T.Tensor([num_experts, hidden, inter // 32], "uint8"),
+        Y: T.Tensor([num_out, hidden], "bfloat16"),
+        Pairs: T.Tensor([rows], "int32"),
+        BlockExpert: T.Tensor([blocks], "int32"),
+        NumRows: T.Tensor([1], "int32"),
+        TopkW: T.Tensor([num_out], "float32"),
+        num_pairs: T.int32,
+    ):
+        with T.Kernel(blocks, hidden // (32 * WARPS), threads=32 * WARPS) as (bx, by):
+            T.import_source(_WARP_SOURCE)
+            T.call_extern(
+                "handle", fn, T.address_of(H[0, 0]), T.address_of(W[0, 0, 0]), T.address_of(WS[0, 0, 0]),
+                T.address_of(Y[0, 0]), T.address_of(Pairs[0]), T.address_of(BlockExpert[0]),
+                T.address_of(NumRows[0]), T.address_of(TopkW[0]), num_pairs, hidden, inter, bx, by,
+                T.get_thread_binding(),
+            )  # fmt: skip
+
+    return tilelang.compile(fp4_down, target="cuda")
+
+
+def launch(x, w13, w2, h, y, weights, lay: MoELayout, topk: int, limit: float | None, scales) -> None:  # noqa: ANN001
+    """`triton_fp4.launch_fp4`'s contract for what `supported` covers; h [rows, I] and y [T*k, D] bf16."""
+    (w13_s, w2_s), num_experts = scales, w13.shape[0]
+    inter, hidden = h.shape[1], y.shape[1]
+    tiles = lay.block_m // 8
+    gate_up = _gate_up_kernel(num_experts, inter, hidden, tiles, limit is not None)
+    gate_up(x, w13, w13_s, h, lay.sorted_pairs, lay.block_expert, lay.num_rows, lay.num_pairs, topk,
+            0.0 if limit is None else float(limit))  # fmt: skip
+    down = _down_kernel(num_experts, inter, hidden, tiles)
+    down(h, w2, w2_s, y, lay.sorted_pairs, lay.block_expert, lay.num_rows, weights, lay.num_pairs)
