@@ -42,16 +42,18 @@ __device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t b) {
 // 2^(e - 127) in both halves of a bf16x2 (e: a biased exponent, 1..254)
 __device__ __forceinline__ uint32_t pow2x2(uint32_t e) { return (e << 7) | (e << 23); }
 
-// 8 codes (element i in nibble i) times 2^(s - 127) -> bf16x2 (e3, e7), (e2, e6), (e1, e5), (e0, e4)
-__device__ __forceinline__ void dequant8(uint32_t q, uint32_t s, uint32_t out[4]) {
+// 8 codes (element i in nibble i) times 2^(s - 127) -> bf16x2 (e3, e7), (e2, e6), (e1, e5), (e0, e4).
+// `big` (warp-uniform, so a skipped branch costs no issue slots): some lane's scale is above 2, which no
+// checkpoint has; kept exact by a second multiply, the rest of 2^(s - 1).
+__device__ __forceinline__ void dequant8(uint32_t q, uint32_t s, bool big, uint32_t out[4]) {
   const uint32_t f = pow2x2(min(s, 128u) + 126u);  // codes carry 2^-126: 2^(s - 1) in all
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     out[i] = mul2((q & 0x80008000u) | ((q >> 6) & 0x01C001C0u), f);
     q <<= 4;
   }
-  if (s > 128u) {  // scales above 2 (no checkpoint has them; kept exact): the rest of 2^(s - 1)
-    const uint32_t f2 = pow2x2(s - 1u);
+  if (big) {
+    const uint32_t f2 = pow2x2(max(s, 128u) - 1u);  // 2^0 for the lanes at or below 2
 #pragma unroll
     for (int i = 0; i < 4; ++i) out[i] = mul2(out[i], f2);
   }
@@ -67,16 +69,20 @@ __device__ __forceinline__ void mma(float c[4], uint32_t a0, uint32_t a1, uint32
 }
 
 // One 128-k step in registers: per m-tile i, 16 code bytes of rows g and g + 8 and their scale bytes;
-// per token tile j, the thread's 32 activations (4 x 8 bf16).
-template <int TILES, int NT>
+// with XS, per token tile j, the thread's 32 activations (4 x 8 bf16), else loaded as used.
+template <int TILES, int NT, bool XS>
 struct Step {
   uint4 w[TILES][2];
   uint32_t s[TILES][2];
-  uint4 x[NT][4];
+  uint4 x[XS ? NT : 1][4];
 };
 
-template <int TILES, int NT>
-__device__ __forceinline__ void load(Step<TILES, NT>& st, const uint8_t* const (&w)[TILES][2],
+__device__ __forceinline__ uint4 load_x(const uint4* x, int step, int v) {
+  return x ? __ldg(x + step * 16 + v) : make_uint4(0, 0, 0, 0);
+}
+
+template <int TILES, int NT, bool XS>
+__device__ __forceinline__ void load(Step<TILES, NT, XS>& st, const uint8_t* const (&w)[TILES][2],
                                      const uint8_t* const (&s)[TILES][2], const uint4* const (&x)[NT], int step) {
 #pragma unroll
   for (int i = 0; i < TILES; ++i) {
@@ -86,28 +92,38 @@ __device__ __forceinline__ void load(Step<TILES, NT>& st, const uint8_t* const (
       st.s[i][r] = __ldg(s[i][r] + step * 4);
     }
   }
+  if constexpr (XS) {
 #pragma unroll
-  for (int j = 0; j < NT; ++j) {
+    for (int j = 0; j < NT; ++j)
 #pragma unroll
-    for (int v = 0; v < 4; ++v) st.x[j][v] = x[j] ? __ldg(x[j] + step * 16 + v) : make_uint4(0, 0, 0, 0);
+      for (int v = 0; v < 4; ++v) st.x[j][v] = load_x(x[j], step, v);
   }
 }
 
-template <int TILES, int NT>
-__device__ __forceinline__ void compute(const Step<TILES, NT>& st, float (&acc)[TILES][NT][4], const bool (&live)[NT]) {
+template <int TILES, int NT, bool XS>
+__device__ __forceinline__ void compute(const Step<TILES, NT, XS>& st, float (&acc)[TILES][NT][4], const bool (&live)[NT],
+                                        const uint4* const (&x)[NT], int step) {
+  uint4 xs[XS ? 1 : NT][4];
+  if constexpr (!XS) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) xs[j][v] = live[j] ? load_x(x[j], step, v) : make_uint4(0, 0, 0, 0);
+  }
 #pragma unroll
   for (int i = 0; i < TILES; ++i) {
     const uint32_t* wg = reinterpret_cast<const uint32_t*>(&st.w[i][0]);
     const uint32_t* wh = reinterpret_cast<const uint32_t*>(&st.w[i][1]);
+    const bool big = __any_sync(0xffffffffu, max(st.s[i][0], st.s[i][1]) > 128u);
 #pragma unroll
     for (int v = 0; v < 4; ++v) {
       uint32_t pg[4], ph[4];
-      dequant8(wg[v], st.s[i][0], pg);
-      dequant8(wh[v], st.s[i][1], ph);
+      dequant8(wg[v], st.s[i][0], big, pg);
+      dequant8(wh[v], st.s[i][1], big, ph);
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         if (!live[j]) continue;
-        const uint4 xv = st.x[j][v];  // (x0, x1), (x2, x3), (x4, x5), (x6, x7)
+        const uint4 xv = XS ? st.x[j][v] : xs[j][v];  // (x0, x1), (x2, x3), (x4, x5), (x6, x7)
         mma(acc[i][j], pg[0], ph[0], pg[1], ph[1], __byte_perm(xv.y, xv.w, 0x7632), __byte_perm(xv.y, xv.w, 0x5410));
         mma(acc[i][j], pg[2], ph[2], pg[3], ph[3], __byte_perm(xv.x, xv.z, 0x7632), __byte_perm(xv.x, xv.z, 0x5410));
       }
@@ -116,7 +132,7 @@ __device__ __forceinline__ void compute(const Step<TILES, NT>& st, float (&acc)[
 }
 
 // acc[i][j] += W rows (w[i][0]: row g, w[i][1]: row g + 8) . x rows over K = 128 * steps.
-template <int TILES, int NT, int STAGES>
+template <int TILES, int NT, int STAGES, bool XS>
 __device__ __forceinline__ void mainloop(float (&acc)[TILES][NT][4], const uint8_t* const (&w)[TILES][2],
                                          const uint8_t* const (&s)[TILES][2], const uint4* const (&x)[NT],
                                          const bool (&live)[NT], int steps) {
@@ -126,7 +142,7 @@ __device__ __forceinline__ void mainloop(float (&acc)[TILES][NT][4], const uint8
     for (int j = 0; j < NT; ++j)
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.f;
-  Step<TILES, NT> st[STAGES];
+  Step<TILES, NT, XS> st[STAGES];
 #pragma unroll
   for (int p = 0; p < STAGES; ++p)
     if (p < steps) load(st[p], w, s, x, p);
@@ -134,7 +150,7 @@ __device__ __forceinline__ void mainloop(float (&acc)[TILES][NT][4], const uint8
 #pragma unroll
     for (int p = 0; p < STAGES; ++p) {
       if (s0 + p < steps) {
-        compute(st[p], acc, live);
+        compute(st[p], acc, live, x, s0 + p);
         if (s0 + p + STAGES < steps) load(st[p], w, s, x, s0 + p + STAGES);
       }
     }
@@ -146,7 +162,7 @@ __device__ __forceinline__ uint16_t bf16_bits(float v) { return __bfloat16_as_us
 // gate/up + SwiGLU. CTA (bx: a block of 8 NT sorted pairs, by: WARPS x 16 columns of H); warp `warp`
 // owns H columns n0..n0 + 16: gate rows n0.. (m-tile 0) and up rows N + n0.. (m-tile 1) of expert e.
 // W [E, 2N, K/2] and WS [E, 2N, K/32] dense; X rows gathered by pair / topk; H [rows, N] dense.
-template <int NT, int WARPS, int STAGES, bool HAS_LIMIT>
+template <int NT, int WARPS, int STAGES, bool XS, bool HAS_LIMIT>
 __device__ __forceinline__ void gate_up(const void* X, int64_t x_stride, const void* W, const void* WS, void* H,
                                         const int* pairs, const int* block_expert, const int* num_rows,
                                         int num_pairs, int topk, int N, int K, float limit, int bx, int by, int tx) {
@@ -170,7 +186,7 @@ __device__ __forceinline__ void gate_up(const void* X, int64_t x_stride, const v
     live[j] = pairs[bx * BM + 8 * j] < num_pairs;  // a block's real rows come first: warp-uniform
   }
   float acc[2][NT][4];
-  mainloop<2, NT, STAGES>(acc, w, s, x, live, K / 128);
+  mainloop<2, NT, STAGES, XS>(acc, w, s, x, live, K / 128);
   uint16_t* h = static_cast<uint16_t*>(H);
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
@@ -191,7 +207,7 @@ __device__ __forceinline__ void gate_up(const void* X, int64_t x_stride, const v
 // down + routing weight: CTA (bx: the block, by: WARPS x 32 columns of Y); warp `warp` owns output
 // columns n0..n0 + 32 (m-tiles of 16). W [E, D, K/2], WS [E, D, K/32] dense; H [rows, K] dense;
 // Y [pairs, D] dense, each real row scaled by its pair's weight.
-template <int NT, int WARPS, int STAGES>
+template <int NT, int WARPS, int STAGES, bool XS>
 __device__ __forceinline__ void down(const void* H, const void* W, const void* WS, void* Y, const int* pairs,
                                      const int* block_expert, const int* num_rows, const float* topk_w,
                                      int num_pairs, int D, int K, int bx, int by, int tx) {
@@ -216,7 +232,7 @@ __device__ __forceinline__ void down(const void* H, const void* W, const void* W
     live[j] = pairs[bx * BM + 8 * j] < num_pairs;
   }
   float acc[2][NT][4];
-  mainloop<2, NT, STAGES>(acc, w, s, x, live, K / 128);
+  mainloop<2, NT, STAGES, XS>(acc, w, s, x, live, K / 128);
   uint16_t* y = static_cast<uint16_t*>(Y);
 #pragma unroll
   for (int j = 0; j < NT; ++j) {

@@ -28,6 +28,7 @@ WARPS = 4  # warps a CTA: gate/up columns 16 a warp (gate and up rows: 32), down
 STEP_K = 128  # K per step: 16 code bytes a thread and row
 TOKEN_TILES = (1, 2, 4)  # 8-pair mma column tiles a block (the layout's block_m / 8)
 STAGES = 2  # steps of weights in flight a thread (ptxas: 168 registers at 2 tiles of 8 pairs)
+X_STAGED = True  # activations loaded with the weights STAGES steps ahead (else as used, from L1)
 
 _WARP_SOURCE = (Path(__file__).parent / "fp4_warp.cuh").read_text()
 
@@ -64,7 +65,7 @@ def _gate_up_kernel(num_experts: int, inter: int, hidden: int, token_tiles: int,
     rows = T.dynamic("rows")
     blocks = T.dynamic("blocks")
     x_stride = T.dynamic("x_stride")
-    fn = f"fp4_moe::gate_up<{token_tiles}, {WARPS}, {STAGES}, {str(has_limit).lower()}>"
+    fn = f"fp4_moe::gate_up<{token_tiles}, {WARPS}, {STAGES}, {str(X_STAGED).lower()}, {str(has_limit).lower()}>"
 
     @T.prim_func
     def fp4_gate_up(
@@ -99,7 +100,7 @@ def _down_kernel(num_experts: int, inter: int, hidden: int, token_tiles: int):
     rows = T.dynamic("rows")
     blocks = T.dynamic("blocks")
     num_out = T.dynamic("num_out")
-    fn = f"fp4_moe::down<{token_tiles}, {WARPS}, {STAGES}>"
+    fn = f"fp4_moe::down<{token_tiles}, {WARPS}, {STAGES}, {str(X_STAGED).lower()}>"
 
     @T.prim_func
     def fp4_down(
