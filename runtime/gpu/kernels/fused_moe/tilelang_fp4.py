@@ -56,6 +56,20 @@ def supported(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, scales, bloc
     )
 
 
+def config(cfg, num_pairs: int, num_experts: int, x, w13, w2, scales):  # noqa: ANN001, ANN201
+    """`choose_config`'s FP4 tile (a `MoEConfig` with fp4_step "mma") made this form's: blocks of 8 pairs
+    up to 16 pairs an expert on average (fewer registers, more CTAs an SM: faster than 16-pair blocks
+    even where some experts need two, fp4_sweep at 256 tokens), 16 up to 48 (verify steps); where the
+    kernels do not apply, the Triton "scaled" form at the Triton tile."""
+    from dataclasses import replace
+
+    per_expert = num_pairs / max(1, num_experts)
+    block_m = 8 if per_expert <= 16 else 16
+    if per_expert > 48 or not supported(x, w13, w2, scales, block_m):
+        return replace(cfg, fp4_step="scaled")
+    return replace(cfg, block_m=block_m)
+
+
 @functools.cache
 def _gate_up_kernel(num_experts: int, inter: int, hidden: int, token_tiles: int, has_limit: bool):
     import tilelang

@@ -41,9 +41,10 @@ from runtime import envs
 from runtime.gpu.kernels.common import dot_precision
 from runtime.gpu.kernels.fp8_gemm import FP8_ACT_QUANT
 from runtime.gpu.kernels.fp8_gemm.reference import GROUP
+from runtime.gpu.kernels.fused_moe import tilelang_fp4
 from runtime.gpu.kernels.fused_moe.layout import MoELayout
 from runtime.gpu.kernels.fused_moe.reference import expert_format
-from runtime.gpu.kernels.fused_moe.triton_fp4 import FP4_DEFAULT_STEP, FP4_STEPS, launch_fp4
+from runtime.gpu.kernels.fused_moe.triton_fp4 import FP4_DEFAULT_STEP, FP4_STEPS, fp4_step, launch_fp4
 from runtime.gpu.kernels.fused_moe.triton_layout import block_tile, moe_layout_fast, store_swiglu
 from runtime.gpu.kernels.triton_utils import dot_f32, dot_operand
 
@@ -215,6 +216,8 @@ def fused_moe(
     if num_tokens == 0:
         return x.new_zeros(0, hidden)
     cfg = config or choose_config(num_tokens * k, num_experts, x.device, x.dtype, fmt == "fp8", fmt == "fp4")
+    if fmt == "fp4" and config is None and fp4_step(cfg, x) == "mma":
+        cfg = tilelang_fp4.config(cfg, num_tokens * k, num_experts, x, w13, w2, scales)
     assert fmt != "fp8" or cfg.block_k == GROUP, "FP8 experts take one 128-group per K step"
     lay = moe_layout_fast(topk_ids, num_experts, cfg.block_m)
     # The Triton interpreter (CPU) rounds float32 to bf16 toward zero: there H and Y are written in

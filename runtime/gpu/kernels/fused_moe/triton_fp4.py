@@ -180,6 +180,7 @@ def launch_fp4(x, w13, w2, h, y, weights, lay: MoELayout, cfg, topk: int, limit:
     step = fp4_step(cfg, x)
     if step == "mma" and tilelang_fp4.supported(x, w13, w2, scales, cfg.block_m):
         return tilelang_fp4.launch(x, w13, w2, h, y, weights, lay, topk, limit, scales)
+    assert cfg.block_m >= 16, "Triton's dots take 16 rows or more"
     assert cfg.block_k % GROUP == 0, "a K step is whole scale groups"
     (w13_s, w2_s), inter, hidden = scales, h.shape[1], y.shape[1]
     common = dict(GROUP=GROUP, DOT_PREC=dot_precision(x.dtype), DOT_F32=dot_f32(x), num_warps=cfg.num_warps,
