@@ -3,7 +3,7 @@
 # process by CONDUIT_FP4_MOE_STEP) in whole steps of the 8-layer V4-Flash cut as stored (--quantization
 # fp8: FP8 projections, FP4 routed experts; 30.8 GB, fits an H100), dummy weights, balanced routing,
 # pages of 128: decode k=0 and verify k=3 at context 8K (B = 8, 64) and a 4K-token prefill, one process
-# per form. FORMS picks the forms (default: both, the float32-path form first); a form may name a decode
+# per form. FORMS picks the forms (default: the Triton `dot_scaled` one, then the mma kernels); a form may name a decode
 # tile too, `step@block_m,block_n,block_k,warps,stages` (CONDUIT_FP4_MOE_DECODE_TILE);
 # EXTRA="--profile-steps 1" adds each point's kernel table; PREFILL="" skips the prefill point.
 # About 2 minutes a form on an H100.
@@ -12,7 +12,7 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 dir=$(results v4_fp4_forms)
 describe_machine "$dir"
-for form in ${FORMS:-values scaled}; do
+for form in ${FORMS:-scaled mma}; do
   step=${form%%@*}
   tile=""
   [[ $form == *@* ]] && tile=${form#*@}
