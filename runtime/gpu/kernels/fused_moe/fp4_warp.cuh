@@ -157,6 +157,21 @@ __device__ __forceinline__ void mainloop(float (&acc)[TILES][NT][4], const uint8
   }
 }
 
+// The block's token tiles (its layout rows first..first + 8 NT): x[j], this thread's 32 activations a
+// step of row first + 8 j + g (`row_ptr(row, pair)`: the row's bf16 activations; nullptr for padding),
+// and live[j], whether tile j holds a real row (a block's real rows come first, so warp-uniform).
+template <int NT, typename RowPtr>
+__device__ __forceinline__ void token_rows(const int* pairs, int first, int num_pairs, int g, int t,
+                                           const uint4* (&x)[NT], bool (&live)[NT], RowPtr row_ptr) {
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const int row = first + 8 * j + g;
+    const int p = pairs[row];
+    x[j] = p < num_pairs ? reinterpret_cast<const uint4*>(row_ptr(row, p)) + 4 * t : nullptr;
+    live[j] = pairs[first + 8 * j] < num_pairs;
+  }
+}
+
 __device__ __forceinline__ uint16_t bf16_bits(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
 
 // gate/up + SwiGLU. CTA (bx: a block of 8 NT sorted pairs, by: WARPS x 16 columns of H); warp `warp`
@@ -178,13 +193,9 @@ __device__ __forceinline__ void gate_up(const void* X, int64_t x_stride, const v
   const uint8_t* const s[2][2] = {{sb, sb + 8 * kg}, {sb + N * kg, sb + (N + 8) * kg}};
   const uint4* x[NT];
   bool live[NT];
-#pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    const int p = pairs[bx * BM + 8 * j + g];
-    x[j] = p < num_pairs ? reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(X) + (p / topk) * x_stride) + 4 * t
-                         : nullptr;
-    live[j] = pairs[bx * BM + 8 * j] < num_pairs;  // a block's real rows come first: warp-uniform
-  }
+  token_rows(pairs, bx * BM, num_pairs, g, t, x, live, [&](int, int p) {
+    return static_cast<const __nv_bfloat16*>(X) + (p / topk) * x_stride;  // the pair's token
+  });
   float acc[2][NT][4];
   mainloop<2, NT, STAGES, XS>(acc, w, s, x, live, K / 128);
   uint16_t* h = static_cast<uint16_t*>(H);
@@ -223,14 +234,9 @@ __device__ __forceinline__ void down(const void* H, const void* W, const void* W
   const uint8_t* const s[2][2] = {{sb, sb + 8 * kg}, {sb + 16 * kg, sb + 24 * kg}};
   const uint4* x[NT];
   bool live[NT];
-#pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    const int row = bx * BM + 8 * j + g;
-    x[j] = pairs[row] < num_pairs
-               ? reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(H) + int64_t(row) * K) + 4 * t
-               : nullptr;
-    live[j] = pairs[bx * BM + 8 * j] < num_pairs;
-  }
+  token_rows(pairs, bx * BM, num_pairs, g, t, x, live, [&](int row, int) {
+    return static_cast<const __nv_bfloat16*>(H) + int64_t(row) * K;  // the layout row itself
+  });
   float acc[2][NT][4];
   mainloop<2, NT, STAGES, XS>(acc, w, s, x, live, K / 128);
   uint16_t* y = static_cast<uint16_t*>(Y);
