@@ -56,16 +56,22 @@ def supported(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, scales, bloc
     )
 
 
-def config(cfg, num_pairs: int, num_experts: int, x, w13, w2, scales):  # noqa: ANN001, ANN201
-    """`choose_config`'s FP4 tile (a `MoEConfig` with fp4_step "mma") made this form's: blocks of 8 pairs
-    up to 16 pairs an expert on average (fewer registers, more CTAs an SM: faster than 16-pair blocks
-    even where some experts need two, fp4_sweep at 256 tokens), 16 up to 48 (verify steps); where the
-    kernels do not apply, the Triton "scaled" form at the Triton tile."""
+def config(cfg, num_pairs: int, num_experts: int, x, w13, w2, scales, tile: bool = True):  # noqa: ANN001, ANN201
+    """A `MoEConfig` with fp4_step "mma" made what the launch runs, the one place that checks `supported`.
+    With `tile` (`choose_config`'s FP4 tile): blocks of 8 pairs up to 16 pairs an expert on average
+    (fewer registers, more CTAs an SM: faster than 16-pair blocks even where some experts need two,
+    `benchmarks.kernels.fp4_mma_sweep` at 256 tokens), 16 up to 48 (verify steps). Without (a config the
+    caller gave: tests, tuning) its block_m stays. Where the kernels do not apply, the Triton "scaled"
+    form at the config's tile."""
     from dataclasses import replace
 
-    per_expert = num_pairs / max(1, num_experts)
-    block_m = 8 if per_expert <= 16 else 16
-    if per_expert > 48 or not supported(x, w13, w2, scales, block_m):
+    block_m = cfg.block_m
+    if tile:
+        per_expert = num_pairs / max(1, num_experts)
+        if per_expert > 48:
+            return replace(cfg, fp4_step="scaled")
+        block_m = 8 if per_expert <= 16 else 16
+    if not supported(x, w13, w2, scales, block_m):
         return replace(cfg, fp4_step="scaled")
     return replace(cfg, block_m=block_m)
 
@@ -141,7 +147,8 @@ def _down_kernel(num_experts: int, inter: int, hidden: int, token_tiles: int):
 
 
 def launch(x, w13, w2, h, y, weights, lay: MoELayout, topk: int, limit: float | None, scales) -> None:  # noqa: ANN001
-    """`triton_fp4.launch_fp4`'s contract for what `supported` covers; h [rows, I] and y [T*k, D] bf16."""
+    """`triton_fp4.launch_fp4`'s contract for a config `config` kept at "mma"; h [rows, I] and y [T*k, D]
+    bf16."""
     (w13_s, w2_s), num_experts = scales, w13.shape[0]
     inter, hidden = h.shape[1], y.shape[1]
     tiles = lay.block_m // 8

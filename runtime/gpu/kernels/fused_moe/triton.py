@@ -216,8 +216,9 @@ def fused_moe(
     if num_tokens == 0:
         return x.new_zeros(0, hidden)
     cfg = config or choose_config(num_tokens * k, num_experts, x.device, x.dtype, fmt == "fp8", fmt == "fp4")
-    if fmt == "fp4" and config is None and fp4_step(cfg, x) == "mma":
-        cfg = tilelang_fp4.config(cfg, num_tokens * k, num_experts, x, w13, w2, scales)
+    # FP4 "mma": the mma kernels' blocks, or "scaled" where they do not apply
+    if fmt == "fp4" and fp4_step(cfg, x) == "mma":
+        cfg = tilelang_fp4.config(cfg, num_tokens * k, num_experts, x, w13, w2, scales, tile=config is None)
     assert fmt != "fp8" or cfg.block_k == GROUP, "FP8 experts take one 128-group per K step"
     lay = moe_layout_fast(topk_ids, num_experts, cfg.block_m)
     # The Triton interpreter (CPU) rounds float32 to bf16 toward zero: there H and Y are written in

@@ -178,13 +178,13 @@ def fp4_step(cfg, x) -> str:  # noqa: ANN001
 def launch_fp4(x, w13, w2, h, y, weights, lay: MoELayout, cfg, topk: int, limit: float | None, scales):  # noqa: ANN001
     """The two FP4 launches (`triton._launch`'s arguments; `scales` = (w13_scale, w2_scale) bytes)."""
     step = fp4_step(cfg, x)
-    if step == "mma" and tilelang_fp4.supported(x, w13, w2, scales, cfg.block_m):
+    if step == "mma":  # `tilelang_fp4.config` kept it: the kernels apply
         return tilelang_fp4.launch(x, w13, w2, h, y, weights, lay, topk, limit, scales)
     assert cfg.block_m >= 16, "Triton's dots take 16 rows or more"
     assert cfg.block_k % GROUP == 0, "a K step is whole scale groups"
     (w13_s, w2_s), inter, hidden = scales, h.shape[1], y.shape[1]
     common = dict(GROUP=GROUP, DOT_PREC=dot_precision(x.dtype), DOT_F32=dot_f32(x), num_warps=cfg.num_warps,
-                  num_stages=cfg.num_stages, SCALED=step != "values")  # "mma" elsewhere: "scaled"  # fmt: skip
+                  num_stages=cfg.num_stages, SCALED=step == "scaled")  # fmt: skip
     half = cfg.block_n // 2
     _gate_up_swiglu_fp4[(lay.max_blocks, triton.cdiv(inter, half))](
         x, w13, w13_s, h, lay.sorted_pairs, lay.block_expert, lay.num_rows,
