@@ -29,6 +29,14 @@ STEP_K = 128  # K per step: 16 code bytes a thread and row
 TOKEN_TILES = (1, 2, 4)  # 8-pair mma column tiles a block (the layout's block_m / 8)
 STAGES = 2  # steps of weights in flight a thread (ptxas: 168 registers at 2 tiles of 8 pairs)
 X_STAGED = True  # activations loaded with the weights STAGES steps ahead (else as used, from L1)
+RING = 0  # > 0: steps in flight through a per-thread shared-memory ring (fp4_warp.cuh `mainloop_ring`)
+
+
+def ring_bytes(token_tiles: int, ring: int) -> int:
+    """The CTA's shared ring: `ring` steps x threads x (4 code chunks, a chunk of scale words, 4 a token
+    tile) x 16 bytes (fp4_warp.cuh `RingSlot`), and 16 to align it; 16 when off (a pointer is passed either way)."""
+    return ring * 32 * WARPS * (5 + 4 * token_tiles) * 16 + 16 if ring else 16
+
 
 _WARP_SOURCE = (Path(__file__).parent / "fp4_warp.cuh").read_text()
 
@@ -77,15 +85,21 @@ def config(cfg, num_pairs: int, num_experts: int, x, w13, w2, scales, tile: bool
 
 
 @functools.cache
-def _gate_up_kernel(num_experts: int, inter: int, hidden: int, token_tiles: int, has_limit: bool):
+def _gate_up_kernel(
+    num_experts: int, inter: int, hidden: int, token_tiles: int, has_limit: bool, knobs: tuple
+):
     import tilelang
     import tilelang.language as T
 
+    stages, staged, ring = knobs
     tokens = T.dynamic("tokens")
     rows = T.dynamic("rows")
     blocks = T.dynamic("blocks")
     x_stride = T.dynamic("x_stride")
-    fn = f"fp4_moe::gate_up<{token_tiles}, {WARPS}, {STAGES}, {str(X_STAGED).lower()}, {str(has_limit).lower()}>"
+    fn = (
+        f"fp4_moe::gate_up<{token_tiles}, {WARPS}, {stages}, {str(staged).lower()}, {ring}, "
+        f"{str(has_limit).lower()}>"
+    )
 
     @T.prim_func
     def fp4_gate_up(
@@ -102,25 +116,27 @@ def _gate_up_kernel(num_experts: int, inter: int, hidden: int, token_tiles: int,
     ):
         with T.Kernel(blocks, inter // (16 * WARPS), threads=32 * WARPS) as (bx, by):
             T.import_source(_WARP_SOURCE)
+            slots = T.alloc_shared([ring_bytes(token_tiles, ring)], "uint8")
             T.call_extern(
                 "handle", fn, T.address_of(X[0, 0]), T.cast(x_stride, "int64"), T.address_of(W[0, 0, 0]),
                 T.address_of(WS[0, 0, 0]), T.address_of(H[0, 0]), T.address_of(Pairs[0]),
                 T.address_of(BlockExpert[0]), T.address_of(NumRows[0]), num_pairs, topk, inter, hidden, limit,
-                bx, by, T.get_thread_binding(),
+                T.address_of(slots[0]), bx, by, T.get_thread_binding(),
             )  # fmt: skip
 
     return tilelang.compile(fp4_gate_up, target="cuda")
 
 
 @functools.cache
-def _down_kernel(num_experts: int, inter: int, hidden: int, token_tiles: int):
+def _down_kernel(num_experts: int, inter: int, hidden: int, token_tiles: int, knobs: tuple):
     import tilelang
     import tilelang.language as T
 
+    stages, staged, ring = knobs
     rows = T.dynamic("rows")
     blocks = T.dynamic("blocks")
     num_out = T.dynamic("num_out")
-    fn = f"fp4_moe::down<{token_tiles}, {WARPS}, {STAGES}, {str(X_STAGED).lower()}>"
+    fn = f"fp4_moe::down<{token_tiles}, {WARPS}, {stages}, {str(staged).lower()}, {ring}>"
 
     @T.prim_func
     def fp4_down(
@@ -136,11 +152,12 @@ def _down_kernel(num_experts: int, inter: int, hidden: int, token_tiles: int):
     ):
         with T.Kernel(blocks, hidden // (32 * WARPS), threads=32 * WARPS) as (bx, by):
             T.import_source(_WARP_SOURCE)
+            slots = T.alloc_shared([ring_bytes(token_tiles, ring)], "uint8")
             T.call_extern(
                 "handle", fn, T.address_of(H[0, 0]), T.address_of(W[0, 0, 0]), T.address_of(WS[0, 0, 0]),
                 T.address_of(Y[0, 0]), T.address_of(Pairs[0]), T.address_of(BlockExpert[0]),
-                T.address_of(NumRows[0]), T.address_of(TopkW[0]), num_pairs, hidden, inter, bx, by,
-                T.get_thread_binding(),
+                T.address_of(NumRows[0]), T.address_of(TopkW[0]), num_pairs, hidden, inter,
+                T.address_of(slots[0]), bx, by, T.get_thread_binding(),
             )  # fmt: skip
 
     return tilelang.compile(fp4_down, target="cuda")
@@ -152,8 +169,9 @@ def launch(x, w13, w2, h, y, weights, lay: MoELayout, topk: int, limit: float | 
     (w13_s, w2_s), num_experts = scales, w13.shape[0]
     inter, hidden = h.shape[1], y.shape[1]
     tiles = lay.block_m // 8
-    gate_up = _gate_up_kernel(num_experts, inter, hidden, tiles, limit is not None)
+    knobs = (STAGES, X_STAGED, RING)  # read per launch: the sweep and the tests set them
+    gate_up = _gate_up_kernel(num_experts, inter, hidden, tiles, limit is not None, knobs)
     gate_up(x, w13, w13_s, h, lay.sorted_pairs, lay.block_expert, lay.num_rows, lay.num_pairs, topk,
             0.0 if limit is None else float(limit))  # fmt: skip
-    down = _down_kernel(num_experts, inter, hidden, tiles)
+    down = _down_kernel(num_experts, inter, hidden, tiles, knobs)
     down(h, w2, w2_s, y, lay.sorted_pairs, lay.block_expert, lay.num_rows, weights, lay.num_pairs)
