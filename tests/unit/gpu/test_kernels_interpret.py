@@ -738,6 +738,51 @@ def moe_blocks_one_rank_full_blocks_fp32():
     return _moe_blocks(5, 2, 64, ep=1, per_rank=8, cap=10, dtype=torch.float32)
 
 
+def _pool_closing(overlap: bool, rate: int, d: int, dtype) -> float:
+    """V4's decode compressors: B groups of q_len places, each closing up to n windows, every raw token
+    from the row's tail or the step (shuffled), window 0 among them (no Ca tokens), windows that do not
+    close (their dst rows must keep their values), a trailing rope of 2 * 8 channels."""
+    from runtime.gpu.kernels.compress_pool import reference, triton
+    from runtime.gpu.kernels.testing import close_ratio
+
+    g = torch.Generator().manual_seed(rate + d)
+    span, width = (2 * rate, 2 * d) if overlap else (rate, d)
+    b, n, t, r = 3, 2, 8, 5
+    kv, gate = (torch.randn(t, width, generator=g).to(dtype) for _ in range(2))
+    tail_kv, tail_gate = (torch.randn(r, span, width, generator=g).to(dtype) for _ in range(2))
+    group_rows = torch.tensor([4, 0, 2])
+    closes = torch.tensor([[True, False], [True, True], [False, True]])
+    window = torch.tensor([[0, 3], [5, 6], [1, 2]])
+    dst = torch.tensor([[7, 0], [3, 9], [0, 11]])
+    slots = torch.randint(0, span, (b, n, span), generator=g)
+    new = torch.rand(b, n, span, generator=g) < 0.4
+    place = torch.randint(0, t, (b, n, span), generator=g)
+    bias = torch.randn(rate, width, generator=g)
+    norm_w = (1 + 0.1 * torch.randn(d, generator=g)).to(dtype)
+    inv = 1.0 / (10000 ** (torch.arange(0, 16, 2).float() / 16))
+    args = (kv, gate, tail_kv, tail_gate, group_rows, closes, window, dst, slots, new, place)
+    tail = (bias, overlap, norm_w, 1e-6, inv, 1.3)
+    got, want = (torch.randn(12, d, generator=g).to(dtype) for _ in range(2))
+    want.copy_(got)
+    orig = got.clone()
+    triton.pool_closing(*args, got, *tail)
+    reference.pool_closing(*args, want, *tail)
+    untouched = torch.ones(12, dtype=torch.bool)
+    untouched[dst[closes]] = False
+    assert torch.equal(got[untouched], orig[untouched]) and not torch.equal(want, orig)
+    return close_ratio(got, want, *_tol(dtype))
+
+
+@case
+def pool_closing_csa_overlap_bf16():
+    return _pool_closing(True, 4, 64, torch.bfloat16)
+
+
+@case
+def pool_closing_hca_fp32():
+    return _pool_closing(False, 32, 32, torch.float32)  # span 32: two loop steps of 16 tokens
+
+
 # ------------------------------------------------------------------ the pytest side
 
 test_triton_kernel_matches_reference_under_interpreter = CASES.pytest_test(__file__)

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 import torch
 
 from runtime.gpu.forward_batch import ForwardBatch
+from runtime.gpu.kernels.compress_pool import POOL_CLOSING
 from runtime.gpu.kernels.index_scores import ROW_INDEX_SCORES
 from runtime.gpu.kernels.sparse_attention import SPARSE_ATTENTION
 from runtime.gpu.models.deepseek_v4.compressor import Compressor, Indexer
@@ -157,9 +158,10 @@ def forward(
     return SPARSE_ATTENTION.get(q.device)(q, keys, meta.window_index, attn.sinks, scale, **extra)
 
 
-def closing(meta: DecodeMeta, rate: int, span: int) -> tuple[torch.Tensor, ...]:
+def closing(meta: DecodeMeta, rate: int, span: int, table: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The windows each group's run may close, n = ceil(q_len / rate) of them ([B, n] each): whether it
-    does (its last position is a place of the run), the window, and ([B, n, span] each) where its last
+    does (its last position is a place of the run), the window, its entry-pool row (`table`:
+    req_to_token; 0, the padding page's, for a window left open), and ([B, n, span] each) where its last
     `span` raw tokens are: their tail slots (positions modulo span) and, for those at or past the
     group's first position, True and their place in the step."""
     if (rate, span) not in meta.closing:
@@ -169,10 +171,14 @@ def closing(meta: DecodeMeta, rate: int, span: int) -> tuple[torch.Tensor, ...]:
         last = first + (rate - 1 - first) % rate + rate * torch.arange(-(-q_len // rate), device=device)
         offset = last - first  # its place in the group
         closes = (offset < q_len) & meta.in_run.gather(1, offset.clamp(max=q_len - 1))
+        window = last // rate
+        dst = torch.where(
+            closes, table[meta.group_rows[:, None], torch.where(closes, window, 0) * rate] // rate, 0
+        )
         raw = last[..., None] - torch.arange(span - 1, -1, -1, device=device)
         group = q_len * torch.arange(first.shape[0], device=device)[:, None, None]
         place = (group + raw - first[..., None]).clamp(0, meta.positions.shape[0] - 1)
-        meta.closing[rate, span] = (closes, last // rate, raw % span, raw >= first[..., None], place)
+        meta.closing[rate, span] = (closes, window, dst, raw % span, raw >= first[..., None], place)
     return meta.closing[rate, span]
 
 
@@ -185,36 +191,18 @@ def push_and_pool(
     table: torch.Tensor,
     rope: InterleavedRope,
 ) -> None:
-    """The windows each row's run of places closes pooled into `pool`, then every place's token into its
-    tail (attention.compress_step for a run per row). A window left open rewrites entry 0, of the
-    padding page (never handed out), with its own value: no host branch, and no real entry written
-    twice."""
-    m, span = comp.rate, comp.tail_len
+    """The windows each row's run of places closes pooled into `pool` (the `pool_closing` op), then every
+    place's token into its tail (attention.compress_step for a run per row)."""
     kv, gate = comp.project(x)
-    closes, window, slots, new, place = closing(meta, m, span)
-    rows = meta.group_rows[:, None, None]
-    raw_kv = torch.where(new[..., None], kv[place], tail.kv[rows, slots]).flatten(0, 1)
-    raw_gate = torch.where(new[..., None], gate[place], tail.gate[rows, slots]).flatten(0, 1)
-    entry = pool_window(comp, raw_kv, raw_gate, window.flatten(), rope)
-    dst = torch.where(closes, table[meta.group_rows[:, None], torch.where(closes, window, 0) * m] // m, 0)
-    dst = dst.flatten()
-    pool[dst] = torch.where(closes.flatten()[:, None], entry, pool[dst])
-    slot = meta.positions % span
+    closes, window, dst, slots, new, place = closing(meta, comp.rate, comp.tail_len, table)
+    POOL_CLOSING.get(x.device)(
+        kv, gate, tail.kv, tail.gate, meta.group_rows, closes, window, dst, slots, new, place, pool,
+        comp.position_bias, comp.overlap, comp.kv_norm.weight, comp.kv_norm.eps, rope.inv_freq_on(x.device),
+        rope.scaling,
+    )  # fmt: skip
+    slot = meta.positions % comp.tail_len
     tail.kv[meta.rows, slot] = kv
     tail.gate[meta.rows, slot] = gate
-
-
-def pool_window(
-    comp: Compressor, kv: torch.Tensor, gate: torch.Tensor, window: torch.Tensor, rope: InterleavedRope
-) -> torch.Tensor:
-    """Raw kv / gate [N, tail_len, width] of N windows' last tail_len tokens -> the entries [N, dim] of the
-    windows they end, by `Compressor.pool`. With overlap the tail is the window before and this one (the
-    first entry, that window's, is dropped); window 0 has no window before it, so its gate is -inf."""
-    if comp.overlap:
-        gate = gate.clone()
-        gate[:, : comp.rate].masked_fill_((window < 1)[:, None, None], float("-inf"))
-    windows = kv.shape[1] // comp.rate
-    return comp.pool(kv, gate, window - (windows - 1), rope)[:, -1]
 
 
 def select(

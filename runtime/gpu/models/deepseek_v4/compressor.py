@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from runtime.gpu.kernels.compress_pool.reference import pool as pool_windows
 from runtime.gpu.kernels.index_scores import INDEX_SCORES
 from runtime.gpu.layers.norm import RMSNorm
 from runtime.gpu.models.deepseek_v4.rope import InterleavedRope
@@ -49,21 +50,8 @@ class Compressor(nn.Module):
         """Raw kv/gate of whole windows first_window.. [..., n * rate, width] -> entries [..., n, dim]
         (leading dims: independent sequences, e.g. one per decode row, with `first_window` a tensor of
         their shape). With overlap, the first window pools its Cb half alone (callers that have its
-        predecessor pass it first and drop that entry)."""
-        m, d, lead = self.rate, self.dim, kv.shape[:-2]
-        n = kv.shape[-2] // m
-        kv = kv.view(*lead, n, m, -1)
-        gate = gate.view(*lead, n, m, -1) + self.position_bias
-        if self.overlap:
-            slots_kv = kv.new_zeros(*lead, n, 2 * m, d)
-            slots_gate = gate.new_full((*lead, n, 2 * m, d), float("-inf"))
-            slots_kv[..., m:, :], slots_gate[..., m:, :] = kv[..., d:], gate[..., d:]
-            slots_kv[..., 1:, :m, :], slots_gate[..., 1:, :m, :] = kv[..., :-1, :, :d], gate[..., :-1, :, :d]
-            kv, gate = slots_kv, slots_gate
-        pooled = (kv * gate.softmax(dim=-2, dtype=torch.float32).to(kv.dtype)).sum(-2)
-        first = torch.as_tensor(first_window, device=kv.device).unsqueeze(-1)
-        positions = (first + torch.arange(n, device=kv.device)) * m
-        return rope(self.kv_norm(pooled).reshape(-1, d), positions.reshape(-1)).view(*lead, n, d)
+        predecessor pass it first and drop that entry). The math is `compress_pool.reference.pool`."""
+        return pool_windows(kv, gate, first_window, self.position_bias, self.overlap, self.kv_norm, rope)
 
 
 class IndexerScorer(nn.Module):

@@ -36,7 +36,8 @@ class InterleavedRope:
         # transfer, which CUDA graph capture refuses (the eager warm-up step makes it first)
         self._inv_freq_on: dict[torch.device, torch.Tensor] = {}
 
-    def _inv_freq(self, device: torch.device) -> torch.Tensor:
+    def inv_freq_on(self, device: torch.device) -> torch.Tensor:
+        """The inverse frequencies [rope_dim / 2] float32 on `device` (for ops that rope inside)."""
         inv = self._inv_freq_on.get(device)
         if inv is None:
             inv = self._inv_freq_on[device] = self.inv_freq.to(device)
@@ -48,4 +49,4 @@ class InterleavedRope:
         out-of-place form copied the whole head (the unrotated channels too) to rotate a quarter or an
         eighth of it. Returns x."""
         op = ROPE_INTERLEAVED.get(x.device)
-        return op(x, positions, self._inv_freq(positions.device), self.scaling, inverse)
+        return op(x, positions, self.inv_freq_on(positions.device), self.scaling, inverse)

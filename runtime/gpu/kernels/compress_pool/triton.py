@@ -1,0 +1,103 @@
+"""`pool_closing` in one Triton launch: a program per (group, window it may close), all channels at once.
+
+The window's raw tokens are read where they are (this step's projection row or the row's tail slot: a
+pointer per token), SLOTS tokens at a time with an online softmax per channel, so HCA's 128-token
+windows need no [128, d] tile. The pooled row (rounded to kv's dtype, as the reference's sum is) is
+RMS-normed and roped in registers and stored only if the window closes: nothing else is written."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from runtime.gpu.kernels.common import next_pow2
+
+SLOTS = 16  # raw tokens a loop step: [16, 512] float32 tiles of kv and gate in 4 warps
+
+
+@triton.jit
+def _pool_closing(
+    KV, Gate, TailKV, TailGate, GroupRows, Closes, Window, Dst, Slots, New, Place, Entries, Bias, NormW, InvFreq,
+    n_windows, span, eps, scaling,
+    stride_kv, stride_gate, stride_tkr, stride_tks, stride_tgr, stride_tgs, stride_e, stride_b,
+    RATE: tl.constexpr, D: tl.constexpr, ROPE_HALF: tl.constexpr, OVERLAP: tl.constexpr, SLOTS: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0).to(tl.int64)
+    closes = tl.load(Closes + pid) != 0
+    if closes:
+        b = pid // n_windows
+        row = tl.load(GroupRows + b).to(tl.int64)
+        win = tl.load(Window + pid).to(tl.int64)
+        offs_d = tl.arange(0, D)
+        run_max = tl.full([D], float("-inf"), tl.float32)
+        run_sum = tl.zeros([D], tl.float32)
+        acc = tl.zeros([D], tl.float32)
+        for s0 in range(0, span, SLOTS):
+            offs_s = s0 + tl.arange(0, SLOTS)
+            real = offs_s < span
+            slot = tl.load(Slots + pid * span + offs_s, mask=real, other=0).to(tl.int64)
+            new = tl.load(New + pid * span + offs_s, mask=real, other=0) != 0
+            place = tl.load(Place + pid * span + offs_s, mask=real, other=0).to(tl.int64)
+            if OVERLAP:  # the first RATE tokens (the window before) give Ca [0, d), the rest Cb [d, 2d)
+                half = offs_s >= RATE
+                col = tl.where(half, D, 0)[:, None] + offs_d[None, :]
+                bias_row = tl.where(half, offs_s - RATE, offs_s)
+                keep = real & (half | (offs_s * 0 + win >= 1))  # window 0 has no window before it
+            else:
+                col = offs_d[None, :] + tl.zeros([SLOTS, 1], tl.int32)
+                bias_row = offs_s
+                keep = real
+            kv_ptr = tl.where(new[:, None], KV + place[:, None] * stride_kv, TailKV + row * stride_tkr
+                              + slot[:, None] * stride_tks) + col  # fmt: skip
+            gate_ptr = tl.where(new[:, None], Gate + place[:, None] * stride_gate, TailGate + row * stride_tgr
+                                + slot[:, None] * stride_tgs) + col  # fmt: skip
+            kv = tl.load(kv_ptr, mask=keep[:, None], other=0.0).to(tl.float32)
+            g = tl.load(gate_ptr, mask=keep[:, None], other=0.0).to(tl.float32)
+            g += tl.load(Bias + bias_row[:, None] * stride_b + col, mask=keep[:, None], other=0.0)
+            g = tl.where(keep[:, None], g, float("-inf"))
+            new_max = tl.maximum(run_max, tl.max(g, 0))
+            safe = tl.where(new_max == float("-inf"), 0.0, new_max)  # a channel with no token yet
+            p = tl.exp(g - safe[None, :])
+            alpha = tl.exp(run_max - safe)
+            run_sum = run_sum * alpha + tl.sum(p, 0)
+            acc = acc * alpha + tl.sum(p * kv, 0)
+            run_max = new_max
+        dtype = KV.dtype.element_ty  # the reference's sum, norm and rope each round to it
+        pooled = (acc / run_sum).to(dtype).to(tl.float32)
+        inv = 1.0 / tl.sqrt(tl.sum(pooled * pooled, 0) / D + eps)
+        w = tl.load(NormW + offs_d).to(tl.float32)
+        y = (w * (pooled * inv).to(dtype).to(tl.float32)).to(dtype)
+        # rope on the trailing 2 ROPE_HALF channels: pairs (2i, 2i + 1), at the window's first position
+        a, c = tl.split(tl.reshape(y.to(tl.float32), (D // 2, 2)))
+        i = tl.arange(0, D // 2) - (D // 2 - ROPE_HALF)
+        freq = tl.load(InvFreq + i, mask=i >= 0, other=0.0)
+        angle = (win * RATE).to(tl.float32) * freq
+        cos = tl.where(i >= 0, tl.cos(angle) * scaling, 1.0)
+        sin = tl.where(i >= 0, tl.sin(angle) * scaling, 0.0)
+        out = tl.reshape(tl.join(a * cos - c * sin, c * cos + a * sin), (D,))
+        dst = tl.load(Dst + pid).to(tl.int64)
+        tl.store(Entries + dst * stride_e + offs_d, out.to(Entries.dtype.element_ty))
+
+
+def pool_closing(
+    kv, gate, tail_kv, tail_gate, group_rows, closes, window, dst, slots, new, place, entries, bias, overlap,
+    norm_weight, eps, inv_freq, scaling,
+) -> None:  # fmt: skip
+    """`PoolClosing`: one program per (group, window)."""
+    d = entries.shape[1]
+    span = slots.shape[-1]
+    rate = bias.shape[0]
+    assert d == next_pow2(d) and kv.stride(1) == 1 and gate.stride(1) == 1 and entries.stride(1) == 1
+    assert tail_kv.stride(2) == 1 and tail_gate.stride(2) == 1 and bias.is_contiguous()
+    assert span == (2 * rate if overlap else rate) and kv.shape[1] == (2 * d if overlap else d)
+    slots, new, place = slots.contiguous(), new.contiguous(), place.contiguous()
+    n = closes.numel()
+    if n:
+        _pool_closing[(n,)](
+            kv, gate, tail_kv, tail_gate, group_rows, closes.contiguous(), window.contiguous(), dst.contiguous(),
+            slots, new, place, entries, bias, norm_weight, inv_freq, closes.shape[1], span, float(eps),
+            float(scaling), kv.stride(0), gate.stride(0), tail_kv.stride(0), tail_kv.stride(1),
+            tail_gate.stride(0), tail_gate.stride(1), entries.stride(0), bias.stride(0),
+            RATE=rate, D=d, ROPE_HALF=inv_freq.numel(), OVERLAP=overlap, SLOTS=min(SLOTS, next_pow2(span)),
+            num_warps=4,
+        )  # fmt: skip
