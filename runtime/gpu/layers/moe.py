@@ -23,13 +23,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime.gpu.kernels.fused_moe import FUSED_MOE
-from runtime.gpu.kernels.fused_moe.reference import swiglu
 from runtime.gpu.kernels.moe_route import MOE_ROUTE
 from runtime.gpu.kernels.moe_route.reference import score
 from runtime.gpu.layers.fp8_linear import fp8_parameter, keep_dtypes, load_float, normal, scale_parameter
 from runtime.gpu.quant import fp4, fp8
 
-__all__ = ["HashRouter", "RoutedExperts", "TopkRouter", "balance_routing", "score", "swiglu"]
+__all__ = ["HashRouter", "RoutedExperts", "TopkRouter", "balance_routing", "score"]
 
 
 class TopkRouter(nn.Module):

@@ -160,6 +160,19 @@ def silu_and_mul_strided_bf16():
 
 
 @case
+def silu_and_mul_clamped_bf16():
+    """DeepSeek-V4's limit: gate clamped above, up on both sides, before silu * up (values past it)."""
+    from runtime.gpu.kernels.silu_and_mul import reference, triton
+    from runtime.gpu.kernels.testing import close_ratio
+
+    gu = (8 * torch.randn(5, 2 * 700, generator=torch.Generator().manual_seed(3))).to(torch.bfloat16)
+    g, u = gu.split(700, -1)
+    got, want = triton.silu_and_mul(g, u, limit=7.0), reference.silu_and_mul(g, u, limit=7.0)
+    assert not torch.equal(want, reference.silu_and_mul(g, u))  # the clamp did something
+    return close_ratio(got, want, *_tol(torch.bfloat16))
+
+
+@case
 def silu_and_mul_folded_norm_bf16():
     """With rms_x: gate and up scaled by each token's 1 / rms(rms_x) first (Llama's folded norms)."""
     from runtime.gpu.kernels.silu_and_mul import reference, triton

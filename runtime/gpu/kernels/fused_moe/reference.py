@@ -19,14 +19,14 @@ import torch
 import torch.nn.functional as F
 
 from runtime.gpu.kernels.fp8_gemm.reference import GROUP, act_quant, dequant_act, dequant_weight
+from runtime.gpu.kernels.silu_and_mul.reference import silu_and_mul
 from runtime.gpu.quant import fp4
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None = None) -> torch.Tensor:
-    """silu(gate) * up; with `limit` (DeepSeek-V4) gate is clamped above and up on both sides first."""
-    if limit is not None:
-        gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
-    return F.silu(gate) * up
+    """silu(gate) * up; with `limit` (DeepSeek-V4) gate is clamped above and up on both sides first (the
+    `silu_and_mul` op's math)."""
+    return silu_and_mul(gate, up, limit=limit)
 
 
 def fused_moe(x, w13, w2, topk_weights, topk_ids, swiglu_limit=None, w13_scale=None, w2_scale=None):

@@ -18,8 +18,8 @@ RMS_CHUNK = 1024
 
 @triton.jit
 def _silu_and_mul(
-    G, U, Out, X, n_cols, n_x, eps, stride_g, stride_u, stride_o, stride_x,
-    HAS_RMS: tl.constexpr, BLOCK: tl.constexpr, RMS_CHUNK: tl.constexpr,
+    G, U, Out, X, n_cols, n_x, eps, limit, stride_g, stride_u, stride_o, stride_x,
+    HAS_RMS: tl.constexpr, HAS_LIMIT: tl.constexpr, BLOCK: tl.constexpr, RMS_CHUNK: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -30,11 +30,14 @@ def _silu_and_mul(
         inv = inv_rms_of_row(X, t, stride_x, n_x, eps, RMS_CHUNK)
         g = (g * inv).to(G.dtype.element_ty).to(tl.float32)
         u = (u * inv).to(U.dtype.element_ty).to(tl.float32)
+    if HAS_LIMIT:
+        g = tl.minimum(g, limit)
+        u = tl.minimum(tl.maximum(u, -limit), limit)
     s = (g / (1.0 + tl.exp(-g))).to(Out.dtype.element_ty).to(tl.float32)
     tl.store(Out + t * stride_o + offs, (s * u).to(Out.dtype.element_ty), mask=mask)
 
 
-def silu_and_mul(gate, up, rms_x=None, rms_eps=0.0):
+def silu_and_mul(gate, up, rms_x=None, rms_eps=0.0, limit=None):
     """`SiluAndMul`; gate and up with unit column stride (column slices of the merged gate|up output are
     fine)."""
     assert gate.shape == up.shape and gate.dim() == 2 and gate.stride(1) == 1 and up.stride(1) == 1
@@ -45,7 +48,8 @@ def silu_and_mul(gate, up, rms_x=None, rms_eps=0.0):
     block = BLOCK if rms_x is None else BLOCK_RMS
     if n_rows:
         _silu_and_mul[(n_rows, triton.cdiv(n_cols, block))](
-            gate, up, out, x, n_cols, x.shape[-1], rms_eps, gate.stride(0), up.stride(0), out.stride(0),
-            x.stride(0), HAS_RMS=rms_x is not None, BLOCK=block, RMS_CHUNK=RMS_CHUNK, num_warps=4,
+            gate, up, out, x, n_cols, x.shape[-1], rms_eps, 0.0 if limit is None else float(limit),
+            gate.stride(0), up.stride(0), out.stride(0), x.stride(0), HAS_RMS=rms_x is not None,
+            HAS_LIMIT=limit is not None, BLOCK=block, RMS_CHUNK=RMS_CHUNK, num_warps=4,
         )  # fmt: skip
     return out

@@ -31,10 +31,11 @@ from runtime.engram.layer import engram_layer
 from runtime.gpu import distributed
 from runtime.gpu.forward_batch import ForwardBatch
 from runtime.gpu.kernels.rms_norm.reference import unit_rms
+from runtime.gpu.kernels.silu_and_mul import SILU_AND_MUL
 from runtime.gpu.kv_pool import KVPoolSpec
 from runtime.gpu.layers import MergedLinear, RMSNorm, expert_parallel
 from runtime.gpu.layers.fp8_linear import Fp8GroupedLinear, MergedFp8Linear, linear
-from runtime.gpu.layers.moe import HashRouter, RoutedExperts, TopkRouter, swiglu
+from runtime.gpu.layers.moe import HashRouter, RoutedExperts, TopkRouter
 from runtime.gpu.layers.parallel import Embedding
 from runtime.gpu.models.base import CausalLM, ModelAbilities
 from runtime.gpu.models.deepseek_v3.weights import destination_dtype, load_named, skips_tensor
@@ -128,7 +129,7 @@ class DeepseekV4MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x)
-        return self.down_proj(swiglu(gate, up, self.limit))
+        return self.down_proj(SILU_AND_MUL.get(x.device)(gate, up, limit=self.limit))
 
 
 class DeepseekV4MoE(nn.Module):
