@@ -215,10 +215,11 @@ def rope_strided_bf16():
     return _rope(torch.bfloat16)
 
 
-def _rope_interleaved(dtype, heads: int | None, half: int, inverse: bool) -> float:
+def _rope_interleaved(dtype, heads: int | None, half: int, inverse: bool, eps: float | None = None) -> float:
     """DeepSeek-V4's in-place form on a strided view (every other row of a larger tensor), YaRN-like
     scaling, positions up to 128K: the rotated channels match the reference's and the others are left
-    exactly as they were, in x itself."""
+    exactly as they were, in x itself (with `eps`, the unit RMS norm first: then every channel is
+    compared)."""
     from runtime.gpu.kernels.rope import reference, triton
     from runtime.gpu.kernels.testing import close_ratio
 
@@ -230,9 +231,11 @@ def _rope_interleaved(dtype, heads: int | None, half: int, inverse: bool) -> flo
     inv = 1.0 / (10000 ** (torch.arange(0, 2 * half, 2).float() / (2 * half)))
     orig = base.clone()
     x, want = base[::2], base[::2].clone()
-    out = triton.rope_interleaved(x, pos, inv, 1.3, inverse)
-    reference.rope_interleaved(want, pos, inv, 1.3, inverse)
-    assert out is x and torch.equal(x[..., : dim - 2 * half], orig[::2][..., : dim - 2 * half])
+    out = triton.rope_interleaved(x, pos, inv, 1.3, inverse, eps)
+    reference.rope_interleaved(want, pos, inv, 1.3, inverse, eps)
+    assert out is x and (
+        eps is not None or torch.equal(x[..., : dim - 2 * half], orig[::2][..., : dim - 2 * half])
+    )
     assert torch.equal(base[1::2], orig[1::2])  # the rows between the view's
     assert not torch.equal(want, orig[::2])  # the reference did rotate, in place
     return close_ratio(x, want, *_tol(dtype))
@@ -246,6 +249,16 @@ def rope_interleaved_heads_fp32():
 @case
 def rope_interleaved_heads_inverse_bf16():
     return _rope_interleaved(torch.bfloat16, 19, 32, True)  # two head blocks, the second ragged
+
+
+@case
+def rope_interleaved_unit_rms_heads_bf16():
+    return _rope_interleaved(torch.bfloat16, 19, 16, False, 1e-6)  # 19 heads of 64 channels: one block
+
+
+@case
+def rope_interleaved_unit_rms_rows_fp32():
+    return _rope_interleaved(torch.float32, None, 12, True, 1e-6)  # [T, d], d = 48 (not a power of two)
 
 
 @case

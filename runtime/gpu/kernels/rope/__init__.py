@@ -56,12 +56,15 @@ class RopeInterleaved(Protocol):
         inv_freq: torch.Tensor,
         scaling: float,
         inverse: bool = False,
+        unit_rms_eps: float | None = None,
     ) -> torch.Tensor:
         """In place: x [T, d] or [T, H, d] (unit last stride; any row and head strides) has the trailing
         r = 2 * len(inv_freq) channels of each head rotated in interleaved pairs (2i, 2i + 1) by angle
         positions[t] * inv_freq[i] (float32; `inverse`: its negative), cos and sin times `scaling`:
         (a, b) -> (a cos - b sin, b cos + a sin) in float32, rounded to x's dtype. The first d - r
-        channels are left as they are. Returns x."""
+        channels are left as they are. With `unit_rms_eps`, each head is first divided by its rms over
+        all d channels (`rms_norm.reference.unit_rms`, DeepSeek-V4's q norm), every channel rewritten.
+        Returns x."""
         ...
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.gpu.kernels.rms_norm.reference import scale_by_inv_rms
+from runtime.gpu.kernels.rms_norm.reference import scale_by_inv_rms, unit_rms
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -34,8 +34,10 @@ def rope_store(positions, q, k, v, cos, sin, loc, k_pool, v_pool, rms_x=None, rm
     return q_out
 
 
-def rope_interleaved(x, positions, inv_freq, scaling, inverse=False):
+def rope_interleaved(x, positions, inv_freq, scaling, inverse=False, unit_rms_eps=None):
     """`RopeInterleaved`."""
+    if unit_rms_eps is not None:
+        x.copy_(unit_rms(x, unit_rms_eps))
     freqs = positions.float()[:, None] * inv_freq.to(positions.device)
     cos = (freqs.cos() * scaling).repeat_interleave(2, -1)
     sin = (freqs.sin() * scaling).repeat_interleave(2, -1)

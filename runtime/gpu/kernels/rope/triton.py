@@ -176,18 +176,53 @@ def _rope_interleaved(
     tl.store(ptrs, tl.reshape(out, (BLOCK_H, 2 * BLOCK_HALF)).to(X.dtype.element_ty), mask=mask)
 
 
-def rope_interleaved(x, positions, inv_freq, scaling, inverse=False):
-    """`RopeInterleaved`: one program per (token, block of up to 16 heads)."""
+@triton.jit
+def _unit_rms_rope_interleaved(
+    X, Pos, InvFreq, n_heads, dim, half, stride_xt, stride_xh, eps, scaling, sign,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """Program (t, head block): BLOCK_H whole heads of token t divided by their rms (rounded as
+    `unit_rms`: 1 / rms to x's dtype, then the product), then the trailing `half` pairs rotated."""
+    t = tl.program_id(0).to(tl.int64)
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    offs_c = tl.arange(0, BLOCK_D)
+    mask = (offs_h < n_heads)[:, None] & (offs_c < dim)[None, :]
+    ptrs = X + t * stride_xt + offs_h[:, None].to(tl.int64) * stride_xh + offs_c[None, :]
+    dtype = X.dtype.element_ty
+    x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    inv = (1.0 / tl.sqrt(tl.sum(x * x, 1) / dim + eps)).to(dtype).to(tl.float32)
+    y = (x * inv[:, None]).to(dtype).to(tl.float32)
+    a, b = tl.split(tl.reshape(y, (BLOCK_H, BLOCK_D // 2, 2)))
+    i = tl.arange(0, BLOCK_D // 2) - (dim // 2 - half)  # the pair's frequency, < 0: not roped
+    on = (i >= 0) & (i < half)
+    angle = tl.load(Pos + t).to(tl.float32) * tl.load(InvFreq + i, mask=on, other=0.0)
+    cos = tl.where(on, tl.cos(angle) * scaling, 1.0)
+    sin = tl.where(on, tl.sin(angle) * scaling * sign, 0.0)
+    out = tl.join(a * cos[None, :] - b * sin[None, :], b * cos[None, :] + a * sin[None, :])
+    tl.store(ptrs, tl.reshape(out, (BLOCK_H, BLOCK_D)).to(dtype), mask=mask)
+
+
+def rope_interleaved(x, positions, inv_freq, scaling, inverse=False, unit_rms_eps=None):
+    """`RopeInterleaved`: one program per (token, block of up to 16 heads; with `unit_rms_eps`, as many
+    whole heads as make 4,096 channels)."""
     x3 = x if x.dim() == 3 else x.unsqueeze(1)
     tokens, heads, dim = x3.shape
     half = inv_freq.numel()
     assert x3.stride(2) == 1 and 2 * half <= dim, (x.shape, x.stride(), half)
     assert inv_freq.dtype == torch.float32 and inv_freq.is_contiguous() and positions.shape == (tokens,)
-    if tokens:
+    sign = -1.0 if inverse else 1.0
+    if tokens and unit_rms_eps is not None:
+        assert dim % 2 == 0, dim  # the pairs of the whole row are the rope's pairs
+        block_d = next_pow2(dim)
+        block_h = min(next_pow2(heads), max(1, 4096 // block_d))
+        _unit_rms_rope_interleaved[(tokens, triton.cdiv(heads, block_h))](
+            x3, positions, inv_freq, heads, dim, half, x3.stride(0), x3.stride(1), float(unit_rms_eps),
+            float(scaling), sign, BLOCK_H=block_h, BLOCK_D=block_d, num_warps=4,
+        )  # fmt: skip
+    elif tokens:
         block_h = min(16, next_pow2(heads))
         _rope_interleaved[(tokens, triton.cdiv(heads, block_h))](
             x3, positions, inv_freq, heads, half, x3.stride(0), x3.stride(1), dim - 2 * half,
-            float(scaling), -1.0 if inverse else 1.0, BLOCK_H=block_h, BLOCK_HALF=next_pow2(half),
-            num_warps=4,
+            float(scaling), sign, BLOCK_H=block_h, BLOCK_HALF=next_pow2(half), num_warps=4,
         )  # fmt: skip
     return x

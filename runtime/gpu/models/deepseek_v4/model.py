@@ -30,7 +30,6 @@ from torch import nn
 from runtime.engram.layer import engram_layer
 from runtime.gpu import distributed
 from runtime.gpu.forward_batch import ForwardBatch
-from runtime.gpu.kernels.rms_norm.reference import unit_rms
 from runtime.gpu.kernels.silu_and_mul import SILU_AND_MUL
 from runtime.gpu.kv_pool import KVPoolSpec
 from runtime.gpu.layers import MergedLinear, RMSNorm, expert_parallel
@@ -104,8 +103,8 @@ class DeepseekV4Attention(nn.Module):
         self, x: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch, attn: TorchV4Backend
     ) -> torch.Tensor:
         qr = self.q_a_norm(self.q_a_proj(x))
-        q = unit_rms(self.q_b_proj(qr).view(-1, self.num_heads, self.head_dim), self.eps)
-        q = self.rope(q, positions)
+        q = self.q_b_proj(qr).view(-1, self.num_heads, self.head_dim)
+        q = self.rope(q, positions, unit_rms_eps=self.eps)  # the per-head unit RMS norm first
         kv = self.rope(self.kv_norm(self.kv_proj(x)), positions)
         o = attn.forward_v4(self, q, kv, x, qr, batch)
         o = self.rope(o, positions, inverse=True)

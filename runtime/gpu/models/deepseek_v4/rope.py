@@ -43,10 +43,17 @@ class InterleavedRope:
             inv = self._inv_freq_on[device] = self.inv_freq.to(device)
         return inv
 
-    def __call__(self, x: torch.Tensor, positions: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    def __call__(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        inverse: bool = False,
+        unit_rms_eps: float | None = None,
+    ) -> torch.Tensor:
         """x [T, d] or [T, H, d], positions [T]; `inverse` rotates by -position (V4's attention output).
         In place (the `rope_interleaved` op): every caller hands over a tensor it has just made, and the
         out-of-place form copied the whole head (the unrotated channels too) to rotate a quarter or an
-        eighth of it. Returns x."""
+        eighth of it. `unit_rms_eps`: each head first divided by its rms (V4's q norm, in the same launch).
+        Returns x."""
         op = ROPE_INTERLEAVED.get(x.device)
-        return op(x, positions, self.inv_freq_on(positions.device), self.scaling, inverse)
+        return op(x, positions, self.inv_freq_on(positions.device), self.scaling, inverse, unit_rms_eps)
