@@ -104,7 +104,7 @@ def test_kept_modules_hold_the_checkpoint_bytes(checkpoints):
     assert experts.gate_up_proj.dtype == experts.gate_up_proj_scale_inv.dtype == torch.uint8
     assert experts.down_proj_scale_inv.shape == (4, 64, 4)
     # the router, compressors, mHC, embedding and head stay float
-    kept = (moe.gate, attn.compressor.kv_proj, model.lm_head, model.model.embed_tokens)
+    kept = (moe.gate, attn.compressor.kv_gate_proj, model.lm_head, model.model.embed_tokens)
     assert all(m.weight.dtype == torch.float32 for m in kept)
     ckpt = {}
     for f in sorted(path.glob("*.safetensors")):

@@ -15,6 +15,7 @@ from torch import nn
 
 from runtime.gpu.kernels.compress_pool.reference import pool as pool_windows
 from runtime.gpu.kernels.index_scores import INDEX_SCORES
+from runtime.gpu.layers.linear import MergedLinear
 from runtime.gpu.layers.norm import RMSNorm
 from runtime.gpu.models.deepseek_v4.rope import InterleavedRope
 
@@ -23,9 +24,9 @@ class Compressor(nn.Module):
     def __init__(self, hidden: int, dim: int, rate: int, overlap: bool, eps: float) -> None:
         super().__init__()
         self.dim, self.rate, self.overlap = dim, rate, overlap
-        width = 2 * dim if overlap else dim
-        self.kv_proj = nn.Linear(hidden, width, bias=False)
-        self.gate_proj = nn.Linear(hidden, width, bias=False)
+        self.width = width = 2 * dim if overlap else dim
+        # the checkpoints' kv_proj and gate_proj, one matmul (the loader fills each part by its name)
+        self.kv_gate_proj = MergedLinear(hidden, [width, width], ["kv_proj", "gate_proj"])
         self.position_bias = nn.Parameter(torch.zeros(rate, width, dtype=torch.float32))
         self.kv_norm = RMSNorm(dim, eps)
         self.indexer: Indexer | None = None  # CSA's Lightning Indexer
@@ -37,8 +38,10 @@ class Compressor(nn.Module):
         return 2 * self.rate if self.overlap else self.rate
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [T, D] -> raw (kv, gate) [T, width]: what a request keeps for its open window."""
-        return self.kv_proj(x), self.gate_proj(x)
+        """x [T, D] -> raw (kv, gate) [T, width] (column views of one [T, 2 width] product): what a
+        request keeps for its open window."""
+        kv, gate = self.kv_gate_proj(x)
+        return kv, gate
 
     def pool(
         self,

@@ -114,7 +114,7 @@ class V4KVPool(KVPool):
         return zeroed(shape, self.dtype, self.device)
 
     def _tail(self, rows: int, comp: Compressor) -> Tail:
-        return Tail(*(self._zeros(rows, comp.tail_len, comp.kv_proj.out_features) for _ in range(2)))
+        return Tail(*(self._zeros(rows, comp.tail_len, comp.width) for _ in range(2)))
 
     # ------------------------------------------------------------------ rows
 
