@@ -223,5 +223,5 @@ def select(
     scores = ROW_INDEX_SCORES.get(x.device)(
         q.to(keys.dtype), weights, keys, meta.groups[rate], meta.seen[rate]
     )
-    picked = scores.topk(min(indexer.topk, index.shape[1]), dim=-1).indices
-    return torch.where(scores.gather(1, picked) > float("-inf"), index.gather(1, picked), -1)
+    best, picked = scores.topk(min(indexer.topk, index.shape[1]), dim=-1)
+    return torch.where(best > float("-inf"), index.gather(1, picked), -1)
