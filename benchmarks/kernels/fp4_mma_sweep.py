@@ -4,8 +4,9 @@ loaded as used, against the Triton `dot_scaled` form at `choose_config`'s tile, 
 is the whole op (layout, gate/up, down, sum) timed by CUDA-graph replay; the bandwidth column is over the
 code and scale bytes of the experts the batch reaches. docs/PERF.md, "The FP4 experts on mma.sync".
     python -m benchmarks.kernels.fp4_mma_sweep [--tokens 8,64,256] [--forms 2:8:1,3:8:0] [--no-scaled]
-A form is stages:block_m:staged[:ring] (tilelang_fp4.STAGES, the layout's block_m, tilelang_fp4.X_STAGED,
-tilelang_fp4.RING: steps through the shared ring, 0 for the register form)."""
+A form is stages:block_m:staged[:ring[:sub]] (tilelang_fp4.STAGES, the layout's block_m,
+tilelang_fp4.X_STAGED, tilelang_fp4.RING: steps through the shared ring, 0 for the register form,
+tilelang_fp4.SUB: scale groups a thread takes a step)."""
 
 from __future__ import annotations
 
@@ -57,13 +58,15 @@ def main() -> None:
         run = functools.partial(fused_moe, x, w13, w2, topk_w, ids, 10.0, s13, s2)
         forms = [] if args.no_scaled else [("scaled", replace(base, fp4_step="scaled"), None)]
         for spec in args.forms.split(","):
-            stages, block_m, staged, ring = (int(v) for v in (spec + ":0").split(":")[:4])
+            stages, block_m, staged, ring, sub = (int(v) for v in (spec + ":0:1").split(":")[:5])
             cfg = replace(base, fp4_step="mma", block_m=block_m)
             name = f"mma ring {ring}" if ring else f"mma {stages} steps, staged {staged}"
-            forms.append((f"{name}, {block_m}-pair blocks", cfg, (stages, bool(staged), ring)))
+            forms.append(
+                (f"{name}, sub {sub}, {block_m}-pair blocks", cfg, (stages, bool(staged), ring, sub))
+            )
         for name, cfg, knobs in forms:
             if knobs is not None:
-                tilelang_fp4.STAGES, tilelang_fp4.X_STAGED, tilelang_fp4.RING = knobs
+                tilelang_fp4.STAGES, tilelang_fp4.X_STAGED, tilelang_fp4.RING, tilelang_fp4.SUB = knobs
             ms = _graph_ms(functools.partial(run, config=cfg))
             print(
                 f"T={tokens:4d} {name:40s} {ms * 1e3:8.1f} us {gbytes / ms * 1e3:6.0f} GB/s ({reached} experts)"

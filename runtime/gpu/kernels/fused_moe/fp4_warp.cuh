@@ -68,81 +68,97 @@ __device__ __forceinline__ void mma(float c[4], uint32_t a0, uint32_t a1, uint32
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// One 128-k step in registers: per m-tile i, 16 code bytes of rows g and g + 8 and their scale bytes;
-// with XS, per token tile j, the thread's 32 activations (4 x 8 bf16), else loaded as used.
-template <int TILES, int NT, bool XS>
+// One step in registers. A step is 128 SUB k, 4 SUB scale groups of 32: thread t takes groups SUB t ..
+// SUB t + SUB - 1 (sub-steps u), so a row's 4 threads read 64 SUB contiguous bytes (SUB = 2: 128 bytes
+// of a row at a time, twice the run of one DRAM page). Per m-tile i and sub-step u, 16 code bytes of
+// rows g and g + 8 and their scale bytes; with XS, per token tile j and sub-step u, the thread's 32
+// activations (4 x 8 bf16), else loaded as used.
+template <int TILES, int NT, bool XS, int SUB>
 struct Step {
-  uint4 w[TILES][2];
-  uint32_t s[TILES][2];
-  uint4 x[XS ? NT : 1][4];
+  uint4 w[TILES][2][SUB];
+  uint32_t s[TILES][2][SUB];
+  uint4 x[XS ? NT : 1][SUB][4];
 };
 
-__device__ __forceinline__ uint4 load_x(const uint4* x, int step, int v) {
-  return x ? __ldg(x + step * 16 + v) : make_uint4(0, 0, 0, 0);
+// the thread's activations of sub-step u of `step` (x: its token row's base, already at group SUB t)
+template <int SUB>
+__device__ __forceinline__ uint4 load_x(const uint4* x, int step, int u, int v) {
+  return x ? __ldg(x + (step * SUB) * 16 + 4 * u + v) : make_uint4(0, 0, 0, 0);
 }
 
-template <int TILES, int NT, bool XS>
-__device__ __forceinline__ void load(Step<TILES, NT, XS>& st, const uint8_t* const (&w)[TILES][2],
+template <int TILES, int NT, bool XS, int SUB>
+__device__ __forceinline__ void load(Step<TILES, NT, XS, SUB>& st, const uint8_t* const (&w)[TILES][2],
                                      const uint8_t* const (&s)[TILES][2], const uint4* const (&x)[NT], int step) {
 #pragma unroll
-  for (int i = 0; i < TILES; ++i) {
+  for (int i = 0; i < TILES; ++i)
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      st.w[i][r] = ldg_stream(w[i][r] + step * 64);
-      st.s[i][r] = __ldg(s[i][r] + step * 4);
-    }
-  }
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int u = 0; u < SUB; ++u) {
+        st.w[i][r][u] = ldg_stream(w[i][r] + step * 64 * SUB + 16 * u);
+        st.s[i][r][u] = __ldg(s[i][r] + step * 4 * SUB + u);
+      }
   if constexpr (XS) {
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
-      for (int v = 0; v < 4; ++v) st.x[j][v] = load_x(x[j], step, v);
+      for (int u = 0; u < SUB; ++u)
+#pragma unroll
+        for (int v = 0; v < 4; ++v) st.x[j][u][v] = load_x<SUB>(x[j], step, u, v);
   }
 }
 
-template <int TILES, int NT, bool XS>
-__device__ __forceinline__ void compute(const Step<TILES, NT, XS>& st, float (&acc)[TILES][NT][4], const bool (&live)[NT],
-                                        const uint4* const (&x)[NT], int step) {
-  uint4 xs[XS ? 1 : NT][4];
-  if constexpr (!XS) {
+template <int TILES, int NT, bool XS, int SUB>
+__device__ __forceinline__ void compute(const Step<TILES, NT, XS, SUB>& st, float (&acc)[TILES][NT][4],
+                                        const bool (&live)[NT], const uint4* const (&x)[NT], int step) {
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
+  for (int u = 0; u < SUB; ++u) {
+    uint4 xs[XS ? 1 : NT][4];
+    if constexpr (!XS) {
 #pragma unroll
-      for (int v = 0; v < 4; ++v) xs[j][v] = live[j] ? load_x(x[j], step, v) : make_uint4(0, 0, 0, 0);
-  }
+      for (int j = 0; j < NT; ++j)
 #pragma unroll
-  for (int i = 0; i < TILES; ++i) {
-    const uint32_t* wg = reinterpret_cast<const uint32_t*>(&st.w[i][0]);
-    const uint32_t* wh = reinterpret_cast<const uint32_t*>(&st.w[i][1]);
-    const bool big = __any_sync(0xffffffffu, max(st.s[i][0], st.s[i][1]) > 128u);
+        for (int v = 0; v < 4; ++v) xs[j][v] = live[j] ? load_x<SUB>(x[j], step, u, v) : make_uint4(0, 0, 0, 0);
+    }
 #pragma unroll
-    for (int v = 0; v < 4; ++v) {
-      uint32_t pg[4], ph[4];
-      dequant8(wg[v], st.s[i][0], big, pg);
-      dequant8(wh[v], st.s[i][1], big, ph);
+    for (int i = 0; i < TILES; ++i) {
+      const uint32_t* wg = reinterpret_cast<const uint32_t*>(&st.w[i][0][u]);
+      const uint32_t* wh = reinterpret_cast<const uint32_t*>(&st.w[i][1][u]);
+      const bool big = __any_sync(0xffffffffu, max(st.s[i][0][u], st.s[i][1][u]) > 128u);
 #pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        if (!live[j]) continue;
-        const uint4 xv = XS ? st.x[j][v] : xs[j][v];  // (x0, x1), (x2, x3), (x4, x5), (x6, x7)
-        mma(acc[i][j], pg[0], ph[0], pg[1], ph[1], __byte_perm(xv.y, xv.w, 0x7632), __byte_perm(xv.y, xv.w, 0x5410));
-        mma(acc[i][j], pg[2], ph[2], pg[3], ph[3], __byte_perm(xv.x, xv.z, 0x7632), __byte_perm(xv.x, xv.z, 0x5410));
+      for (int v = 0; v < 4; ++v) {
+        uint32_t pg[4], ph[4];
+        dequant8(wg[v], st.s[i][0][u], big, pg);
+        dequant8(wh[v], st.s[i][1][u], big, ph);
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          if (!live[j]) continue;
+          const uint4 xv = XS ? st.x[j][u][v] : xs[j][v];  // (x0, x1), (x2, x3), (x4, x5), (x6, x7)
+          mma(acc[i][j], pg[0], ph[0], pg[1], ph[1], __byte_perm(xv.y, xv.w, 0x7632), __byte_perm(xv.y, xv.w, 0x5410));
+          mma(acc[i][j], pg[2], ph[2], pg[3], ph[3], __byte_perm(xv.x, xv.z, 0x7632), __byte_perm(xv.x, xv.z, 0x5410));
+        }
       }
     }
   }
 }
 
-// acc[i][j] += W rows (w[i][0]: row g, w[i][1]: row g + 8) . x rows over K = 128 * steps.
-template <int TILES, int NT, int STAGES, bool XS>
-__device__ __forceinline__ void mainloop(float (&acc)[TILES][NT][4], const uint8_t* const (&w)[TILES][2],
-                                         const uint8_t* const (&s)[TILES][2], const uint4* const (&x)[NT],
-                                         const bool (&live)[NT], int steps) {
+template <int TILES, int NT>
+__device__ __forceinline__ void zero(float (&acc)[TILES][NT][4]) {
 #pragma unroll
   for (int i = 0; i < TILES; ++i)
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.f;
-  Step<TILES, NT, XS> st[STAGES];
+}
+
+// acc[i][j] = W rows (w[i][0]: row g, w[i][1]: row g + 8) . x rows over K = 128 SUB steps.
+template <int TILES, int NT, int STAGES, bool XS, int SUB>
+__device__ __forceinline__ void mainloop(float (&acc)[TILES][NT][4], const uint8_t* const (&w)[TILES][2],
+                                         const uint8_t* const (&s)[TILES][2], const uint4* const (&x)[NT],
+                                         const bool (&live)[NT], int steps) {
+  zero(acc);
+  Step<TILES, NT, XS, SUB> st[STAGES];
 #pragma unroll
   for (int p = 0; p < STAGES; ++p)
     if (p < steps) load(st[p], w, s, x, p);
@@ -175,98 +191,103 @@ __device__ __forceinline__ void cp_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N));
 }
 
-// The ring form of `mainloop`: each thread copies its own step operands (16 code bytes of each row, the
-// 4-byte scale words holding its rows' scale bytes, its activations) into its own slots of a shared
-// ring, RING steps ahead, and reads them back as it computes. Only the thread itself reads its slots,
-// so cp.async.wait_group orders it all, no barrier. Why: the register form holds the steps in flight in
-// registers, so more of them means fewer warps an SM; here they cost shared memory, which these kernels
-// do not otherwise use. A thread's slot is CHUNKS 16-byte words (CHUNKS odd: 8 threads' 16-byte reads
-// fall in distinct bank groups), ring [RING][threads][CHUNKS].
-template <int TILES, int NT>
+// The ring form of `mainloop`: each thread copies its own step operands (its 16-byte code chunks of each
+// row, the 4-byte scale words holding its rows' scale bytes, its activations) into its own slots of a
+// shared ring, RING steps ahead, and reads them back as it computes. Only the thread itself reads its
+// slots, so cp.async.wait_group orders it all, no barrier. Why: the register form holds the steps in
+// flight in registers, so more of them means fewer warps an SM; here they cost shared memory, which
+// these kernels do not otherwise use. A thread's slot is CHUNKS 16-byte words (CHUNKS odd: 8 threads'
+// 16-byte reads fall in distinct bank groups), ring [RING][threads][CHUNKS].
+template <int TILES, int NT, int SUB>
 struct RingSlot {
-  static constexpr int CHUNKS = 2 * TILES + 1 + 4 * NT;  // codes (i, r), one word of scales, activations
+  // codes (i, r, u), one chunk of scale words (i, r), activations (j, u, v)
+  static constexpr int CODES = 0, SCALES = 2 * TILES * SUB, X = SCALES + 1, CHUNKS = X + 4 * NT * SUB;
 };
 
-template <int TILES, int NT>
+template <int TILES, int NT, int SUB>
 __device__ __forceinline__ void ring_issue(uint4* slot, const uint8_t* const (&w)[TILES][2], const uint8_t* const (&s)[TILES][2],
                                            const uint4* const (&x)[NT], const bool (&live)[NT], const uint4* any_x,
                                            int step, int t) {
+  using R = RingSlot<TILES, NT, SUB>;
 #pragma unroll
   for (int i = 0; i < TILES; ++i)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      cp16_cg(slot + 2 * i + r, w[i][r] + step * 64);
-      // the aligned scale word of the row's 4 threads: this thread's byte is byte t
-      cp4_ca(reinterpret_cast<uint32_t*>(slot + 2 * TILES) + 2 * i + r, s[i][r] - t + step * 4);
+#pragma unroll
+      for (int u = 0; u < SUB; ++u) cp16_cg(slot + R::CODES + (2 * i + r) * SUB + u, w[i][r] + step * 64 * SUB + 16 * u);
+      // the aligned word holding this thread's SUB scale bytes of the step: bytes (SUB t) % 4 ..
+      cp4_ca(reinterpret_cast<uint32_t*>(slot + R::SCALES) + 2 * i + r, s[i][r] - (SUB * t) % 4 + step * 4 * SUB);
     }
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
     if (!live[j]) continue;
 #pragma unroll
-    for (int v = 0; v < 4; ++v)
-      cp16_ca(slot + 2 * TILES + 1 + 4 * j + v, x[j] ? x[j] + step * 16 + v : any_x, x[j] == nullptr);
+    for (int u = 0; u < SUB; ++u)
+#pragma unroll
+      for (int v = 0; v < 4; ++v)
+        cp16_ca(slot + R::X + (j * SUB + u) * 4 + v, x[j] ? x[j] + (step * SUB) * 16 + 4 * u + v : any_x, x[j] == nullptr);
   }
 }
 
-template <int TILES, int NT, int RING>
+template <int TILES, int NT, int RING, int SUB>
 __device__ __forceinline__ void mainloop_ring(float (&acc)[TILES][NT][4], const uint8_t* const (&w)[TILES][2],
                                               const uint8_t* const (&s)[TILES][2], const uint4* const (&x)[NT],
                                               const bool (&live)[NT], int steps, uint4* ring, int threads, int tx,
                                               int t) {
   static_assert(TILES <= 2, "the scale words of a slot fill one 16-byte chunk");
-  constexpr int CHUNKS = RingSlot<TILES, NT>::CHUNKS;
-#pragma unroll
-  for (int i = 0; i < TILES; ++i)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.f;
+  using R = RingSlot<TILES, NT, SUB>;
+  zero(acc);
   const uint4* any_x = x[0];  // a valid address for the zero-filling copies (tile 0 has a real row)
   for (int j = 0; j < NT; ++j) any_x = x[j] ? x[j] : any_x;
   ring = reinterpret_cast<uint4*>((reinterpret_cast<uintptr_t>(ring) + 15) & ~uintptr_t(15));  // 16 spare bytes
-  uint4* mine = ring + tx * CHUNKS;
-  const int stage_stride = threads * CHUNKS;
+  uint4* mine = ring + tx * R::CHUNKS;
+  const int stage_stride = threads * R::CHUNKS;
 #pragma unroll
   for (int p = 0; p < RING - 1; ++p) {
-    if (p < steps) ring_issue(mine + p * stage_stride, w, s, x, live, any_x, p, t);
+    if (p < steps) ring_issue<TILES, NT, SUB>(mine + p * stage_stride, w, s, x, live, any_x, p, t);
     cp_commit();
   }
   int read = 0, write = RING - 1;  // slots of the step computed and the step issued
   for (int step = 0; step < steps; ++step) {
-    if (step + RING - 1 < steps) ring_issue(mine + write * stage_stride, w, s, x, live, any_x, step + RING - 1, t);
+    if (step + RING - 1 < steps) ring_issue<TILES, NT, SUB>(mine + write * stage_stride, w, s, x, live, any_x, step + RING - 1, t);
     cp_commit();  // empty near the end: the group count stays one a step
     cp_wait<RING - 1>();
     const uint4* slot = mine + read * stage_stride;
-    Step<TILES, NT, true> st;
-    const uint32_t* sw = reinterpret_cast<const uint32_t*>(slot + 2 * TILES);
+    Step<TILES, NT, true, SUB> st;
+    const uint32_t* sw = reinterpret_cast<const uint32_t*>(slot + R::SCALES);
 #pragma unroll
     for (int i = 0; i < TILES; ++i)
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        st.w[i][r] = slot[2 * i + r];
-        st.s[i][r] = (sw[2 * i + r] >> (8 * t)) & 0xffu;
-      }
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int u = 0; u < SUB; ++u) {
+          st.w[i][r][u] = slot[R::CODES + (2 * i + r) * SUB + u];
+          st.s[i][r][u] = (sw[2 * i + r] >> (8 * ((SUB * t) % 4 + u))) & 0xffu;
+        }
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
-      for (int v = 0; v < 4; ++v) st.x[j][v] = live[j] ? slot[2 * TILES + 1 + 4 * j + v] : make_uint4(0, 0, 0, 0);
+      for (int u = 0; u < SUB; ++u)
+#pragma unroll
+        for (int v = 0; v < 4; ++v)
+          st.x[j][u][v] = live[j] ? slot[R::X + (j * SUB + u) * 4 + v] : make_uint4(0, 0, 0, 0);
     compute(st, acc, live, x, step);
     read = read + 1 == RING ? 0 : read + 1;
     write = write + 1 == RING ? 0 : write + 1;
   }
 }
 
-// The block's token tiles (its layout rows first..first + 8 NT): x[j], this thread's 32 activations a
-// step of row first + 8 j + g (`row_ptr(row, pair)`: the row's bf16 activations; nullptr for padding),
+// The block's token tiles (its layout rows first..first + 8 NT): x[j], this thread's 32 SUB activations
+// a step of row first + 8 j + g (`row_ptr(row, pair)`: the row's bf16 activations; nullptr for padding),
 // and live[j], whether tile j holds a real row (a block's real rows come first, so warp-uniform).
-template <int NT, typename RowPtr>
+template <int NT, int SUB, typename RowPtr>
 __device__ __forceinline__ void token_rows(const int* pairs, int first, int num_pairs, int g, int t,
                                            const uint4* (&x)[NT], bool (&live)[NT], RowPtr row_ptr) {
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
     const int row = first + 8 * j + g;
     const int p = pairs[row];
-    x[j] = p < num_pairs ? reinterpret_cast<const uint4*>(row_ptr(row, p)) + 4 * t : nullptr;
+    x[j] = p < num_pairs ? reinterpret_cast<const uint4*>(row_ptr(row, p)) + 4 * SUB * t : nullptr;
     live[j] = pairs[first + 8 * j] < num_pairs;
   }
 }
@@ -276,7 +297,7 @@ __device__ __forceinline__ uint16_t bf16_bits(float v) { return __bfloat16_as_us
 // gate/up + SwiGLU. CTA (bx: a block of 8 NT sorted pairs, by: WARPS x 16 columns of H); warp `warp`
 // owns H columns n0..n0 + 16: gate rows n0.. (m-tile 0) and up rows N + n0.. (m-tile 1) of expert e.
 // W [E, 2N, K/2] and WS [E, 2N, K/32] dense; X rows gathered by pair / topk; H [rows, N] dense.
-template <int NT, int WARPS, int STAGES, bool XS, int RING, bool HAS_LIMIT>
+template <int NT, int WARPS, int STAGES, bool XS, int RING, int SUB, bool HAS_LIMIT>
 __device__ __forceinline__ void gate_up(const void* X, int64_t x_stride, const void* W, const void* WS, void* H,
                                         const int* pairs, const int* block_expert, const int* num_rows,
                                         int num_pairs, int topk, int N, int K, float limit, void* ring, int bx, int by,
@@ -287,20 +308,20 @@ __device__ __forceinline__ void gate_up(const void* X, int64_t x_stride, const v
   const int64_t e = block_expert[bx];
   const int n0 = (by * WARPS + warp) * 16;
   const int64_t kb = K / 2, kg = K / 32;
-  const uint8_t* wb = static_cast<const uint8_t*>(W) + (e * 2 * N + n0 + g) * kb + 16 * t;
-  const uint8_t* sb = static_cast<const uint8_t*>(WS) + (e * 2 * N + n0 + g) * kg + t;
+  const uint8_t* wb = static_cast<const uint8_t*>(W) + (e * 2 * N + n0 + g) * kb + 16 * SUB * t;
+  const uint8_t* sb = static_cast<const uint8_t*>(WS) + (e * 2 * N + n0 + g) * kg + SUB * t;
   const uint8_t* const w[2][2] = {{wb, wb + 8 * kb}, {wb + N * kb, wb + (N + 8) * kb}};
   const uint8_t* const s[2][2] = {{sb, sb + 8 * kg}, {sb + N * kg, sb + (N + 8) * kg}};
   const uint4* x[NT];
   bool live[NT];
-  token_rows(pairs, bx * BM, num_pairs, g, t, x, live, [&](int, int p) {
+  token_rows<NT, SUB>(pairs, bx * BM, num_pairs, g, t, x, live, [&](int, int p) {
     return static_cast<const __nv_bfloat16*>(X) + (p / topk) * x_stride;  // the pair's token
   });
   float acc[2][NT][4];
   if constexpr (RING > 0)
-    mainloop_ring<2, NT, RING>(acc, w, s, x, live, K / 128, static_cast<uint4*>(ring), 32 * WARPS, tx, t);
+    mainloop_ring<2, NT, RING, SUB>(acc, w, s, x, live, K / (128 * SUB), static_cast<uint4*>(ring), 32 * WARPS, tx, t);
   else
-    mainloop<2, NT, STAGES, XS>(acc, w, s, x, live, K / 128);
+    mainloop<2, NT, STAGES, XS, SUB>(acc, w, s, x, live, K / (128 * SUB));
   uint16_t* h = static_cast<uint16_t*>(H);
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
@@ -321,7 +342,7 @@ __device__ __forceinline__ void gate_up(const void* X, int64_t x_stride, const v
 // down + routing weight: CTA (bx: the block, by: WARPS x 32 columns of Y); warp `warp` owns output
 // columns n0..n0 + 32 (m-tiles of 16). W [E, D, K/2], WS [E, D, K/32] dense; H [rows, K] dense;
 // Y [pairs, D] dense, each real row scaled by its pair's weight.
-template <int NT, int WARPS, int STAGES, bool XS, int RING>
+template <int NT, int WARPS, int STAGES, bool XS, int RING, int SUB>
 __device__ __forceinline__ void down(const void* H, const void* W, const void* WS, void* Y, const int* pairs,
                                      const int* block_expert, const int* num_rows, const float* topk_w,
                                      int num_pairs, int D, int K, void* ring, int bx, int by, int tx) {
@@ -331,20 +352,20 @@ __device__ __forceinline__ void down(const void* H, const void* W, const void* W
   const int64_t e = block_expert[bx];
   const int n0 = (by * WARPS + warp) * 32;
   const int64_t kb = K / 2, kg = K / 32;
-  const uint8_t* wb = static_cast<const uint8_t*>(W) + (e * D + n0 + g) * kb + 16 * t;
-  const uint8_t* sb = static_cast<const uint8_t*>(WS) + (e * D + n0 + g) * kg + t;
+  const uint8_t* wb = static_cast<const uint8_t*>(W) + (e * D + n0 + g) * kb + 16 * SUB * t;
+  const uint8_t* sb = static_cast<const uint8_t*>(WS) + (e * D + n0 + g) * kg + SUB * t;
   const uint8_t* const w[2][2] = {{wb, wb + 8 * kb}, {wb + 16 * kb, wb + 24 * kb}};
   const uint8_t* const s[2][2] = {{sb, sb + 8 * kg}, {sb + 16 * kg, sb + 24 * kg}};
   const uint4* x[NT];
   bool live[NT];
-  token_rows(pairs, bx * BM, num_pairs, g, t, x, live, [&](int row, int) {
+  token_rows<NT, SUB>(pairs, bx * BM, num_pairs, g, t, x, live, [&](int row, int) {
     return static_cast<const __nv_bfloat16*>(H) + int64_t(row) * K;  // the layout row itself
   });
   float acc[2][NT][4];
   if constexpr (RING > 0)
-    mainloop_ring<2, NT, RING>(acc, w, s, x, live, K / 128, static_cast<uint4*>(ring), 32 * WARPS, tx, t);
+    mainloop_ring<2, NT, RING, SUB>(acc, w, s, x, live, K / (128 * SUB), static_cast<uint4*>(ring), 32 * WARPS, tx, t);
   else
-    mainloop<2, NT, STAGES, XS>(acc, w, s, x, live, K / 128);
+    mainloop<2, NT, STAGES, XS, SUB>(acc, w, s, x, live, K / (128 * SUB));
   uint16_t* y = static_cast<uint16_t*>(Y);
 #pragma unroll
   for (int j = 0; j < NT; ++j) {

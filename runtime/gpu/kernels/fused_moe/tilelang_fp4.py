@@ -25,17 +25,18 @@ from runtime.gpu.kernels.registry import is_hopper as _hopper
 from runtime.gpu.kernels.registry import tilelang_importable as _importable
 
 WARPS = 4  # warps a CTA: gate/up columns 16 a warp (gate and up rows: 32), down rows 32 a warp
-STEP_K = 128  # K per step: 16 code bytes a thread and row
+STEP_K = 128  # K a step per SUB: 16 code bytes a thread and row
 TOKEN_TILES = (1, 2, 4)  # 8-pair mma column tiles a block (the layout's block_m / 8)
 STAGES = 2  # steps of weights in flight a thread (ptxas: 168 registers at 2 tiles of 8 pairs)
 X_STAGED = True  # activations loaded with the weights STAGES steps ahead (else as used, from L1)
 RING = 0  # > 0: steps in flight through a per-thread shared-memory ring (fp4_warp.cuh `mainloop_ring`)
+SUB = 1  # scale groups a thread takes a step: a row's 4 threads read 64 SUB contiguous bytes at a time
 
 
-def ring_bytes(token_tiles: int, ring: int) -> int:
-    """The CTA's shared ring: `ring` steps x threads x (4 code chunks, a chunk of scale words, 4 a token
-    tile) x 16 bytes (fp4_warp.cuh `RingSlot`), and 16 to align it; 16 when off (a pointer is passed either way)."""
-    return ring * 32 * WARPS * (5 + 4 * token_tiles) * 16 + 16 if ring else 16
+def ring_bytes(token_tiles: int, ring: int, sub: int) -> int:
+    """The CTA's shared ring: `ring` steps x threads x (4 `sub` code chunks, a chunk of scale words, 4
+    `sub` a token tile) x 16 bytes (fp4_warp.cuh `RingSlot`), and 16 to align it; 16 when off (a pointer is passed either way)."""
+    return ring * 32 * WARPS * (4 * sub + 1 + 4 * token_tiles * sub) * 16 + 16 if ring else 16
 
 
 _WARP_SOURCE = (Path(__file__).parent / "fp4_warp.cuh").read_text()
@@ -53,8 +54,8 @@ def supported(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, scales, bloc
         and x.dtype == torch.bfloat16
         and block_m % 8 == 0
         and block_m // 8 in TOKEN_TILES
-        and hidden % STEP_K == 0
-        and inter % STEP_K == 0
+        and hidden % (STEP_K * SUB) == 0
+        and inter % (STEP_K * SUB) == 0
         and inter % (16 * WARPS) == 0
         and hidden % (32 * WARPS) == 0
         and x.stride(1) == 1
@@ -91,13 +92,13 @@ def _gate_up_kernel(
     import tilelang
     import tilelang.language as T
 
-    stages, staged, ring = knobs
+    stages, staged, ring, sub = knobs
     tokens = T.dynamic("tokens")
     rows = T.dynamic("rows")
     blocks = T.dynamic("blocks")
     x_stride = T.dynamic("x_stride")
     fn = (
-        f"fp4_moe::gate_up<{token_tiles}, {WARPS}, {stages}, {str(staged).lower()}, {ring}, "
+        f"fp4_moe::gate_up<{token_tiles}, {WARPS}, {stages}, {str(staged).lower()}, {ring}, {sub}, "
         f"{str(has_limit).lower()}>"
     )
 
@@ -116,7 +117,7 @@ def _gate_up_kernel(
     ):
         with T.Kernel(blocks, inter // (16 * WARPS), threads=32 * WARPS) as (bx, by):
             T.import_source(_WARP_SOURCE)
-            slots = T.alloc_shared([ring_bytes(token_tiles, ring)], "uint8")
+            slots = T.alloc_shared([ring_bytes(token_tiles, ring, sub)], "uint8")
             T.call_extern(
                 "handle", fn, T.address_of(X[0, 0]), T.cast(x_stride, "int64"), T.address_of(W[0, 0, 0]),
                 T.address_of(WS[0, 0, 0]), T.address_of(H[0, 0]), T.address_of(Pairs[0]),
@@ -132,11 +133,11 @@ def _down_kernel(num_experts: int, inter: int, hidden: int, token_tiles: int, kn
     import tilelang
     import tilelang.language as T
 
-    stages, staged, ring = knobs
+    stages, staged, ring, sub = knobs
     rows = T.dynamic("rows")
     blocks = T.dynamic("blocks")
     num_out = T.dynamic("num_out")
-    fn = f"fp4_moe::down<{token_tiles}, {WARPS}, {stages}, {str(staged).lower()}, {ring}>"
+    fn = f"fp4_moe::down<{token_tiles}, {WARPS}, {stages}, {str(staged).lower()}, {ring}, {sub}>"
 
     @T.prim_func
     def fp4_down(
@@ -152,7 +153,7 @@ def _down_kernel(num_experts: int, inter: int, hidden: int, token_tiles: int, kn
     ):
         with T.Kernel(blocks, hidden // (32 * WARPS), threads=32 * WARPS) as (bx, by):
             T.import_source(_WARP_SOURCE)
-            slots = T.alloc_shared([ring_bytes(token_tiles, ring)], "uint8")
+            slots = T.alloc_shared([ring_bytes(token_tiles, ring, sub)], "uint8")
             T.call_extern(
                 "handle", fn, T.address_of(H[0, 0]), T.address_of(W[0, 0, 0]), T.address_of(WS[0, 0, 0]),
                 T.address_of(Y[0, 0]), T.address_of(Pairs[0]), T.address_of(BlockExpert[0]),
@@ -169,7 +170,7 @@ def launch(x, w13, w2, h, y, weights, lay: MoELayout, topk: int, limit: float | 
     (w13_s, w2_s), num_experts = scales, w13.shape[0]
     inter, hidden = h.shape[1], y.shape[1]
     tiles = lay.block_m // 8
-    knobs = (STAGES, X_STAGED, RING)  # read per launch: the sweep and the tests set them
+    knobs = (STAGES, X_STAGED, RING, SUB)  # read per launch: the sweep and the tests set them
     gate_up = _gate_up_kernel(num_experts, inter, hidden, tiles, limit is not None, knobs)
     gate_up(x, w13, w13_s, h, lay.sorted_pairs, lay.block_expert, lay.num_rows, lay.num_pairs, topk,
             0.0 if limit is None else float(limit))  # fmt: skip
