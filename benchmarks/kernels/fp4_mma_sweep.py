@@ -58,7 +58,8 @@ def main() -> None:
         run = functools.partial(fused_moe, x, w13, w2, topk_w, ids, 10.0, s13, s2)
         forms = [] if args.no_scaled else [("scaled", replace(base, fp4_step="scaled"), None)]
         for spec in args.forms.split(","):
-            stages, block_m, staged, ring, sub = (int(v) for v in (spec + ":0:1").split(":")[:5])
+            parts = [int(v) for v in spec.split(":")]
+            stages, block_m, staged, ring, sub = parts + [0, 1][len(parts) - 3 :]
             cfg = replace(base, fp4_step="mma", block_m=block_m)
             name = f"mma ring {ring}" if ring else f"mma {stages} steps, staged {staged}"
             forms.append(

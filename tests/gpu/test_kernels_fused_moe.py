@@ -217,7 +217,7 @@ def test_fp4_mma_every_code_and_scale(tokens, block_m, ring, sub, monkeypatch):
 
     monkeypatch.setattr(tilelang_fp4, "RING", ring)
     monkeypatch.setattr(tilelang_fp4, "SUB", sub)
-    e, k, d, i = 8, 2, 256, 128
+    e, k, d, i = 8, 2, 256, 128 * sub  # K of both matmuls a multiple of 128 SUB
     g = torch.Generator(device="cuda").manual_seed(block_m + tokens)
     w13 = torch.randint(0, 256, (e, 2 * i, d // 2), device="cuda", dtype=torch.uint8, generator=g)
     w2 = torch.randint(0, 256, (e, d, i // 2), device="cuda", dtype=torch.uint8, generator=g)

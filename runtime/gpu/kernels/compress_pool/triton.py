@@ -90,7 +90,8 @@ def pool_closing(
     assert d == next_pow2(d) and kv.stride(1) == 1 and gate.stride(1) == 1 and entries.stride(1) == 1
     assert tail_kv.stride(2) == 1 and tail_gate.stride(2) == 1 and bias.is_contiguous()
     assert span == (2 * rate if overlap else rate) and kv.shape[1] == (2 * d if overlap else d)
-    slots, new, place = slots.contiguous(), new.contiguous(), place.contiguous()
+    # group_rows is a strided view at verify steps (every q_len-th place's row): made dense like the rest
+    group_rows, slots, new, place = (t.contiguous() for t in (group_rows, slots, new, place))
     n = closes.numel()
     if n:
         _pool_closing[(n,)](

@@ -30,7 +30,10 @@ TOKEN_TILES = (1, 2, 4)  # 8-pair mma column tiles a block (the layout's block_m
 STAGES = 2  # steps of weights in flight a thread (ptxas: 168 registers at 2 tiles of 8 pairs)
 X_STAGED = True  # activations loaded with the weights STAGES steps ahead (else as used, from L1)
 RING = 0  # > 0: steps in flight through a per-thread shared-memory ring (fp4_warp.cuh `mainloop_ring`)
-SUB = 1  # scale groups a thread takes a step: a row's 4 threads read 64 SUB contiguous bytes at a time
+# scale groups a thread takes a step: a row's 4 threads read 64 SUB contiguous bytes at a time. None:
+# `knobs` chooses. (H200, V4-Flash experts: SUB 2 with one step in flight 900 us against 1,031 us at 64
+# tokens, 1,452 against 1,391 at 256; benchmarks.kernels.fp4_mma_sweep)
+SUB: int | None = None
 
 
 def ring_bytes(token_tiles: int, ring: int, sub: int) -> int:
@@ -54,8 +57,8 @@ def supported(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, scales, bloc
         and x.dtype == torch.bfloat16
         and block_m % 8 == 0
         and block_m // 8 in TOKEN_TILES
-        and hidden % (STEP_K * SUB) == 0
-        and inter % (STEP_K * SUB) == 0
+        and hidden % (STEP_K * (SUB or 1)) == 0
+        and inter % (STEP_K * (SUB or 1)) == 0
         and inter % (16 * WARPS) == 0
         and hidden % (32 * WARPS) == 0
         and x.stride(1) == 1
@@ -164,15 +167,27 @@ def _down_kernel(num_experts: int, inter: int, hidden: int, token_tiles: int, kn
     return tilelang.compile(fp4_down, target="cuda")
 
 
+def knobs(num_pairs: int, num_experts: int, inter: int, hidden: int) -> tuple[int, bool, int, int]:
+    """(steps in flight, activations staged, ring, SUB) of a launch, read per launch (the sweep and the
+    tests set the module's). SUB left to choose: 2 with one step in flight where experts see 2 pairs or
+    fewer on average (each warp's loads of a row are then 128-byte runs, and their latency is what the
+    step waits on), else 1 with STAGES."""
+    sub = SUB
+    if sub is None:
+        sub = 2 if num_pairs <= 2 * num_experts and inter % 256 == 0 and hidden % 256 == 0 else 1
+        return (1 if sub == 2 else STAGES), X_STAGED, RING, sub
+    return STAGES, X_STAGED, RING, sub
+
+
 def launch(x, w13, w2, h, y, weights, lay: MoELayout, topk: int, limit: float | None, scales) -> None:  # noqa: ANN001
     """`triton_fp4.launch_fp4`'s contract for a config `config` kept at "mma"; h [rows, I] and y [T*k, D]
     bf16."""
     (w13_s, w2_s), num_experts = scales, w13.shape[0]
     inter, hidden = h.shape[1], y.shape[1]
     tiles = lay.block_m // 8
-    knobs = (STAGES, X_STAGED, RING, SUB)  # read per launch: the sweep and the tests set them
-    gate_up = _gate_up_kernel(num_experts, inter, hidden, tiles, limit is not None, knobs)
+    chosen = knobs(lay.num_pairs, num_experts, inter, hidden)
+    gate_up = _gate_up_kernel(num_experts, inter, hidden, tiles, limit is not None, chosen)
     gate_up(x, w13, w13_s, h, lay.sorted_pairs, lay.block_expert, lay.num_rows, lay.num_pairs, topk,
             0.0 if limit is None else float(limit))  # fmt: skip
-    down = _down_kernel(num_experts, inter, hidden, tiles, knobs)
+    down = _down_kernel(num_experts, inter, hidden, tiles, chosen)
     down(h, w2, w2_s, y, lay.sorted_pairs, lay.block_expert, lay.num_rows, weights, lay.num_pairs)
