@@ -4,9 +4,8 @@ loaded as used, against the Triton `dot_scaled` form at `choose_config`'s tile, 
 is the whole op (layout, gate/up, down, sum) timed by CUDA-graph replay; the bandwidth column is over the
 code and scale bytes of the experts the batch reaches. docs/PERF.md, "The FP4 experts on mma.sync".
     python -m benchmarks.kernels.fp4_mma_sweep [--tokens 8,64,256] [--forms 2:8:1,3:8:0] [--no-scaled]
-A form is stages:block_m:staged[:ring[:sub]] (tilelang_fp4.STAGES, the layout's block_m,
-tilelang_fp4.X_STAGED, tilelang_fp4.RING: steps through the shared ring, 0 for the register form,
-tilelang_fp4.SUB: scale groups a thread takes a step)."""
+A form is stages:block_m:staged[:sub] (tilelang_fp4.STAGES, the layout's block_m, tilelang_fp4.X_STAGED,
+tilelang_fp4.SUB: scale groups a thread takes a step, 1 if not given)."""
 
 from __future__ import annotations
 
@@ -37,7 +36,7 @@ def _graph_ms(fn) -> float:  # noqa: ANN001
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--tokens", default="8,64,256")
-    p.add_argument("--forms", default="2:8:1,3:8:1,0:8:0:3,0:8:0:4,0:8:0:6,2:16:1,0:16:0:4")
+    p.add_argument("--forms", default="2:8:1,1:8:1:2,2:8:1:2,3:8:1,2:16:1,1:16:1:2")
     p.add_argument("--no-scaled", action="store_true", help="skip the Triton form")
     args = p.parse_args()
     logging.getLogger("TileLang").setLevel(logging.ERROR)  # recompiles per form are the point here
@@ -59,15 +58,13 @@ def main() -> None:
         forms = [] if args.no_scaled else [("scaled", replace(base, fp4_step="scaled"), None)]
         for spec in args.forms.split(","):
             parts = [int(v) for v in spec.split(":")]
-            stages, block_m, staged, ring, sub = parts + [0, 1][len(parts) - 3 :]
+            stages, block_m, staged, sub = parts + [1] * (4 - len(parts))
             cfg = replace(base, fp4_step="mma", block_m=block_m)
-            name = f"mma ring {ring}" if ring else f"mma {stages} steps, staged {staged}"
-            forms.append(
-                (f"{name}, sub {sub}, {block_m}-pair blocks", cfg, (stages, bool(staged), ring, sub))
-            )
+            name = f"mma {stages} steps, staged {staged}, sub {sub}, {block_m}-pair blocks"
+            forms.append((name, cfg, (stages, bool(staged), sub)))
         for name, cfg, knobs in forms:
             if knobs is not None:
-                tilelang_fp4.STAGES, tilelang_fp4.X_STAGED, tilelang_fp4.RING, tilelang_fp4.SUB = knobs
+                tilelang_fp4.STAGES, tilelang_fp4.X_STAGED, tilelang_fp4.SUB = knobs
             ms = _graph_ms(functools.partial(run, config=cfg))
             print(
                 f"T={tokens:4d} {name:40s} {ms * 1e3:8.1f} us {gbytes / ms * 1e3:6.0f} GB/s ({reached} experts)"

@@ -173,110 +173,6 @@ __device__ __forceinline__ void mainloop(float (&acc)[TILES][NT][4], const uint8
   }
 }
 
-// cp.async (sm_80+): 16 bytes global -> shared, L2 only (cg) or through L1 (ca, the activations every
-// warp of the CTA reads); with `zero`, nothing is read and the 16 bytes are zero (padding rows).
-__device__ __forceinline__ void cp16_cg(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(uint32_t(__cvta_generic_to_shared(dst))), "l"(src));
-}
-__device__ __forceinline__ void cp16_ca(void* dst, const void* src, bool zero) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(uint32_t(__cvta_generic_to_shared(dst))),
-               "l"(src), "r"(zero ? 0 : 16));
-}
-__device__ __forceinline__ void cp4_ca(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(uint32_t(__cvta_generic_to_shared(dst))), "l"(src));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N>
-__device__ __forceinline__ void cp_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N));
-}
-
-// The ring form of `mainloop`: each thread copies its own step operands (its 16-byte code chunks of each
-// row, the 4-byte scale words holding its rows' scale bytes, its activations) into its own slots of a
-// shared ring, RING steps ahead, and reads them back as it computes. Only the thread itself reads its
-// slots, so cp.async.wait_group orders it all, no barrier. Why: the register form holds the steps in
-// flight in registers, so more of them means fewer warps an SM; here they cost shared memory, which
-// these kernels do not otherwise use. A thread's slot is CHUNKS 16-byte words (CHUNKS odd: 8 threads'
-// 16-byte reads fall in distinct bank groups), ring [RING][threads][CHUNKS].
-template <int TILES, int NT, int SUB>
-struct RingSlot {
-  // codes (i, r, u), one chunk of scale words (i, r), activations (j, u, v)
-  static constexpr int CODES = 0, SCALES = 2 * TILES * SUB, X = SCALES + 1, CHUNKS = X + 4 * NT * SUB;
-};
-
-template <int TILES, int NT, int SUB>
-__device__ __forceinline__ void ring_issue(uint4* slot, const uint8_t* const (&w)[TILES][2], const uint8_t* const (&s)[TILES][2],
-                                           const uint4* const (&x)[NT], const bool (&live)[NT], const uint4* any_x,
-                                           int step, int t) {
-  using R = RingSlot<TILES, NT, SUB>;
-#pragma unroll
-  for (int i = 0; i < TILES; ++i)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-#pragma unroll
-      for (int u = 0; u < SUB; ++u) cp16_cg(slot + R::CODES + (2 * i + r) * SUB + u, w[i][r] + step * 64 * SUB + 16 * u);
-      // the aligned word holding this thread's SUB scale bytes of the step: bytes (SUB t) % 4 ..
-      cp4_ca(reinterpret_cast<uint32_t*>(slot + R::SCALES) + 2 * i + r, s[i][r] - (SUB * t) % 4 + step * 4 * SUB);
-    }
-#pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    if (!live[j]) continue;
-#pragma unroll
-    for (int u = 0; u < SUB; ++u)
-#pragma unroll
-      for (int v = 0; v < 4; ++v)
-        cp16_ca(slot + R::X + (j * SUB + u) * 4 + v, x[j] ? x[j] + (step * SUB) * 16 + 4 * u + v : any_x, x[j] == nullptr);
-  }
-}
-
-template <int TILES, int NT, int RING, int SUB>
-__device__ __forceinline__ void mainloop_ring(float (&acc)[TILES][NT][4], const uint8_t* const (&w)[TILES][2],
-                                              const uint8_t* const (&s)[TILES][2], const uint4* const (&x)[NT],
-                                              const bool (&live)[NT], int steps, uint4* ring, int threads, int tx,
-                                              int t) {
-  static_assert(TILES <= 2, "the scale words of a slot fill one 16-byte chunk");
-  using R = RingSlot<TILES, NT, SUB>;
-  zero(acc);
-  const uint4* any_x = x[0];  // a valid address for the zero-filling copies (tile 0 has a real row)
-  for (int j = 0; j < NT; ++j) any_x = x[j] ? x[j] : any_x;
-  ring = reinterpret_cast<uint4*>((reinterpret_cast<uintptr_t>(ring) + 15) & ~uintptr_t(15));  // 16 spare bytes
-  uint4* mine = ring + tx * R::CHUNKS;
-  const int stage_stride = threads * R::CHUNKS;
-#pragma unroll
-  for (int p = 0; p < RING - 1; ++p) {
-    if (p < steps) ring_issue<TILES, NT, SUB>(mine + p * stage_stride, w, s, x, live, any_x, p, t);
-    cp_commit();
-  }
-  int read = 0, write = RING - 1;  // slots of the step computed and the step issued
-  for (int step = 0; step < steps; ++step) {
-    if (step + RING - 1 < steps) ring_issue<TILES, NT, SUB>(mine + write * stage_stride, w, s, x, live, any_x, step + RING - 1, t);
-    cp_commit();  // empty near the end: the group count stays one a step
-    cp_wait<RING - 1>();
-    const uint4* slot = mine + read * stage_stride;
-    Step<TILES, NT, true, SUB> st;
-    const uint32_t* sw = reinterpret_cast<const uint32_t*>(slot + R::SCALES);
-#pragma unroll
-    for (int i = 0; i < TILES; ++i)
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-#pragma unroll
-        for (int u = 0; u < SUB; ++u) {
-          st.w[i][r][u] = slot[R::CODES + (2 * i + r) * SUB + u];
-          st.s[i][r][u] = (sw[2 * i + r] >> (8 * ((SUB * t) % 4 + u))) & 0xffu;
-        }
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int u = 0; u < SUB; ++u)
-#pragma unroll
-        for (int v = 0; v < 4; ++v)
-          st.x[j][u][v] = live[j] ? slot[R::X + (j * SUB + u) * 4 + v] : make_uint4(0, 0, 0, 0);
-    compute(st, acc, live, x, step);
-    read = read + 1 == RING ? 0 : read + 1;
-    write = write + 1 == RING ? 0 : write + 1;
-  }
-}
-
 // The block's token tiles (its layout rows first..first + 8 NT): x[j], this thread's 32 SUB activations
 // a step of row first + 8 j + g (`row_ptr(row, pair)`: the row's bf16 activations; nullptr for padding),
 // and live[j], whether tile j holds a real row (a block's real rows come first, so warp-uniform).
@@ -297,11 +193,10 @@ __device__ __forceinline__ uint16_t bf16_bits(float v) { return __bfloat16_as_us
 // gate/up + SwiGLU. CTA (bx: a block of 8 NT sorted pairs, by: WARPS x 16 columns of H); warp `warp`
 // owns H columns n0..n0 + 16: gate rows n0.. (m-tile 0) and up rows N + n0.. (m-tile 1) of expert e.
 // W [E, 2N, K/2] and WS [E, 2N, K/32] dense; X rows gathered by pair / topk; H [rows, N] dense.
-template <int NT, int WARPS, int STAGES, bool XS, int RING, int SUB, bool HAS_LIMIT>
+template <int NT, int WARPS, int STAGES, bool XS, int SUB, bool HAS_LIMIT>
 __device__ __forceinline__ void gate_up(const void* X, int64_t x_stride, const void* W, const void* WS, void* H,
                                         const int* pairs, const int* block_expert, const int* num_rows,
-                                        int num_pairs, int topk, int N, int K, float limit, void* ring, int bx, int by,
-                                        int tx) {
+                                        int num_pairs, int topk, int N, int K, float limit, int bx, int by, int tx) {
   constexpr int BM = 8 * NT;
   if (bx * BM >= *num_rows) return;
   const int warp = tx >> 5, lane = tx & 31, g = lane >> 2, t = lane & 3;
@@ -318,10 +213,7 @@ __device__ __forceinline__ void gate_up(const void* X, int64_t x_stride, const v
     return static_cast<const __nv_bfloat16*>(X) + (p / topk) * x_stride;  // the pair's token
   });
   float acc[2][NT][4];
-  if constexpr (RING > 0)
-    mainloop_ring<2, NT, RING, SUB>(acc, w, s, x, live, K / (128 * SUB), static_cast<uint4*>(ring), 32 * WARPS, tx, t);
-  else
-    mainloop<2, NT, STAGES, XS, SUB>(acc, w, s, x, live, K / (128 * SUB));
+  mainloop<2, NT, STAGES, XS, SUB>(acc, w, s, x, live, K / (128 * SUB));
   uint16_t* h = static_cast<uint16_t*>(H);
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
@@ -342,10 +234,10 @@ __device__ __forceinline__ void gate_up(const void* X, int64_t x_stride, const v
 // down + routing weight: CTA (bx: the block, by: WARPS x 32 columns of Y); warp `warp` owns output
 // columns n0..n0 + 32 (m-tiles of 16). W [E, D, K/2], WS [E, D, K/32] dense; H [rows, K] dense;
 // Y [pairs, D] dense, each real row scaled by its pair's weight.
-template <int NT, int WARPS, int STAGES, bool XS, int RING, int SUB>
+template <int NT, int WARPS, int STAGES, bool XS, int SUB>
 __device__ __forceinline__ void down(const void* H, const void* W, const void* WS, void* Y, const int* pairs,
                                      const int* block_expert, const int* num_rows, const float* topk_w,
-                                     int num_pairs, int D, int K, void* ring, int bx, int by, int tx) {
+                                     int num_pairs, int D, int K, int bx, int by, int tx) {
   constexpr int BM = 8 * NT;
   if (bx * BM >= *num_rows) return;
   const int warp = tx >> 5, lane = tx & 31, g = lane >> 2, t = lane & 3;
@@ -362,10 +254,7 @@ __device__ __forceinline__ void down(const void* H, const void* W, const void* W
     return static_cast<const __nv_bfloat16*>(H) + int64_t(row) * K;  // the layout row itself
   });
   float acc[2][NT][4];
-  if constexpr (RING > 0)
-    mainloop_ring<2, NT, RING, SUB>(acc, w, s, x, live, K / (128 * SUB), static_cast<uint4*>(ring), 32 * WARPS, tx, t);
-  else
-    mainloop<2, NT, STAGES, XS, SUB>(acc, w, s, x, live, K / (128 * SUB));
+  mainloop<2, NT, STAGES, XS, SUB>(acc, w, s, x, live, K / (128 * SUB));
   uint16_t* y = static_cast<uint16_t*>(Y);
 #pragma unroll
   for (int j = 0; j < NT; ++j) {

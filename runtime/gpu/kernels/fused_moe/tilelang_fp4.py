@@ -29,17 +29,10 @@ STEP_K = 128  # K a step per SUB: 16 code bytes a thread and row
 TOKEN_TILES = (1, 2, 4)  # 8-pair mma column tiles a block (the layout's block_m / 8)
 STAGES = 2  # steps of weights in flight a thread (ptxas: 168 registers at 2 tiles of 8 pairs)
 X_STAGED = True  # activations loaded with the weights STAGES steps ahead (else as used, from L1)
-RING = 0  # > 0: steps in flight through a per-thread shared-memory ring (fp4_warp.cuh `mainloop_ring`)
 # scale groups a thread takes a step: a row's 4 threads read 64 SUB contiguous bytes at a time. None:
 # `knobs` chooses. (H200, V4-Flash experts: SUB 2 with one step in flight 900 us against 1,031 us at 64
 # tokens, 1,452 against 1,391 at 256; benchmarks.kernels.fp4_mma_sweep)
 SUB: int | None = None
-
-
-def ring_bytes(token_tiles: int, ring: int, sub: int) -> int:
-    """The CTA's shared ring: `ring` steps x threads x (4 `sub` code chunks, a chunk of scale words, 4
-    `sub` a token tile) x 16 bytes (fp4_warp.cuh `RingSlot`), and 16 to align it; 16 when off (a pointer is passed either way)."""
-    return ring * 32 * WARPS * (4 * sub + 1 + 4 * token_tiles * sub) * 16 + 16 if ring else 16
 
 
 _WARP_SOURCE = (Path(__file__).parent / "fp4_warp.cuh").read_text()
@@ -95,13 +88,13 @@ def _gate_up_kernel(
     import tilelang
     import tilelang.language as T
 
-    stages, staged, ring, sub = knobs
+    stages, staged, sub = knobs
     tokens = T.dynamic("tokens")
     rows = T.dynamic("rows")
     blocks = T.dynamic("blocks")
     x_stride = T.dynamic("x_stride")
     fn = (
-        f"fp4_moe::gate_up<{token_tiles}, {WARPS}, {stages}, {str(staged).lower()}, {ring}, {sub}, "
+        f"fp4_moe::gate_up<{token_tiles}, {WARPS}, {stages}, {str(staged).lower()}, {sub}, "
         f"{str(has_limit).lower()}>"
     )
 
@@ -120,12 +113,11 @@ def _gate_up_kernel(
     ):
         with T.Kernel(blocks, inter // (16 * WARPS), threads=32 * WARPS) as (bx, by):
             T.import_source(_WARP_SOURCE)
-            slots = T.alloc_shared([ring_bytes(token_tiles, ring, sub)], "uint8")
             T.call_extern(
                 "handle", fn, T.address_of(X[0, 0]), T.cast(x_stride, "int64"), T.address_of(W[0, 0, 0]),
                 T.address_of(WS[0, 0, 0]), T.address_of(H[0, 0]), T.address_of(Pairs[0]),
                 T.address_of(BlockExpert[0]), T.address_of(NumRows[0]), num_pairs, topk, inter, hidden, limit,
-                T.address_of(slots[0]), bx, by, T.get_thread_binding(),
+                bx, by, T.get_thread_binding(),
             )  # fmt: skip
 
     return tilelang.compile(fp4_gate_up, target="cuda")
@@ -136,11 +128,11 @@ def _down_kernel(num_experts: int, inter: int, hidden: int, token_tiles: int, kn
     import tilelang
     import tilelang.language as T
 
-    stages, staged, ring, sub = knobs
+    stages, staged, sub = knobs
     rows = T.dynamic("rows")
     blocks = T.dynamic("blocks")
     num_out = T.dynamic("num_out")
-    fn = f"fp4_moe::down<{token_tiles}, {WARPS}, {stages}, {str(staged).lower()}, {ring}, {sub}>"
+    fn = f"fp4_moe::down<{token_tiles}, {WARPS}, {stages}, {str(staged).lower()}, {sub}>"
 
     @T.prim_func
     def fp4_down(
@@ -156,27 +148,26 @@ def _down_kernel(num_experts: int, inter: int, hidden: int, token_tiles: int, kn
     ):
         with T.Kernel(blocks, hidden // (32 * WARPS), threads=32 * WARPS) as (bx, by):
             T.import_source(_WARP_SOURCE)
-            slots = T.alloc_shared([ring_bytes(token_tiles, ring, sub)], "uint8")
             T.call_extern(
                 "handle", fn, T.address_of(H[0, 0]), T.address_of(W[0, 0, 0]), T.address_of(WS[0, 0, 0]),
                 T.address_of(Y[0, 0]), T.address_of(Pairs[0]), T.address_of(BlockExpert[0]),
                 T.address_of(NumRows[0]), T.address_of(TopkW[0]), num_pairs, hidden, inter,
-                T.address_of(slots[0]), bx, by, T.get_thread_binding(),
+                bx, by, T.get_thread_binding(),
             )  # fmt: skip
 
     return tilelang.compile(fp4_down, target="cuda")
 
 
-def knobs(num_pairs: int, num_experts: int, inter: int, hidden: int) -> tuple[int, bool, int, int]:
-    """(steps in flight, activations staged, ring, SUB) of a launch, read per launch (the sweep and the
+def knobs(num_pairs: int, num_experts: int, inter: int, hidden: int) -> tuple[int, bool, int]:
+    """(steps in flight, activations staged, SUB) of a launch, read per launch (the sweep and the
     tests set the module's). SUB left to choose: 2 with one step in flight where experts see 2 pairs or
     fewer on average (each warp's loads of a row are then 128-byte runs, and their latency is what the
     step waits on), else 1 with STAGES."""
     sub = SUB
     if sub is None:
         sub = 2 if num_pairs <= 2 * num_experts and inter % 256 == 0 and hidden % 256 == 0 else 1
-        return (1 if sub == 2 else STAGES), X_STAGED, RING, sub
-    return STAGES, X_STAGED, RING, sub
+        return (1 if sub == 2 else STAGES), X_STAGED, sub
+    return STAGES, X_STAGED, sub
 
 
 def launch(x, w13, w2, h, y, weights, lay: MoELayout, topk: int, limit: float | None, scales) -> None:  # noqa: ANN001
