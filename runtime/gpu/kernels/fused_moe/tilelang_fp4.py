@@ -30,9 +30,10 @@ TOKEN_TILES = (1, 2, 4)  # 8-pair mma column tiles a block (the layout's block_m
 STAGES = 2  # steps of weights in flight a thread (ptxas: 168 registers at 2 tiles of 8 pairs)
 X_STAGED = True  # activations loaded with the weights STAGES steps ahead (else as used, from L1)
 # scale groups a thread takes a step: a row's 4 threads read 64 SUB contiguous bytes at a time. None:
-# `knobs` chooses. (H200, V4-Flash experts: SUB 2 with one step in flight 900 us against 1,031 us at 64
-# tokens, 1,452 against 1,391 at 256; benchmarks.kernels.fp4_mma_sweep)
-SUB: int | None = None
+# `knobs` chooses (H200, V4-Flash experts: SUB 2 with one step in flight 901 us against 1,031 us at 64
+# tokens, 1,452 against 1,391 at 256; benchmarks.kernels.fp4_mma_sweep). 1 by default until the SUB 2
+# case of tests/gpu/test_kernels_fused_moe.py::test_fp4_mma_every_code_and_scale has run on a GPU.
+SUB: int | None = 1
 
 
 _WARP_SOURCE = (Path(__file__).parent / "fp4_warp.cuh").read_text()
