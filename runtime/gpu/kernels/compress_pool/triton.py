@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from runtime.gpu.kernels.common import next_pow2
+from runtime.gpu.kernels.rope.triton import rotate_pairs
 
 SLOTS = 16  # raw tokens a loop step: [16, 512] float32 tiles of kv and gate in 4 warps
 
@@ -67,14 +68,10 @@ def _pool_closing(
         inv = 1.0 / tl.sqrt(tl.sum(pooled * pooled, 0) / D + eps)
         w = tl.load(NormW + offs_d).to(tl.float32)
         y = (w * (pooled * inv).to(dtype).to(tl.float32)).to(dtype)
-        # rope on the trailing 2 ROPE_HALF channels: pairs (2i, 2i + 1), at the window's first position
-        a, c = tl.split(tl.reshape(y.to(tl.float32), (D // 2, 2)))
-        i = tl.arange(0, D // 2) - (D // 2 - ROPE_HALF)
-        freq = tl.load(InvFreq + i, mask=i >= 0, other=0.0)
-        angle = (win * RATE).to(tl.float32) * freq
-        cos = tl.where(i >= 0, tl.cos(angle) * scaling, 1.0)
-        sin = tl.where(i >= 0, tl.sin(angle) * scaling, 0.0)
-        out = tl.reshape(tl.join(a * cos - c * sin, c * cos + a * sin), (D,))
+        # rope on the trailing 2 ROPE_HALF channels, at the window's first position
+        row_y = tl.reshape(y.to(tl.float32), (1, D))
+        out = rotate_pairs(row_y, win * RATE, InvFreq, D // 2 - ROPE_HALF, ROPE_HALF, scaling, 1.0, 1, D // 2)
+        out = tl.reshape(out, (D,))
         dst = tl.load(Dst + pid).to(tl.int64)
         tl.store(Entries + dst * stride_e + offs_d, out.to(Entries.dtype.element_ty))
 

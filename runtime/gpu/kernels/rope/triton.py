@@ -154,6 +154,21 @@ def rope_store(positions, q, k, v, cos, sin, loc, k_pool, v_pool, rms_x=None, rm
 
 
 @triton.jit
+def rotate_pairs(x, pos, InvFreq, first, half, scaling, sign, ROWS: tl.constexpr, PAIRS: tl.constexpr):
+    """x [ROWS, 2 PAIRS] float32, a row's channels in interleaved pairs (2p, 2p + 1): pair p rotated by
+    angle pos * inv_freq[p - first] (times `sign`), cos and sin times `scaling`, where 0 <= p - first <
+    half; every other pair unchanged. The one rotation the interleaved-rope kernels share."""
+    a, b = tl.split(tl.reshape(x, (ROWS, PAIRS, 2)))
+    i = tl.arange(0, PAIRS) - first
+    on = (i >= 0) & (i < half)
+    angle = pos.to(tl.float32) * tl.load(InvFreq + i, mask=on, other=0.0)
+    cos = tl.where(on, tl.cos(angle) * scaling, 1.0)
+    sin = tl.where(on, tl.sin(angle) * scaling * sign, 0.0)
+    out = tl.join(a * cos[None, :] - b * sin[None, :], b * cos[None, :] + a * sin[None, :])
+    return tl.reshape(out, (ROWS, 2 * PAIRS))
+
+
+@triton.jit
 def _rope_interleaved(
     X, Pos, InvFreq, n_heads, half, stride_xt, stride_xh, offset, scaling, sign,
     BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
@@ -163,17 +178,12 @@ def _rope_interleaved(
     with a stride of 2 elements ran at about 270 GB/s (H200, a 4K-token prefill)."""
     t = tl.program_id(0).to(tl.int64)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    offs_i = tl.arange(0, BLOCK_HALF)
-    angle = tl.load(Pos + t).to(tl.float32) * tl.load(InvFreq + offs_i, mask=offs_i < half, other=0.0)
-    cos = tl.cos(angle) * scaling
-    sin = tl.sin(angle) * scaling * sign
     offs_c = tl.arange(0, 2 * BLOCK_HALF)
     mask = (offs_h < n_heads)[:, None] & (offs_c < 2 * half)[None, :]
     ptrs = X + t * stride_xt + offs_h[:, None].to(tl.int64) * stride_xh + offset + offs_c[None, :]
     x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-    a, b = tl.split(tl.reshape(x, (BLOCK_H, BLOCK_HALF, 2)))
-    out = tl.join(a * cos[None, :] - b * sin[None, :], b * cos[None, :] + a * sin[None, :])
-    tl.store(ptrs, tl.reshape(out, (BLOCK_H, 2 * BLOCK_HALF)).to(X.dtype.element_ty), mask=mask)
+    out = rotate_pairs(x, tl.load(Pos + t), InvFreq, 0, half, scaling, sign, BLOCK_H, BLOCK_HALF)
+    tl.store(ptrs, out.to(X.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -192,14 +202,11 @@ def _unit_rms_rope_interleaved(
     x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
     inv = (1.0 / tl.sqrt(tl.sum(x * x, 1) / dim + eps)).to(dtype).to(tl.float32)
     y = (x * inv[:, None]).to(dtype).to(tl.float32)
-    a, b = tl.split(tl.reshape(y, (BLOCK_H, BLOCK_D // 2, 2)))
-    i = tl.arange(0, BLOCK_D // 2) - (dim // 2 - half)  # the pair's frequency, < 0: not roped
-    on = (i >= 0) & (i < half)
-    angle = tl.load(Pos + t).to(tl.float32) * tl.load(InvFreq + i, mask=on, other=0.0)
-    cos = tl.where(on, tl.cos(angle) * scaling, 1.0)
-    sin = tl.where(on, tl.sin(angle) * scaling * sign, 0.0)
-    out = tl.join(a * cos[None, :] - b * sin[None, :], b * cos[None, :] + a * sin[None, :])
-    tl.store(ptrs, tl.reshape(out, (BLOCK_H, BLOCK_D)).to(dtype), mask=mask)
+    # the roped pairs are the last `half` of the row's dim / 2
+    out = rotate_pairs(
+        y, tl.load(Pos + t), InvFreq, dim // 2 - half, half, scaling, sign, BLOCK_H, BLOCK_D // 2
+    )
+    tl.store(ptrs, out.to(dtype), mask=mask)
 
 
 def rope_interleaved(x, positions, inv_freq, scaling, inverse=False, unit_rms_eps=None):
