@@ -17,6 +17,7 @@ from runtime.gpu.kernels import registry
 from runtime.gpu.kernels.fp8_gemm.reference import act_quant, dequant_act
 from runtime.gpu.kernels.fused_moe import reference
 from runtime.gpu.kernels.fused_moe.layout import max_blocks, moe_layout
+from runtime.gpu.kernels.silu_and_mul.reference import silu_and_mul
 from runtime.gpu.kernels.testing import InterpreterCases
 from runtime.gpu.quant import fp4
 from runtime.gpu.quant.fp8 import dequantize, quantize
@@ -95,7 +96,7 @@ def _loop_over_tokens(x, w13, w2, weights, ids, limit=None):
     for t in range(x.shape[0]):
         for j, e in enumerate(ids[t].tolist()):
             gu = w13[e] @ x[t]
-            h = reference.swiglu(gu[:inter], gu[inter:], limit)
+            h = silu_and_mul(gu[:inter], gu[inter:], limit=limit)
             out[t] += weights[t, j] * (w2[e] @ h)
     return out
 
@@ -118,7 +119,7 @@ def test_fp8_reference_equals_a_loop_over_tokens_on_dequantized_weights():
         xq = dequant_act(*act_quant(x[t : t + 1]))[0]
         for j, e in enumerate(ids[t].tolist()):
             gu = w13d[e] @ xq
-            h = reference.swiglu(gu[:96], gu[96:], 0.5)
+            h = silu_and_mul(gu[:96], gu[96:], limit=0.5)
             out[t] += weights[t, j] * (w2d[e] @ dequant_act(*act_quant(h[None]))[0])
     torch.testing.assert_close(got, out, atol=1e-5, rtol=1e-5)
 

@@ -28,8 +28,8 @@ class FusedMoe(Protocol):
         """x [T, D]; w13 [E, 2I, D] (gate rows, then up rows); w2 [E, D, I] (unit stride along their last
         dim); topk_weights [T, k] (float32), topk_ids [T, k]. Returns
         sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t]) as [T, D] in x's dtype, where
-        expert_e(x) = w2[e] (silu(gate) * up) with (gate, up) = w13[e] x (`reference.swiglu`; with
-        `swiglu_limit`, DeepSeek-V4, gate is clamped above and up on both sides first). Rounded to x's
+        expert_e(x) = w2[e] (silu(gate) * up) with (gate, up) = w13[e] x (the `silu_and_mul` op's math;
+        with `swiglu_limit`, DeepSeek-V4, gate is clamped above and up on both sides first). Rounded to x's
         dtype at the SwiGLU output (the down projection's input) and at each weighted expert output; the
         sum over k is float32.
 

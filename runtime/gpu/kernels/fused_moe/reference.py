@@ -23,12 +23,6 @@ from runtime.gpu.kernels.silu_and_mul.reference import silu_and_mul
 from runtime.gpu.quant import fp4
 
 
-def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None = None) -> torch.Tensor:
-    """silu(gate) * up; with `limit` (DeepSeek-V4) gate is clamped above and up on both sides first (the
-    `silu_and_mul` op's math)."""
-    return silu_and_mul(gate, up, limit=limit)
-
-
 def fused_moe(x, w13, w2, topk_weights, topk_ids, swiglu_limit=None, w13_scale=None, w2_scale=None):
     """`FusedMoe`."""
     fmt = expert_format(w13, w2, w13_scale, w2_scale)
@@ -49,7 +43,7 @@ def fused_moe(x, w13, w2, topk_weights, topk_ids, swiglu_limit=None, w13_scale=N
         w_up = _dequantized(fmt, w13[e], None if w13_scale is None else w13_scale[e])
         w_down = _dequantized(fmt, w2[e], None if w2_scale is None else w2_scale[e])
         gate, up = F.linear(xs[start : start + n], w_up).chunk(2, dim=-1)
-        h = swiglu(gate, up, swiglu_limit).to(x.dtype)
+        h = silu_and_mul(gate, up, limit=swiglu_limit).to(x.dtype)
         h = dequant_act(*act_quant(h)) if w8a8 else h.float()
         y[start : start + n] = F.linear(h, w_down)
         start += n

@@ -40,8 +40,7 @@ class Compressor(nn.Module):
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, D] -> raw (kv, gate) [T, width] (column views of one [T, 2 width] product): what a
         request keeps for its open window."""
-        kv, gate = self.kv_gate_proj(x)
-        return kv, gate
+        return self.kv_gate_proj(x)
 
     def pool(
         self,
