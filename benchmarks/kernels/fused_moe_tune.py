@@ -43,7 +43,7 @@ def space(args: argparse.Namespace, fp4: bool) -> list[MoEConfig]:
 
 def _experts(e: int, d: int, i: int, fp4: bool, dev: torch.device) -> tuple[torch.Tensor, ...]:
     """(w13, w2, w13 scales, w2 scales): bf16 normal weights, or random e2m1 codes with scales of
-    2^-7 to 2^-2 (scales None for bf16)."""
+    2^-7 to 2^-2, tiled (scales None for bf16)."""
     if not fp4:
         w13 = torch.empty(e, 2 * i, d, device=dev, dtype=torch.bfloat16).normal_(0, d**-0.5)
         w2 = torch.empty(e, d, i, device=dev, dtype=torch.bfloat16).normal_(0, i**-0.5)
@@ -55,7 +55,7 @@ def _experts(e: int, d: int, i: int, fp4: bool, dev: torch.device) -> tuple[torc
         return codes, torch.randint(120, 126, (e, rows, cols // group), device=dev, dtype=torch.uint8)
 
     (w13, s13), (w2, s2) = packed(2 * i, d), packed(d, i)
-    return w13, w2, s13, s2
+    return fp4_quant.tile_layer(w13, w2, s13, s2)  # the form served models keep (RoutedExperts.tile_fp4)
 
 
 def replay_us(fn, reps: int = 20) -> float:  # noqa: ANN001

@@ -22,6 +22,7 @@ import torch
 from benchmarks.kernels.timing import bench_ms, ceilings, fp8_ceiling
 from runtime.gpu.kernels import registry
 from runtime.gpu.kernels.testing import paged_case
+from runtime.gpu.quant import fp4
 
 # Llama-3.1-8B
 HQ, HKV, HEAD_DIM, HIDDEN, FFN = 32, 8, 128, 4096, 14336
@@ -238,6 +239,8 @@ def deepseek_workloads(ops: list[str], device: torch.device, small: bool) -> Ite
                           for n, kk in ((2 * i, d), (d, i))]  # fmt: skip
                 scales = [torch.full((experts, n, kk // 32), 123, dtype=torch.uint8, device=device)
                           for n, kk in ((2 * i, d), (d, i))]  # fmt: skip
+                if fp4.tileable(2 * i, d) and fp4.tileable(d, i):  # the form served models keep
+                    packed[0], packed[1], scales[0], scales[1] = fp4.tile_layer(*packed, *scales)
                 yield Work(
                     "fused_moe", f"fp4 T={tokens} E={experts} k={k} D={d}", (x, *packed, topk_w, ids),
                     {"w13_scale": scales[0], "w2_scale": scales[1]},

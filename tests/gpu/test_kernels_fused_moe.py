@@ -76,10 +76,11 @@ def fp8_weights():
 @pytest.fixture(scope="module")
 def fp4_weights():
     """(w13, w2, w13_scale, w2_scale): random experts (std 1/sqrt(fan-in)) as packed e2m1 with UE8M0
-    scales per 32, as DeepSeek-V4-Flash's checkpoints store them (V4-Flash: 3.4 GB)."""
+    scales per 32, as DeepSeek-V4-Flash's checkpoints store them (V4-Flash: 3.4 GB); with `tiled`, in the
+    tiled form the served model keeps (`fp4.tile_experts`)."""
     cache = {}
 
-    def get(shape: str):
+    def get(shape: str, tiled: bool = False):
         if shape not in cache:
             cache.clear()
             e, _, d, i = SHAPES[shape]
@@ -94,7 +95,9 @@ def fp4_weights():
 
             (w13, s13), (w2, s2) = packed(2 * i, d), packed(d, i)
             cache[shape] = (w13, w2, s13, s2)
-        return cache[shape]
+        if not tiled:
+            return cache[shape]
+        return fp4.tile_layer(*cache[shape])
 
     return get
 
@@ -170,17 +173,20 @@ def test_fused_moe_fp8_matches_reference(fp8_weights, shape, tokens, limit):
     [("v4flash", 1, 10.0), ("v4flash", 64, 10.0), ("v4flash", 512, None), ("v4flash", 4096, None),
      ("ragged32", 33, 0.7)],
 )  # fmt: skip
-@pytest.mark.parametrize("step", ["values", "scaled", "mma"])
-def test_fused_moe_fp4_matches_reference(fp4_weights, shape, tokens, limit, step):
+@pytest.mark.parametrize(
+    "step,tiled", [("values", False), ("scaled", False), ("scaled", True), ("mma", True)]
+)
+def test_fused_moe_fp4_matches_reference(fp4_weights, shape, tokens, limit, step, tiled):
     """W4A16: both sides multiply bf16 activations by the same dequantized weights (exact in bf16);
     only the float32 accumulation order differs, so the bf16 tolerance holds. Every form of the K step
-    (`MoEConfig.fp4_step`), at `choose_config`'s FP4 tiles."""
+    (`MoEConfig.fp4_step`), at `choose_config`'s FP4 tiles; the mma kernels read the tiled form (where its
+    shape has none, "ragged32", the op runs "scaled")."""
     from dataclasses import replace
 
     from runtime.gpu.kernels.fused_moe.triton import choose_config
 
     e, k, d, i = SHAPES[shape]
-    w13, w2, s13, s2 = fp4_weights(shape)
+    w13, w2, s13, s2 = fp4_weights(shape, tiled and fp4.tileable(d, i) and fp4.tileable(2 * i, d))
     x = torch.randn(tokens, d, device="cuda").to(torch.bfloat16)
     topk_w, ids = _routing(tokens, e, k, seed=tokens)
     cfg = replace(choose_config(tokens * k, e, x.device, x.dtype, fp4=True), fp4_step=step)
@@ -196,7 +202,7 @@ def test_fused_moe_fp4_matches_reference(fp4_weights, shape, tokens, limit, step
     touched = ids.unique().numel()
     gbytes = touched * 3 * d * i * (0.5 + 1 / fp4.GROUP) / 1e9  # half a byte per weight, a scale per 32
     print(
-        f"\n  fp4 {shape} T={tokens} {step}: "
+        f"\n  fp4 {shape} T={tokens} {step}{' tiled' if fp4.is_tiled(w13) else ''}: "
         f"{ratio:.3f}x tol, {ms * 1e3:.1f} us, {touched} experts, "
         f"{gbytes / ms * 1e3:.0f} GB/s of expert weights, {2 * tokens * k * 3 * d * i / ms / 1e9:.1f} TFLOP/s"
     )
@@ -223,6 +229,7 @@ def test_fp4_mma_every_code_and_scale(tokens, block_m, stages, sub, monkeypatch)
     w2 = torch.randint(0, 256, (e, d, i // 2), device="cuda", dtype=torch.uint8, generator=g)
     s13 = torch.randint(100, 141, (e, 2 * i, d // 32), device="cuda", dtype=torch.uint8, generator=g)
     s2 = torch.randint(112, 123, (e, d, i // 32), device="cuda", dtype=torch.uint8, generator=g)
+    w13, w2, s13, s2 = fp4.tile_layer(w13, w2, s13, s2)  # the form the mma kernels read
     x = (torch.randn(tokens, d, device="cuda", generator=g) * 2.0**-14).to(torch.bfloat16)
     topk_w, ids = _routing(tokens, e, k, seed=tokens)
     cfg = replace(choose_config(tokens * k, e, x.device, x.dtype, fp4=True), block_m=block_m, fp4_step="mma")
@@ -241,7 +248,7 @@ def test_fused_moe_replays_in_a_cuda_graph_on_new_routing(weights, fp8_weights, 
     if fmt == "bf16":
         (w13, w2), scales = weights("v2lite"), {}
     else:
-        w13, w2, s13, s2 = (fp8_weights if fmt == "fp8" else fp4_weights)("v2lite")
+        w13, w2, s13, s2 = fp8_weights("v2lite") if fmt == "fp8" else fp4_weights("v2lite", tiled=True)
         scales = dict(w13_scale=s13, w2_scale=s2)
     fn = _impl("triton")
     x = torch.randn(tokens, d, device="cuda").to(torch.bfloat16)

@@ -173,6 +173,7 @@ class RoutedExperts(nn.Module):
         `scale` the view its `weight_scale_inv` fills (None with float weights)."""
         if scale and not self.quantized:
             return None
+        assert not fp4.is_tiled(self.gate_up_proj), "FP4 experts are tiled once loaded: nothing loads after"
         if self.logical is not None:  # a logical expert this rank does not hold: nothing to fill
             if expert not in self.logical:
                 return None
@@ -196,6 +197,22 @@ class RoutedExperts(nn.Module):
             rows, cols = w.shape[1], (self.hidden if w is self.gate_up_proj else self.intermediate)
             for e in range(self.num_experts):
                 quantize_into(w.data[e], s.data[e], normal((rows, cols), w.device, std, generator))
+
+    def tile_fp4(self) -> None:
+        """FP4 experts into their tiled form (`fp4.tile_experts`), which the mma kernels need and every
+        `fused_moe` form reads; once, after loading (`prepare_for_serving`), in place: no second copy of
+        the experts. Checkpoint slices are row-major, so loading is over by then. Shapes the tiles do not
+        divide stay row-major."""
+        if self.weight_format != "fp4" or fp4.is_tiled(self.gate_up_proj):
+            return
+        if not (
+            fp4.tileable(2 * self.intermediate, self.hidden) and fp4.tileable(self.hidden, self.intermediate)
+        ):
+            return
+        for name in self._QUANTIZED_NAMES:
+            cols = fp4.TILE_COLS["scales" if name.endswith(fp8.SCALE_SUFFIX) else "codes"]
+            tiled = fp4.tile_experts_in_place(getattr(self, name).data, cols)
+            setattr(self, name, nn.Parameter(tiled, requires_grad=False))
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """x: [T, D]; weights, ids: [T, k]. Returns sum_k weights[t, k] * expert_{ids[t, k]}(x[t])."""

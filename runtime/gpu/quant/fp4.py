@@ -94,3 +94,70 @@ def load_float(weight: torch.Tensor, scale: torch.Tensor, value: torch.Tensor) -
         raise ValueError(f"float weight {tuple(value.shape)} does not fit FP4 {tuple(weight.shape)} (packed)")
     weight.copy_(q.view(PACKED))
     scale.copy_(s.view(torch.uint8))
+
+
+# The tiled form of a stack of experts' codes or scales, which the GPU kernels read (`RoutedExperts`
+# tiles its FP4 weights once loaded on a GPU, `prepare_for_serving`). A row-major [E, R, C] stack becomes
+# [E, R/16, C/cols, 16, cols]: tiles of 16 rows (an mma m-tile) by `cols` bytes, row-major inside, each
+# 16-row group's tiles in K order. With TILE_COLS (128 elements of K: 64 code bytes, 4 scale bytes), one
+# warp's share of a 128-K mma step is one contiguous tile (1,024 code bytes, 64 scale bytes) and a whole
+# 16-row group is one contiguous run: in row-major order a warp instruction reads 8 rows x 64 bytes,
+# which streams about 2.5 TB/s on an H200 against 4.1-4.3 for 512 contiguous bytes
+# (benchmarks.kernels.fp4_load_probe).
+TILE_ROWS = 16
+TILE_COLS = {"codes": 64, "scales": 4}
+TILE_K = 2 * TILE_COLS["codes"]  # K elements a tile covers; tiling needs K % TILE_K == 0
+
+
+def tileable(rows: int, k: int) -> bool:
+    """Whether a [rows, k] logical FP4 weight has a tiled form."""
+    return rows % TILE_ROWS == 0 and k % TILE_K == 0
+
+
+def is_tiled(t: torch.Tensor) -> bool:
+    """A tiled expert stack (5-D) rather than a row-major one (3-D)."""
+    return t.dim() == 5
+
+
+def stacked_shape(t: torch.Tensor) -> tuple[int, int, int]:
+    """(experts, rows, bytes a row) of an expert stack in either form."""
+    if is_tiled(t):
+        e, groups, tiles, rows, cols = t.shape
+        return e, groups * rows, tiles * cols
+    e, rows, cols = t.shape
+    return e, rows, cols
+
+
+def tile_experts(t: torch.Tensor, cols: int) -> torch.Tensor:
+    """[E, R, C] row-major -> [E, R/16, C/cols, 16, cols], a new contiguous tensor."""
+    e, r, c = t.shape
+    return t.reshape(e, r // TILE_ROWS, TILE_ROWS, c // cols, cols).transpose(2, 3).contiguous()
+
+
+def untile_experts(t: torch.Tensor) -> torch.Tensor:
+    """The inverse of `tile_experts`: [E, R/16, C/cols, 16, cols] -> [E, R, C] row-major."""
+    e, groups, tiles, rows, cols = t.shape
+    return t.transpose(2, 3).reshape(e, groups * rows, tiles * cols)
+
+
+def row_major(t: torch.Tensor) -> torch.Tensor:
+    """An expert stack row-major, whichever form it is in."""
+    return untile_experts(t) if is_tiled(t) else t
+
+
+def tile_experts_in_place(t: torch.Tensor, cols: int) -> torch.Tensor:
+    """`tile_experts` within t's own storage, one expert at a time (a whole V4-Flash layer's codes are
+    3 GiB; the copy here is one expert's), returned as the tiled view of that storage."""
+    e, r, c = t.shape
+    assert t.is_contiguous() and r % TILE_ROWS == 0 and c % cols == 0, (t.shape, cols)
+    for j in range(e):
+        t[j].copy_(tile_experts(t[j : j + 1], cols).view(r, c))
+    return t.view(e, r // TILE_ROWS, c // cols, TILE_ROWS, cols)
+
+
+def tile_layer(w13: torch.Tensor, w2: torch.Tensor, w13_scale: torch.Tensor, w2_scale: torch.Tensor):  # noqa: ANN201
+    """A layer's FP4 experts (`fused_moe`'s w13, w2 and their scales, row-major) in the tiled form, as
+    new tensors (tests and benchmarks; `RoutedExperts.tile_fp4` tiles in place)."""
+    codes, scales = TILE_COLS["codes"], TILE_COLS["scales"]
+    return (tile_experts(w13, codes), tile_experts(w2, codes), tile_experts(w13_scale, scales),
+            tile_experts(w2_scale, scales))  # fmt: skip

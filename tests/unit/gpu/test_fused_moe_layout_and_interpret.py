@@ -156,6 +156,44 @@ def test_fp4_reference_is_the_float_path_on_the_dequantized_weights(dtype):
     assert torch.equal(got, reference.fused_moe(x, w13d.to(dtype), w2d.to(dtype), weights, ids, 0.5))
 
 
+def test_fp4_reference_reads_the_tiled_form_as_the_row_major_one():
+    x, w13, w2, weights, ids, s13, s2 = _random_fp4_moe(7, 4, 2, 128, 256, torch.float32, seed=8)
+    tiled = fp4.tile_layer(w13, w2, s13, s2)
+    assert tiled[0].shape == (4, 512 // 16, 64 // 64, 16, 64) and fp4.stacked_shape(tiled[0]) == w13.shape
+    assert all(torch.equal(fp4.untile_experts(t), w) for t, w in zip(tiled, (w13, w2, s13, s2), strict=True))
+    want = reference.fused_moe(x, w13, w2, weights, ids, 0.5, w13_scale=s13, w2_scale=s2)
+    got = reference.fused_moe(x, tiled[0], tiled[1], weights, ids, 0.5, w13_scale=tiled[2], w2_scale=tiled[3])
+    assert torch.equal(got, want)
+    with pytest.raises(AssertionError):  # all four in one form
+        reference.fused_moe(x, tiled[0], tiled[1], weights, ids, w13_scale=s13, w2_scale=tiled[3])
+
+
+def test_routed_experts_tile_fp4_in_place_and_compute_the_same():
+    """`RoutedExperts.tile_fp4` (run by V4's `prepare_for_serving`): the same storage and outputs, every
+    tensor 5-D; a shape the tiles do not divide stays row-major."""
+    from runtime.gpu.layers.moe import RoutedExperts
+
+    experts = RoutedExperts(4, 128, 256, swiglu_limit=0.5, weight_format="fp4")
+    experts.init_dummy(torch.Generator().manual_seed(0), 0.05)
+    x, _, _, weights, ids = _random_moe(5, 4, 2, 128, 8, torch.float32, seed=9)
+    want = experts(x, weights, ids)
+    storage = experts.gate_up_proj.data.data_ptr()
+    experts.tile_fp4()
+    assert all(fp4.is_tiled(getattr(experts, n)) for n in experts._QUANTIZED_NAMES)
+    assert experts.gate_up_proj.data.data_ptr() == storage and fp4.stacked_shape(experts.down_proj) == (
+        4,
+        128,
+        128,
+    )
+    assert torch.equal(experts(x, weights, ids), want)
+    experts.tile_fp4()  # once only
+    with pytest.raises(AssertionError):  # nothing loads into tiled experts
+        experts.checkpoint_slice(0, "down_proj")
+    ragged = RoutedExperts(4, 96, 64, weight_format="fp4")
+    ragged.tile_fp4()
+    assert not fp4.is_tiled(ragged.gate_up_proj)
+
+
 def test_reference_rounds_like_the_kernels_in_bfloat16():
     """bf16 in, bf16 out, float32 math: within a bf16 ulp or two of the float32 result."""
     x, w13, w2, weights, ids = _random_moe(19, 8, 2, 32, 16, torch.bfloat16, seed=2)
@@ -233,8 +271,13 @@ FP4_STEP_CASES = {  # the same through tl.dot_scaled (MoEConfig.fp4_step "scaled
     "fp4_dot_scaled_bf16_decode_batch1": (1, 4, 2, 64, 32, "bfloat16", None, "scaled"),
 }
 
+FP4_TILED_CASES = {  # the tiled form (`fp4.tile_experts`, what RoutedExperts keeps): K by 64, half a tile a step
+    "fp4_tiled_dot_scaled_bf16_v4_limit": (9, 4, 2, 256, 128, "bfloat16", 0.5, "scaled", True),
+    "fp4_tiled_values_fp32": (3, 4, 2, 128, 256, "float32", None, None, True),
+}
 
-def _run_fp4_case(tokens, experts, k, hidden, inter, dtype, limit, step=None) -> float:
+
+def _run_fp4_case(tokens, experts, k, hidden, inter, dtype, limit, step=None, tiled=False) -> float:
     """The kernels see exactly the reference's dequantized weights: only accumulation order differs."""
     from runtime.gpu.kernels.fused_moe import triton as fused_triton
     from runtime.gpu.kernels.testing import close_ratio
@@ -242,9 +285,11 @@ def _run_fp4_case(tokens, experts, k, hidden, inter, dtype, limit, step=None) ->
     x, w13, w2, weights, ids, s13, s2 = _random_fp4_moe(
         tokens, experts, k, hidden, inter, getattr(torch, dtype), tokens
     )
+    want = reference.fused_moe(x, w13, w2, weights, ids, limit, w13_scale=s13, w2_scale=s2)
+    if tiled:
+        w13, w2, s13, s2 = fp4.tile_layer(w13, w2, s13, s2)
     config = fused_triton.MoEConfig(16, 32, 64, 1, 1, fp4_step=step) if step else None
     got = fused_triton.fused_moe(x, w13, w2, weights, ids, limit, w13_scale=s13, w2_scale=s2, config=config)
-    want = reference.fused_moe(x, w13, w2, weights, ids, limit, w13_scale=s13, w2_scale=s2)
     return close_ratio(got, want, *_TOL[dtype])
 
 
@@ -313,6 +358,7 @@ for _table, _run in (
     (FP8_CASES, _run_fp8_case),
     (FP4_CASES, _run_fp4_case),
     (FP4_STEP_CASES, _run_fp4_case),
+    (FP4_TILED_CASES, _run_fp4_case),
     (LAYOUT_CASES, _run_layout_case),
     (ROUTE_CASES, _run_route_case),
 ):

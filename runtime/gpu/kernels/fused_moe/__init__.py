@@ -42,7 +42,8 @@ class FusedMoe(Protocol):
         [E, D, I/2] uint8, two e2m1 codes per byte (element 2j in the low nibble), with w13_scale
         [E, 2I, D/32] and w2_scale [E, D, I/32] uint8 UE8M0 exponents (2^(b - 127)), one per 32 along
         K (D and I multiples of 32); activations are not quantized: the float experts on the
-        dequantized weights, which bf16 holds exactly."""
+        dequantized weights, which bf16 holds exactly. All four may instead be in their tiled form
+        (`fp4.tile_experts`, 5-D: what `RoutedExperts` keeps on a GPU), which the mma kernels need."""
         ...
 
 

@@ -8,7 +8,12 @@
 // The product is transposed so that the weights fill the mma rows: C^T [16 weight rows x 8 tokens] +=
 // W [16 x 16 k] X^T [16 k x 8 tokens] (m16n8k16, bf16 in, f32 accumulate). Thread (g = lane / 4,
 // t = lane % 4) reads 16 bytes of weight rows g and g + 8 per 128-k step: elements [32 t, 32 t + 32) of
-// the step, one scale group, coalesced (4 threads x 16 B = 64 contiguous bytes a row). The sum over k
+// the step, one scale group. The weights are tiled (`fp4.tile_experts`: 16 rows x 64 bytes, row-major
+// inside, a 16-row group's tiles in K order), so those bytes sit at 16 lane of the step's tile for row g
+// and 512 + 16 lane for row g + 8: each warp load instruction reads 512 contiguous bytes and a warp's
+// m-tile streams one contiguous run (row-major rows gave 8 x 64-byte pieces an instruction, which stream
+// about 2.5 TB/s on an H200 against 4.1-4.3 TB/s for 512-byte runs: benchmarks.kernels.fp4_load_probe);
+// the scale bytes likewise at lane and 32 + lane of the step's 64-byte scale tile. The sum over k
 // does not care which k each mma step covers, so k is permuted: each 4-byte word (8 codes, element i in
 // nibble i) feeds two mma steps. A nibble at the top of a 16-bit half becomes a bf16 by two masks and a
 // shift (sign stays at bit 15; the 3 magnitude bits land on the exponent's 2 low bits and the mantissa's
@@ -24,6 +29,10 @@
 #include <cuda_bf16.h>
 
 namespace fp4_moe {
+
+// bytes of one tiled 16-row x 128-k step (`fp4.tile_experts`): codes (16 x 64) and scales (16 x 4)
+constexpr int CODE_TILE = 1024;
+constexpr int SCALE_TILE = 64;
 
 __device__ __forceinline__ uint4 ldg_stream(const void* p) {  // read once: no L1 allocation
   uint4 v;
@@ -68,11 +77,9 @@ __device__ __forceinline__ void mma(float c[4], uint32_t a0, uint32_t a1, uint32
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// One step in registers. A step is 128 SUB k, 4 SUB scale groups of 32: thread t takes groups SUB t ..
-// SUB t + SUB - 1 (sub-steps u), so a row's 4 threads read 64 SUB contiguous bytes (SUB = 2: 128 bytes
-// of a row at a time, twice the run of one DRAM page). Per m-tile i and sub-step u, 16 code bytes of
-// rows g and g + 8 and their scale bytes; with XS, per token tile j and sub-step u, the thread's 32
-// activations (4 x 8 bf16), else loaded as used.
+// One step in registers. A step is SUB tiles of 128 k (sub-steps u), thread t taking scale group t of
+// each. Per m-tile i and sub-step u, 16 code bytes of rows g and g + 8 and their scale bytes; with XS,
+// per token tile j and sub-step u, the thread's 32 activations (4 x 8 bf16), else loaded as used.
 template <int TILES, int NT, bool XS, int SUB>
 struct Step {
   uint4 w[TILES][2][SUB];
@@ -80,10 +87,10 @@ struct Step {
   uint4 x[XS ? NT : 1][SUB][4];
 };
 
-// the thread's activations of sub-step u of `step` (x: its token row's base, already at group SUB t)
+// the thread's activations of sub-step u of `step` (x: its token row's base, already at group t)
 template <int SUB>
 __device__ __forceinline__ uint4 load_x(const uint4* x, int step, int u, int v) {
-  return x ? __ldg(x + (step * SUB) * 16 + 4 * u + v) : make_uint4(0, 0, 0, 0);
+  return x ? __ldg(x + (step * SUB + u) * 16 + v) : make_uint4(0, 0, 0, 0);
 }
 
 template <int TILES, int NT, bool XS, int SUB>
@@ -95,8 +102,8 @@ __device__ __forceinline__ void load(Step<TILES, NT, XS, SUB>& st, const uint8_t
     for (int r = 0; r < 2; ++r)
 #pragma unroll
       for (int u = 0; u < SUB; ++u) {
-        st.w[i][r][u] = ldg_stream(w[i][r] + step * 64 * SUB + 16 * u);
-        st.s[i][r][u] = __ldg(s[i][r] + step * 4 * SUB + u);
+        st.w[i][r][u] = ldg_stream(w[i][r] + (step * SUB + u) * CODE_TILE);
+        st.s[i][r][u] = __ldg(s[i][r] + (step * SUB + u) * SCALE_TILE);
       }
   if constexpr (XS) {
 #pragma unroll
@@ -173,8 +180,8 @@ __device__ __forceinline__ void mainloop(float (&acc)[TILES][NT][4], const uint8
   }
 }
 
-// The block's token tiles (its layout rows first..first + 8 NT): x[j], this thread's 32 SUB activations
-// a step of row first + 8 j + g (`row_ptr(row, pair)`: the row's bf16 activations; nullptr for padding),
+// The block's token tiles (its layout rows first..first + 8 NT): x[j], this thread's activations
+// (32 a tile) of row first + 8 j + g (`row_ptr(row, pair)`: the row's bf16 activations; nullptr for padding),
 // and live[j], whether tile j holds a real row (a block's real rows come first, so warp-uniform).
 template <int NT, int SUB, typename RowPtr>
 __device__ __forceinline__ void token_rows(const int* pairs, int first, int num_pairs, int g, int t,
@@ -183,7 +190,7 @@ __device__ __forceinline__ void token_rows(const int* pairs, int first, int num_
   for (int j = 0; j < NT; ++j) {
     const int row = first + 8 * j + g;
     const int p = pairs[row];
-    x[j] = p < num_pairs ? reinterpret_cast<const uint4*>(row_ptr(row, p)) + 4 * SUB * t : nullptr;
+    x[j] = p < num_pairs ? reinterpret_cast<const uint4*>(row_ptr(row, p)) + 4 * t : nullptr;
     live[j] = pairs[first + 8 * j] < num_pairs;
   }
 }
@@ -192,7 +199,7 @@ __device__ __forceinline__ uint16_t bf16_bits(float v) { return __bfloat16_as_us
 
 // gate/up + SwiGLU. CTA (bx: a block of 8 NT sorted pairs, by: WARPS x 16 columns of H); warp `warp`
 // owns H columns n0..n0 + 16: gate rows n0.. (m-tile 0) and up rows N + n0.. (m-tile 1) of expert e.
-// W [E, 2N, K/2] and WS [E, 2N, K/32] dense; X rows gathered by pair / topk; H [rows, N] dense.
+// W [E, 2N, K/2] and WS [E, 2N, K/32] tiled; X rows gathered by pair / topk; H [rows, N] dense.
 template <int NT, int WARPS, int STAGES, bool XS, int SUB, bool HAS_LIMIT>
 __device__ __forceinline__ void gate_up(const void* X, int64_t x_stride, const void* W, const void* WS, void* H,
                                         const int* pairs, const int* block_expert, const int* num_rows,
@@ -203,10 +210,11 @@ __device__ __forceinline__ void gate_up(const void* X, int64_t x_stride, const v
   const int64_t e = block_expert[bx];
   const int n0 = (by * WARPS + warp) * 16;
   const int64_t kb = K / 2, kg = K / 32;
-  const uint8_t* wb = static_cast<const uint8_t*>(W) + (e * 2 * N + n0 + g) * kb + 16 * SUB * t;
-  const uint8_t* sb = static_cast<const uint8_t*>(WS) + (e * 2 * N + n0 + g) * kg + SUB * t;
-  const uint8_t* const w[2][2] = {{wb, wb + 8 * kb}, {wb + N * kb, wb + (N + 8) * kb}};
-  const uint8_t* const s[2][2] = {{sb, sb + 8 * kg}, {sb + N * kg, sb + (N + 8) * kg}};
+  // the 16-row groups of gate rows n0.. and up rows N + n0.. (both multiples of 16)
+  const uint8_t* wb = static_cast<const uint8_t*>(W) + (e * 2 * N + n0) * kb + 16 * lane;
+  const uint8_t* sb = static_cast<const uint8_t*>(WS) + (e * 2 * N + n0) * kg + lane;
+  const uint8_t* const w[2][2] = {{wb, wb + CODE_TILE / 2}, {wb + N * kb, wb + N * kb + CODE_TILE / 2}};
+  const uint8_t* const s[2][2] = {{sb, sb + SCALE_TILE / 2}, {sb + N * kg, sb + N * kg + SCALE_TILE / 2}};
   const uint4* x[NT];
   bool live[NT];
   token_rows<NT, SUB>(pairs, bx * BM, num_pairs, g, t, x, live, [&](int, int p) {
@@ -232,7 +240,7 @@ __device__ __forceinline__ void gate_up(const void* X, int64_t x_stride, const v
 }
 
 // down + routing weight: CTA (bx: the block, by: WARPS x 32 columns of Y); warp `warp` owns output
-// columns n0..n0 + 32 (m-tiles of 16). W [E, D, K/2], WS [E, D, K/32] dense; H [rows, K] dense;
+// columns n0..n0 + 32 (m-tiles of 16). W [E, D, K/2], WS [E, D, K/32] tiled; H [rows, K] dense;
 // Y [pairs, D] dense, each real row scaled by its pair's weight.
 template <int NT, int WARPS, int STAGES, bool XS, int SUB>
 __device__ __forceinline__ void down(const void* H, const void* W, const void* WS, void* Y, const int* pairs,
@@ -244,10 +252,11 @@ __device__ __forceinline__ void down(const void* H, const void* W, const void* W
   const int64_t e = block_expert[bx];
   const int n0 = (by * WARPS + warp) * 32;
   const int64_t kb = K / 2, kg = K / 32;
-  const uint8_t* wb = static_cast<const uint8_t*>(W) + (e * D + n0 + g) * kb + 16 * SUB * t;
-  const uint8_t* sb = static_cast<const uint8_t*>(WS) + (e * D + n0 + g) * kg + SUB * t;
-  const uint8_t* const w[2][2] = {{wb, wb + 8 * kb}, {wb + 16 * kb, wb + 24 * kb}};
-  const uint8_t* const s[2][2] = {{sb, sb + 8 * kg}, {sb + 16 * kg, sb + 24 * kg}};
+  // the 16-row groups of rows n0.. and n0 + 16..
+  const uint8_t* wb = static_cast<const uint8_t*>(W) + (e * D + n0) * kb + 16 * lane;
+  const uint8_t* sb = static_cast<const uint8_t*>(WS) + (e * D + n0) * kg + lane;
+  const uint8_t* const w[2][2] = {{wb, wb + CODE_TILE / 2}, {wb + 16 * kb, wb + 16 * kb + CODE_TILE / 2}};
+  const uint8_t* const s[2][2] = {{sb, sb + SCALE_TILE / 2}, {sb + 16 * kg, sb + 16 * kg + SCALE_TILE / 2}};
   const uint4* x[NT];
   bool live[NT];
   token_rows<NT, SUB>(pairs, bx * BM, num_pairs, g, t, x, live, [&](int row, int) {

@@ -26,6 +26,8 @@ from runtime.gpu.quant import fp4
 def fused_moe(x, w13, w2, topk_weights, topk_ids, swiglu_limit=None, w13_scale=None, w2_scale=None):
     """`FusedMoe`."""
     fmt = expert_format(w13, w2, w13_scale, w2_scale)
+    if fmt == "fp4":  # either form (`fp4.tile_experts`): the math reads them row-major
+        w13, w2, w13_scale, w2_scale = (fp4.row_major(t) for t in (w13, w2, w13_scale, w2_scale))
     num_tokens, k = topk_ids.shape
     num_experts = w13.shape[0]
     flat = topk_ids.reshape(-1)
@@ -64,17 +66,20 @@ def expert_format(
     w13: torch.Tensor, w2: torch.Tensor, w13_scale: torch.Tensor | None, w2_scale: torch.Tensor | None
 ) -> str:
     """ "float" (no scales), "fp8" (e4m3 experts, after checking the scales' 128x128 block grids) or
-    "fp4" (packed uint8 experts, after checking one scale byte per row and 32 along K)."""
+    "fp4" (packed uint8 experts, row-major or tiled, after checking one scale byte per row and 32 along
+    K)."""
     if w13_scale is None and w2_scale is None:
         return "float"
     assert w13_scale is not None and w2_scale is not None, (
         "quantized experts need both w13_scale and w2_scale"
     )
     if w13.dtype == fp4.PACKED:
-        (e, two_i, half_d), g = w13.shape, fp4.GROUP
+        tiled = {fp4.is_tiled(t) for t in (w13, w2, w13_scale, w2_scale)}
+        assert len(tiled) == 1, "FP4 experts' codes and scales are all tiled (`fp4.tile_experts`) or none"
+        (e, two_i, half_d), g = fp4.stacked_shape(w13), fp4.GROUP
         d, i = 2 * half_d, two_i // 2
         shapes = (e, d, i // 2), (e, two_i, d // g), (e, d, i // g)
-        got = tuple(w2.shape), tuple(w13_scale.shape), tuple(w2_scale.shape)
+        got = tuple(fp4.stacked_shape(t) for t in (w2, w13_scale, w2_scale))
         assert got == shapes and d % g == 0 and i % g == 0, (got, shapes)
         assert w2.dtype == w13_scale.dtype == w2_scale.dtype == fp4.PACKED
         return "fp4"

@@ -10,8 +10,9 @@ decode step, where an expert sees a few tokens, wastes no mma rows on padding.
 The same two launches as the Triton kernels: gate/up + SwiGLU (its epilogue clamps and writes H), then
 down + routing weight (its epilogue writes each pair's row of Y). Grid: (layout blocks, column tiles);
 blocks past `num_rows` exit, so the grid is fixed per batch size (CUDA graphs). What it takes
-(`supported`): bf16 activations, dense weights and scales, K of both matmuls a multiple of 128, and
-column counts that fill the warps' tiles; anything else runs the Triton form."""
+(`supported`): bf16 activations, weights and scales in their tiled form (`fp4.tile_experts`, which
+`RoutedExperts` keeps on a GPU: each warp load is then 512 contiguous bytes), K of both matmuls a
+multiple of 128 SUB, and column counts that fill the warps' tiles; anything else runs the Triton form."""
 
 # No `from __future__ import annotations`: TileLang reads the prim_func parameter annotations at
 # decoration time.
@@ -23,16 +24,16 @@ import torch
 from runtime.gpu.kernels.fused_moe.layout import MoELayout
 from runtime.gpu.kernels.registry import is_hopper as _hopper
 from runtime.gpu.kernels.registry import tilelang_importable as _importable
+from runtime.gpu.quant import fp4
 
 WARPS = 4  # warps a CTA: gate/up columns 16 a warp (gate and up rows: 32), down rows 32 a warp
-STEP_K = 128  # K a step per SUB: 16 code bytes a thread and row
+STEP_K = 128  # K a step per SUB: one tile (`fp4.TILE_K`), 16 code bytes a thread and row
 TOKEN_TILES = (1, 2, 4)  # 8-pair mma column tiles a block (the layout's block_m / 8)
 STAGES = 2  # steps of weights in flight a thread (ptxas: 168 registers at 2 tiles of 8 pairs)
 X_STAGED = True  # activations loaded with the weights STAGES steps ahead (else as used, from L1)
-# scale groups a thread takes a step: a row's 4 threads read 64 SUB contiguous bytes at a time. None:
-# `knobs` chooses (H200, V4-Flash experts: SUB 2 with one step in flight 901 us against 1,031 us at 64
-# tokens, 1,452 against 1,391 at 256; benchmarks.kernels.fp4_mma_sweep). 1 by default until the SUB 2
-# case of tests/gpu/test_kernels_fused_moe.py::test_fp4_mma_every_code_and_scale has run on a GPU.
+# tiles of 128 k a step (unrolled in one step's registers). None: `knobs` chooses. 1 by default until
+# the tiled kernels are timed (benchmarks.kernels.fp4_mma_sweep); on row-major weights SUB 2 with one
+# step in flight took 901 us against 1,031 at 64 tokens and 1,452 against 1,391 at 256 (H200).
 SUB: int | None = 1
 
 
@@ -45,7 +46,8 @@ def available(device: torch.device) -> bool:
 
 def supported(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, scales, block_m: int) -> bool:  # noqa: ANN001
     """What the kernels are built for (see the module docstring)."""
-    inter, hidden = w2.shape[2] * 2, w2.shape[1]
+    _, hidden, half_inter = fp4.stacked_shape(w2)
+    inter = 2 * half_inter
     return (
         available(x.device)
         and x.dtype == torch.bfloat16
@@ -58,7 +60,7 @@ def supported(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, scales, bloc
         and x.stride(1) == 1
         and x.stride(0) % 8 == 0
         and x.data_ptr() % 16 == 0
-        and all(t.is_contiguous() for t in (w13, w2, *scales))
+        and all(fp4.is_tiled(t) and t.is_contiguous() for t in (w13, w2, *scales))
     )
 
 
@@ -102,8 +104,8 @@ def _gate_up_kernel(
     @T.prim_func
     def fp4_gate_up(
         X: T.StridedTensor([tokens, hidden], [x_stride, 1], "bfloat16"),
-        W: T.Tensor([num_experts, 2 * inter, hidden // 2], "uint8"),
-        WS: T.Tensor([num_experts, 2 * inter, hidden // 32], "uint8"),
+        W: T.Tensor([num_experts, 2 * inter // 16, hidden // 128, 16, 64], "uint8"),  # tiled
+        WS: T.Tensor([num_experts, 2 * inter // 16, hidden // 128, 16, 4], "uint8"),
         H: T.Tensor([rows, inter], "bfloat16"),
         Pairs: T.Tensor([rows], "int32"),
         BlockExpert: T.Tensor([blocks], "int32"),
@@ -115,8 +117,8 @@ def _gate_up_kernel(
         with T.Kernel(blocks, inter // (16 * WARPS), threads=32 * WARPS) as (bx, by):
             T.import_source(_WARP_SOURCE)
             T.call_extern(
-                "handle", fn, T.address_of(X[0, 0]), T.cast(x_stride, "int64"), T.address_of(W[0, 0, 0]),
-                T.address_of(WS[0, 0, 0]), T.address_of(H[0, 0]), T.address_of(Pairs[0]),
+                "handle", fn, T.address_of(X[0, 0]), T.cast(x_stride, "int64"), T.address_of(W[0, 0, 0, 0, 0]),
+                T.address_of(WS[0, 0, 0, 0, 0]), T.address_of(H[0, 0]), T.address_of(Pairs[0]),
                 T.address_of(BlockExpert[0]), T.address_of(NumRows[0]), num_pairs, topk, inter, hidden, limit,
                 bx, by, T.get_thread_binding(),
             )  # fmt: skip
@@ -138,8 +140,8 @@ def _down_kernel(num_experts: int, inter: int, hidden: int, token_tiles: int, kn
     @T.prim_func
     def fp4_down(
         H: T.Tensor([rows, inter], "bfloat16"),
-        W: T.Tensor([num_experts, hidden, inter // 2], "uint8"),
-        WS: T.Tensor([num_experts, hidden, inter // 32], "uint8"),
+        W: T.Tensor([num_experts, hidden // 16, inter // 128, 16, 64], "uint8"),  # tiled
+        WS: T.Tensor([num_experts, hidden // 16, inter // 128, 16, 4], "uint8"),
         Y: T.Tensor([num_out, hidden], "bfloat16"),
         Pairs: T.Tensor([rows], "int32"),
         BlockExpert: T.Tensor([blocks], "int32"),
@@ -150,7 +152,8 @@ def _down_kernel(num_experts: int, inter: int, hidden: int, token_tiles: int, kn
         with T.Kernel(blocks, hidden // (32 * WARPS), threads=32 * WARPS) as (bx, by):
             T.import_source(_WARP_SOURCE)
             T.call_extern(
-                "handle", fn, T.address_of(H[0, 0]), T.address_of(W[0, 0, 0]), T.address_of(WS[0, 0, 0]),
+                "handle", fn, T.address_of(H[0, 0]), T.address_of(W[0, 0, 0, 0, 0]),
+                T.address_of(WS[0, 0, 0, 0, 0]),
                 T.address_of(Y[0, 0]), T.address_of(Pairs[0]), T.address_of(BlockExpert[0]),
                 T.address_of(NumRows[0]), T.address_of(TopkW[0]), num_pairs, hidden, inter,
                 bx, by, T.get_thread_binding(),

@@ -47,6 +47,7 @@ from runtime.gpu.kernels.fused_moe.reference import expert_format
 from runtime.gpu.kernels.fused_moe.triton_fp4 import FP4_DEFAULT_STEP, FP4_STEPS, fp4_step, launch_fp4
 from runtime.gpu.kernels.fused_moe.triton_layout import block_tile, moe_layout_fast, store_swiglu
 from runtime.gpu.kernels.triton_utils import dot_f32, dot_operand
+from runtime.gpu.quant import fp4
 
 
 @dataclass(frozen=True)
@@ -201,18 +202,20 @@ def fused_moe(
     """`FusedMoe`. `config` (a `MoEConfig`, for the tuning benchmark) replaces `choose_config`'s."""
     num_tokens, hidden = x.shape
     fmt = expert_format(w13, w2, w13_scale, w2_scale)
-    num_experts, two_i, _ = w13.shape
+    num_experts, two_i, w13_cols = fp4.stacked_shape(w13) if fmt == "fp4" else w13.shape
     inter, k = two_i // 2, topk_ids.shape[1]
     pack = 2 if fmt == "fp4" else 1  # elements per byte along K
-    shapes = w13.shape[2] * pack == hidden and w2.shape == (num_experts, hidden, inter // pack)
+    w2_shape = fp4.stacked_shape(w2) if fmt == "fp4" else tuple(w2.shape)
+    shapes = w13_cols * pack == hidden and w2_shape == (num_experts, hidden, inter // pack)
     assert shapes, (x.shape, w13.shape, w2.shape)
-    assert x.stride(1) == 1 and w13.stride(2) == 1 and w2.stride(2) == 1
     scales = None if fmt == "float" else (w13_scale, w2_scale)
+    if fmt == "fp4":  # row-major or tiled: contiguous (the kernels' offsets assume it)
+        assert x.stride(1) == 1 and all(t.is_contiguous() for t in (w13, w2, *scales))
+    else:
+        assert x.stride(1) == 1 and w13.stride(2) == 1 and w2.stride(2) == 1
     if fmt == "fp8":
         assert all(s.dtype == torch.float32 and s.stride(2) == 1 for s in scales)
         assert w13.dtype == w2.dtype == torch.float8_e4m3fn, (w13.dtype, w2.dtype)
-    if fmt == "fp4":
-        assert all(s.stride(2) == 1 for s in scales)
     if num_tokens == 0:
         return x.new_zeros(0, hidden)
     cfg = config or choose_config(num_tokens * k, num_experts, x.device, x.dtype, fmt == "fp8", fmt == "fp4")

@@ -41,6 +41,7 @@ from runtime.gpu.kernels.fused_moe import tilelang_fp4
 from runtime.gpu.kernels.fused_moe.layout import MoELayout
 from runtime.gpu.kernels.fused_moe.triton_layout import block_tile, store_swiglu
 from runtime.gpu.kernels.triton_utils import dot_f32, dot_operand
+from runtime.gpu.quant import fp4
 from runtime.gpu.quant.fp4 import GROUP  # elements per scale along K; a K step is whole groups
 
 FP4_STEPS = ("values", "scaled", "mma")
@@ -52,6 +53,23 @@ def _e2m1(code):
     """e2m1 codes (int32, 0..15) -> float32 values."""
     bits = ((code & 8) << 12) | ((code & 7) << 9)
     return bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * 16384.0
+
+
+@triton.jit
+def _row_offsets(rows, stride_rows, COLS: tl.constexpr, TILED: tl.constexpr):
+    """Offsets of rows (int64) in one expert's codes or scales: row-major (stride_rows: a row's), or
+    tiled (`fp4.tile_experts`; stride_rows: a 16-row group's, COLS bytes a tile row)."""
+    if TILED:
+        return (rows // 16) * stride_rows + (rows % 16) * COLS
+    return rows * stride_rows
+
+
+@triton.jit
+def _col_offsets(cols, COLS: tl.constexpr, TILED: tl.constexpr):
+    """Offsets of byte columns within a row's share of its 16-row group: tiled, 16 x COLS bytes a tile."""
+    if TILED:
+        return (cols // COLS) * (16 * COLS) + cols % COLS
+    return cols
 
 
 @triton.jit
@@ -77,6 +95,12 @@ def _fp4_scaled(acc, a, w_ptrs, s_ptrs, mask_w, mask_s):
 
 
 @triton.jit
+def _code_ptrs(w_rows, k0, offs_j, CODE_COLS: tl.constexpr, TILED: tl.constexpr):
+    """[BLOCK_K/2, BLOCK_N] pointers to the code bytes of the K step at k0 (w_rows: the columns' rows)."""
+    return w_rows[None, :] + _col_offsets(k0 // 2 + offs_j, CODE_COLS, TILED)[:, None]
+
+
+@triton.jit
 def _gate_up_swiglu_fp4(
     X, W, WS, H, Pairs, BlockExpert, NumRows,
     num_pairs, N, K, limit,
@@ -84,44 +108,48 @@ def _gate_up_swiglu_fp4(
     TOPK: tl.constexpr, HAS_LIMIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
     DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr, SCALED: tl.constexpr,
+    TILED: tl.constexpr, CODE_COLS: tl.constexpr, SCALE_COLS: tl.constexpr,
 ):  # fmt: skip
-    """`triton._gate_up_swiglu` on packed W [E, 2N, K/2] with scale bytes WS [E, 2N, K/32]."""
+    """`triton._gate_up_swiglu` on packed W [E, 2N, K/2] with scale bytes WS [E, 2N, K/32], row-major or
+    tiled (stride_wn, stride_wsn: a row's or a 16-row group's)."""
     b = tl.program_id(0)
     if b * BLOCK_M >= tl.load(NumRows):
         return
     e, offs_m, pair, valid, offs_n, mask_n = block_tile(b, Pairs, BlockExpert, num_pairs, N, BLOCK_M, BLOCK_N)
     offs_j = tl.arange(0, BLOCK_K // 2)  # bytes of a K step: elements 2j, 2j + 1
     tok = (pair // TOPK).to(tl.int64)
-    rows = offs_n[None, :].to(tl.int64)
-    g_ptrs = W + e * stride_we + rows * stride_wn + offs_j[:, None]
-    u_ptrs = g_ptrs + N * stride_wn  # the up rows follow the N gate rows
+    rows = offs_n.to(tl.int64)
+    g_rows = W + e * stride_we + _row_offsets(rows, stride_wn, CODE_COLS, TILED)
+    u_rows = W + e * stride_we + _row_offsets(rows + N, stride_wn, CODE_COLS, TILED)  # up rows follow gate's
+    gs_rows = WS + e * stride_wse + _row_offsets(rows, stride_wsn, SCALE_COLS, TILED)
+    us_rows = WS + e * stride_wse + _row_offsets(rows + N, stride_wsn, SCALE_COLS, TILED)
     acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     if SCALED:
         offs_k = tl.arange(0, BLOCK_K)
         offs_g = tl.arange(0, BLOCK_K // GROUP)
         x_ptrs = X + tok[:, None] * stride_xm + offs_k[None, :]
-        gs_ptrs = WS + e * stride_wse + offs_n[:, None].to(tl.int64) * stride_wsn + offs_g[None, :]
-        us_ptrs = gs_ptrs + N * stride_wsn
         for k0 in range(0, K, BLOCK_K):
             a = tl.load(x_ptrs + k0, mask=valid[:, None] & (offs_k < K - k0)[None, :], other=0.0)
             mw = (offs_j < (K - k0) // 2)[:, None] & mask_n[None, :]
             ms = mask_n[:, None] & (offs_g < (K - k0) // GROUP)[None, :]
-            wk, sk = k0 // 2, k0 // GROUP
-            acc_g = _fp4_scaled(acc_g, a, g_ptrs + wk, gs_ptrs + sk, mw, ms)
-            acc_u = _fp4_scaled(acc_u, a, u_ptrs + wk, us_ptrs + sk, mw, ms)
+            sg = _col_offsets(k0 // GROUP + offs_g, SCALE_COLS, TILED)[None, :]
+            acc_g = _fp4_scaled(acc_g, a, _code_ptrs(g_rows, k0, offs_j, CODE_COLS, TILED), gs_rows[:, None] + sg,
+                                mw, ms)  # fmt: skip
+            acc_u = _fp4_scaled(acc_u, a, _code_ptrs(u_rows, k0, offs_j, CODE_COLS, TILED), us_rows[:, None] + sg,
+                                mw, ms)  # fmt: skip
     else:
         x_ptrs = X + tok[:, None] * stride_xm + 2 * offs_j[None, :]
-        gs_ptrs = WS + e * stride_wse + rows * stride_wsn + offs_j[:, None] // (GROUP // 2)
-        us_ptrs = gs_ptrs + N * stride_wsn
         for k0 in range(0, K, BLOCK_K):
             mj = offs_j < (K - k0) // 2
             x_even = tl.load(x_ptrs + k0, mask=valid[:, None] & mj[None, :], other=0.0)
             x_odd = tl.load(x_ptrs + k0 + 1, mask=valid[:, None] & mj[None, :], other=0.0)
             mask = mj[:, None] & mask_n[None, :]
-            wk, sk = k0 // 2, k0 // GROUP
-            acc_g = _fp4_step(acc_g, x_even, x_odd, g_ptrs + wk, gs_ptrs + sk, mask, DOT_PREC, DOT_F32)
-            acc_u = _fp4_step(acc_u, x_even, x_odd, u_ptrs + wk, us_ptrs + sk, mask, DOT_PREC, DOT_F32)
+            sg = _col_offsets((k0 + 2 * offs_j) // GROUP, SCALE_COLS, TILED)[:, None]  # each byte's group
+            acc_g = _fp4_step(acc_g, x_even, x_odd, _code_ptrs(g_rows, k0, offs_j, CODE_COLS, TILED),
+                              gs_rows[None, :] + sg, mask, DOT_PREC, DOT_F32)  # fmt: skip
+            acc_u = _fp4_step(acc_u, x_even, x_odd, _code_ptrs(u_rows, k0, offs_j, CODE_COLS, TILED),
+                              us_rows[None, :] + sg, mask, DOT_PREC, DOT_F32)  # fmt: skip
     store_swiglu(acc_g, acc_u, limit, H, offs_m, offs_n, stride_hm, valid, mask_n, HAS_LIMIT)
 
 
@@ -132,37 +160,39 @@ def _down_weighted_fp4(
     stride_hm, stride_we, stride_wn, stride_wse, stride_wsn, stride_ym,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
     DOT_PREC: tl.constexpr, DOT_F32: tl.constexpr, SCALED: tl.constexpr,
+    TILED: tl.constexpr, CODE_COLS: tl.constexpr, SCALE_COLS: tl.constexpr,
 ):  # fmt: skip
-    """`triton._down_weighted` on packed W [E, N, K/2] with scale bytes WS [E, N, K/32]."""
+    """`triton._down_weighted` on packed W [E, N, K/2] with scale bytes WS [E, N, K/32], row-major or
+    tiled."""
     b = tl.program_id(0)
     if b * BLOCK_M >= tl.load(NumRows):
         return
     e, offs_m, pair, valid, offs_n, mask_n = block_tile(b, Pairs, BlockExpert, num_pairs, N, BLOCK_M, BLOCK_N)
     offs_j = tl.arange(0, BLOCK_K // 2)
-    rows = offs_n[None, :].to(tl.int64)
-    w_ptrs = W + e * stride_we + rows * stride_wn + offs_j[:, None]
+    rows = offs_n.to(tl.int64)
+    w_rows = W + e * stride_we + _row_offsets(rows, stride_wn, CODE_COLS, TILED)
+    s_rows = WS + e * stride_wse + _row_offsets(rows, stride_wsn, SCALE_COLS, TILED)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     if SCALED:
         offs_k = tl.arange(0, BLOCK_K)
         offs_g = tl.arange(0, BLOCK_K // GROUP)
         h_ptrs = H + offs_m[:, None].to(tl.int64) * stride_hm + offs_k[None, :]
-        s_ptrs = WS + e * stride_wse + offs_n[:, None].to(tl.int64) * stride_wsn + offs_g[None, :]
         for k0 in range(0, K, BLOCK_K):
             a = tl.load(h_ptrs + k0, mask=valid[:, None] & (offs_k < K - k0)[None, :], other=0.0)
             mw = (offs_j < (K - k0) // 2)[:, None] & mask_n[None, :]
             ms = mask_n[:, None] & (offs_g < (K - k0) // GROUP)[None, :]
-            acc = _fp4_scaled(acc, a, w_ptrs + k0 // 2, s_ptrs + k0 // GROUP, mw, ms)
+            s_ptrs = s_rows[:, None] + _col_offsets(k0 // GROUP + offs_g, SCALE_COLS, TILED)[None, :]
+            acc = _fp4_scaled(acc, a, _code_ptrs(w_rows, k0, offs_j, CODE_COLS, TILED), s_ptrs, mw, ms)
     else:
         h_ptrs = H + offs_m[:, None].to(tl.int64) * stride_hm + 2 * offs_j[None, :]
-        s_ptrs = WS + e * stride_wse + rows * stride_wsn + offs_j[:, None] // (GROUP // 2)
         for k0 in range(0, K, BLOCK_K):
             mj = offs_j < (K - k0) // 2
             h_even = tl.load(h_ptrs + k0, mask=valid[:, None] & mj[None, :], other=0.0)
             h_odd = tl.load(h_ptrs + k0 + 1, mask=valid[:, None] & mj[None, :], other=0.0)
             mask = mj[:, None] & mask_n[None, :]
-            acc = _fp4_step(
-                acc, h_even, h_odd, w_ptrs + k0 // 2, s_ptrs + k0 // GROUP, mask, DOT_PREC, DOT_F32
-            )
+            s_ptrs = s_rows[None, :] + _col_offsets((k0 + 2 * offs_j) // GROUP, SCALE_COLS, TILED)[:, None]
+            acc = _fp4_step(acc, h_even, h_odd, _code_ptrs(w_rows, k0, offs_j, CODE_COLS, TILED), s_ptrs,
+                            mask, DOT_PREC, DOT_F32)  # fmt: skip
     acc = acc * tl.load(TopkW + pair, mask=valid, other=0.0)[:, None]
     y_ptrs = Y + pair[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
     tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=valid[:, None] & mask_n[None, :])
@@ -183,8 +213,10 @@ def launch_fp4(x, w13, w2, h, y, weights, lay: MoELayout, cfg, topk: int, limit:
     assert cfg.block_m >= 16, "Triton's dots take 16 rows or more"
     assert cfg.block_k % GROUP == 0, "a K step is whole scale groups"
     (w13_s, w2_s), inter, hidden = scales, h.shape[1], y.shape[1]
+    tiled = fp4.is_tiled(w13)
     common = dict(GROUP=GROUP, DOT_PREC=dot_precision(x.dtype), DOT_F32=dot_f32(x), num_warps=cfg.num_warps,
-                  num_stages=cfg.num_stages, SCALED=step == "scaled")  # fmt: skip
+                  num_stages=cfg.num_stages, SCALED=step == "scaled", TILED=tiled,
+                  CODE_COLS=fp4.TILE_COLS["codes"], SCALE_COLS=fp4.TILE_COLS["scales"])  # fmt: skip
     half = cfg.block_n // 2
     _gate_up_swiglu_fp4[(lay.max_blocks, triton.cdiv(inter, half))](
         x, w13, w13_s, h, lay.sorted_pairs, lay.block_expert, lay.num_rows,

@@ -355,6 +355,12 @@ class DeepseekV4ForCausalLM(CausalLM):
     def skips_checkpoint_tensor(self, name: str) -> bool:
         return skips_tensor(self, name)
 
+    def prepare_for_serving(self) -> None:
+        """FP4 routed experts into the tiled form the GPU kernels stream (`RoutedExperts.tile_fp4`)."""
+        for m in self.modules():
+            if isinstance(m, RoutedExperts):
+                m.tile_fp4()
+
     def idle_forward(self) -> None:
         """A DP rank with no tokens this step still joins every MoE layer's exchange, in layer order."""
         w = self.lm_head.weight
