@@ -183,7 +183,7 @@ __device__ __forceinline__ void mainloop(float (&acc)[TILES][NT][4], const uint8
 // The block's token tiles (its layout rows first..first + 8 NT): x[j], this thread's activations
 // (32 a tile) of row first + 8 j + g (`row_ptr(row, pair)`: the row's bf16 activations; nullptr for padding),
 // and live[j], whether tile j holds a real row (a block's real rows come first, so warp-uniform).
-template <int NT, int SUB, typename RowPtr>
+template <int NT, typename RowPtr>
 __device__ __forceinline__ void token_rows(const int* pairs, int first, int num_pairs, int g, int t,
                                            const uint4* (&x)[NT], bool (&live)[NT], RowPtr row_ptr) {
 #pragma unroll
@@ -217,7 +217,7 @@ __device__ __forceinline__ void gate_up(const void* X, int64_t x_stride, const v
   const uint8_t* const s[2][2] = {{sb, sb + SCALE_TILE / 2}, {sb + N * kg, sb + N * kg + SCALE_TILE / 2}};
   const uint4* x[NT];
   bool live[NT];
-  token_rows<NT, SUB>(pairs, bx * BM, num_pairs, g, t, x, live, [&](int, int p) {
+  token_rows<NT>(pairs, bx * BM, num_pairs, g, t, x, live, [&](int, int p) {
     return static_cast<const __nv_bfloat16*>(X) + (p / topk) * x_stride;  // the pair's token
   });
   float acc[2][NT][4];
@@ -259,7 +259,7 @@ __device__ __forceinline__ void down(const void* H, const void* W, const void* W
   const uint8_t* const s[2][2] = {{sb, sb + SCALE_TILE / 2}, {sb + 16 * kg, sb + 16 * kg + SCALE_TILE / 2}};
   const uint4* x[NT];
   bool live[NT];
-  token_rows<NT, SUB>(pairs, bx * BM, num_pairs, g, t, x, live, [&](int row, int) {
+  token_rows<NT>(pairs, bx * BM, num_pairs, g, t, x, live, [&](int row, int) {
     return static_cast<const __nv_bfloat16*>(H) + int64_t(row) * K;  // the layout row itself
   });
   float acc[2][NT][4];
