@@ -2,7 +2,9 @@
 launches over the same layout as the bf16 ones (`triton.py`), reading half a byte per weight.
 
 A K step of BLOCK_K elements reads BLOCK_K/2 bytes per weight row: byte j holds elements 2j (low nibble)
-and 2j+1 (high nibble), with one UE8M0 scale byte per 32 elements. `MoEConfig.fp4_step` picks how a step
+and 2j+1 (high nibble), with one UE8M0 scale byte per 32 elements. The experts come row-major or tiled
+(`fp4.tile_experts`, the served model's form: 16-row x 128-k tiles); a constexpr picks the offsets
+(`_row_offsets`, `_col_offsets`), the tiles' contents being the same rows' bytes. `MoEConfig.fp4_step` picks how a step
 turns them into a dot:
 - "scaled" (the default for bf16 activations): Triton's `tl.dot_scaled`, bf16 x e2m1 with e8m0 scales
   per 32. The weights are already in that OCP MX layout (codes packed along K low nibble first, scales
