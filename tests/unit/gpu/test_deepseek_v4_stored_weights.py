@@ -30,7 +30,7 @@ from tests.unit.gpu.test_deepseek_v4_checkpoints import (
 
 FP8 = torch.float8_e4m3fn
 # shared experts and o_a_proj's groups in whole 128-row blocks, as in V4-Flash (the tiny default is 32 / 16)
-BLOCK_DIMS = dict(moe_intermediate_size=128, o_lora_rank=128)
+BLOCK_DIMS = dict(hidden_size=128, moe_intermediate_size=128, o_lora_rank=128)  # FP4 experts tileable
 ALIGNED = list(range(512, 1024))  # slot = 512 + position for one row: whole, position-aligned pages
 IDS = torch.randint(3, 128, (24,), generator=torch.Generator().manual_seed(1)).tolist()
 
@@ -100,9 +100,11 @@ def test_kept_modules_hold_the_checkpoint_bytes(checkpoints):
         moe.shared_experts.gate_up_proj, MergedFp8Linear
     )
     experts = moe.experts
-    assert experts.weight_format == "fp4" and experts.gate_up_proj.shape == (4, 256, 32)
+    # tiled once loaded (`RoutedExperts.tile_fp4`): 16-row tiles of 128 k, the same bytes
+    assert experts.weight_format == "fp4" and experts.gate_up_proj.shape == (4, 256 // 16, 1, 16, 64)
     assert experts.gate_up_proj.dtype == experts.gate_up_proj_scale_inv.dtype == torch.uint8
-    assert experts.down_proj_scale_inv.shape == (4, 64, 4)
+    assert fp4.stacked_shape(experts.down_proj_scale_inv) == (4, 128, 4)
+    codes, scales = fp4.row_major(experts.gate_up_proj), fp4.row_major(experts.gate_up_proj_scale_inv)
     # the router, compressors, mHC, embedding and head stay float
     kept = (moe.gate, attn.compressor.kv_gate_proj, model.lm_head, model.model.embed_tokens)
     assert all(m.weight.dtype == torch.float32 for m in kept)
@@ -110,8 +112,8 @@ def test_kept_modules_hold_the_checkpoint_bytes(checkpoints):
     for f in sorted(path.glob("*.safetensors")):
         ckpt.update(load_file(f))
     up, up_scale = ckpt["layers.1.ffn.experts.2.w3.weight"], ckpt["layers.1.ffn.experts.2.w3.scale"]
-    assert torch.equal(experts.gate_up_proj[2, 128:], up.view(torch.uint8))
-    assert torch.equal(experts.gate_up_proj_scale_inv[2, 128:], up_scale.view(torch.uint8))
+    assert torch.equal(codes[2, 128:], up.view(torch.uint8))
+    assert torch.equal(scales[2, 128:], up_scale.view(torch.uint8))
     wo_a = ckpt["layers.1.attn.wo_a.weight"]
     assert torch.equal(attn.o_a_proj.weight.view(torch.uint8), wo_a.view(torch.uint8))
     assert torch.equal(attn.o_a_proj.weight_scale_inv, ckpt["layers.1.attn.wo_a.scale"].float())
@@ -163,7 +165,9 @@ def test_dummy_weights_are_made_in_the_stored_formats(checkpoints):
     runner = _runner(path, quantization="fp8", load_format="dummy")
     experts = runner.model.model.layers[3].mlp.experts
     assert experts.weight_format == "fp4"
-    values = fp4.dequantize(experts.gate_up_proj.data, experts.gate_up_proj_scale_inv.data)
+    values = fp4.dequantize(
+        fp4.row_major(experts.gate_up_proj.data), fp4.row_major(experts.gate_up_proj_scale_inv.data)
+    )
     assert 0.01 < values.std().item() < 0.04  # normal(0, 0.02), e2m1-rounded
     expert_bytes = sum(p.numel() * p.element_size() for p in experts.parameters())
     assert expert_bytes == experts.num_experts * experts.params_per_expert * (1 / 2 + 1 / 32)
