@@ -65,6 +65,13 @@ class DecodeMeta:
     seen: dict[int, torch.Tensor]  # rate -> [T]: the entries each place sees (its row's first ones)
     # `closing`'s tensors by (rate, tail length), computed by the step's first layer that needs them
     closing: dict[tuple[int, int], tuple[torch.Tensor, ...]] = field(default_factory=dict)
+    # positions modulo a ring's or tail's length: each place's slot there, once a step per length
+    slots: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def slot(self, length: int) -> torch.Tensor:
+        if length not in self.slots:
+            self.slots[length] = self.positions % length
+        return self.slots[length]
 
 
 def batched_len(batch: ForwardBatch, max_len: int) -> int:
@@ -138,7 +145,7 @@ def forward(
     Returns [T, H, d]."""
     cache, lid = batch.kv_pool, attn.layer_id
     keys, ring = cache.window_keys[lid], cache.rings[lid]
-    slots = meta.positions % ring.shape[1]
+    slots = meta.slot(ring.shape[1])
     if meta.q_len > 1:  # what the places overwrite, for the earlier places of their runs
         keys[cache.scratch_start : cache.scratch_start + kv.shape[0]] = ring[meta.rows, slots]
     ring[meta.rows, slots] = kv
@@ -200,7 +207,7 @@ def push_and_pool(
         comp.position_bias, comp.overlap, comp.kv_norm.weight, comp.kv_norm.eps, rope.inv_freq_on(x.device),
         rope.scaling,
     )  # fmt: skip
-    slot = meta.positions % comp.tail_len
+    slot = meta.slot(comp.tail_len)
     tail.kv[meta.rows, slot] = kv
     tail.gate[meta.rows, slot] = gate
 
