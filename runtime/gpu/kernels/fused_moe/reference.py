@@ -26,8 +26,6 @@ from runtime.gpu.quant import fp4
 def fused_moe(x, w13, w2, topk_weights, topk_ids, swiglu_limit=None, w13_scale=None, w2_scale=None):
     """`FusedMoe`."""
     fmt = expert_format(w13, w2, w13_scale, w2_scale)
-    if fmt == "fp4":  # either form (`fp4.tile_experts`): the math reads them row-major
-        w13, w2, w13_scale, w2_scale = (fp4.row_major(t) for t in (w13, w2, w13_scale, w2_scale))
     num_tokens, k = topk_ids.shape
     num_experts = w13.shape[0]
     flat = topk_ids.reshape(-1)
@@ -36,14 +34,14 @@ def fused_moe(x, w13, w2, topk_weights, topk_ids, swiglu_limit=None, w13_scale=N
     counts = torch.bincount(flat, minlength=num_experts).tolist()  # the host sync
     w8a8 = fmt == "fp8"
     xs = (dequant_act(*act_quant(x)) if w8a8 else x.float()).index_select(0, token_of)
-    hidden = w13.shape[2] * (2 if fmt == "fp4" else 1)
+    hidden = fp4.stacked_shape(w13)[2] * 2 if fmt == "fp4" else w13.shape[2]
     y = torch.empty(xs.shape[0], hidden, dtype=torch.float32, device=x.device)
     start = 0
     for e, n in enumerate(counts):
         if n == 0:
             continue
-        w_up = _dequantized(fmt, w13[e], None if w13_scale is None else w13_scale[e])
-        w_down = _dequantized(fmt, w2[e], None if w2_scale is None else w2_scale[e])
+        w_up = _dequantized(fmt, w13, w13_scale, e)
+        w_down = _dequantized(fmt, w2, w2_scale, e)
         gate, up = F.linear(xs[start : start + n], w_up).chunk(2, dim=-1)
         h = silu_and_mul(gate, up, limit=swiglu_limit).to(x.dtype)
         h = dequant_act(*act_quant(h)) if w8a8 else h.float()
@@ -54,12 +52,13 @@ def fused_moe(x, w13, w2, topk_weights, topk_ids, swiglu_limit=None, w13_scale=N
     return out.index_add_(0, token_of, y).to(x.dtype)
 
 
-def _dequantized(fmt: str, w: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+def _dequantized(fmt: str, w: torch.Tensor, scale: torch.Tensor | None, e: int) -> torch.Tensor:
+    """Expert e of a stack as float32 [N, K]."""
     if fmt == "fp8":
-        return dequant_weight(w, scale)
-    if fmt == "fp4":
-        return fp4.dequantize(w, scale)
-    return w.float()
+        return dequant_weight(w[e], scale[e])
+    if fmt == "fp4":  # either form (`fp4.tile_experts`), one expert row-major at a time
+        return fp4.dequantize(fp4.row_major(w[e : e + 1])[0], fp4.row_major(scale[e : e + 1])[0])
+    return w[e].float()
 
 
 def expert_format(
