@@ -96,8 +96,9 @@ def load_float(weight: torch.Tensor, scale: torch.Tensor, value: torch.Tensor) -
     scale.copy_(s.view(torch.uint8))
 
 
-# The tiled form of a stack of experts' codes or scales, which the GPU kernels read (`RoutedExperts`
-# tiles its FP4 weights once loaded on a GPU, `prepare_for_serving`). A row-major [E, R, C] stack becomes
+# The tiled form of a stack of experts' codes or scales, which the mma kernels need and every `fused_moe`
+# form reads (`RoutedExperts.tile_fp4` tiles a served model's FP4 experts once loaded,
+# `prepare_for_serving`). A row-major [E, R, C] stack becomes
 # [E, R/16, C/cols, 16, cols]: tiles of 16 rows (an mma m-tile) by `cols` bytes, row-major inside, each
 # 16-row group's tiles in K order. With TILE_COLS (128 elements of K: 64 code bytes, 4 scale bytes), one
 # warp's share of a 128-K mma step is one contiguous tile (1,024 code bytes, 64 scale bytes) and a whole
@@ -155,7 +156,9 @@ def tile_experts_in_place(t: torch.Tensor, cols: int) -> torch.Tensor:
     return t.view(e, r // TILE_ROWS, c // cols, TILE_ROWS, cols)
 
 
-def tile_layer(w13: torch.Tensor, w2: torch.Tensor, w13_scale: torch.Tensor, w2_scale: torch.Tensor):  # noqa: ANN201
+def tile_layer(
+    w13: torch.Tensor, w2: torch.Tensor, w13_scale: torch.Tensor, w2_scale: torch.Tensor
+) -> tuple[torch.Tensor, ...]:
     """A layer's FP4 experts (`fused_moe`'s w13, w2 and their scales, row-major) in the tiled form, as
     new tensors (tests and benchmarks; `RoutedExperts.tile_fp4` tiles in place)."""
     codes, scales = TILE_COLS["codes"], TILE_COLS["scales"]
