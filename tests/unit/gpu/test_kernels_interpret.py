@@ -764,49 +764,61 @@ def moe_blocks_one_rank_full_blocks_fp32():
     return _moe_blocks(5, 2, 64, ep=1, per_rank=8, cap=10, dtype=torch.float32)
 
 
-def _pool_closing(overlap: bool, rate: int, d: int, dtype) -> float:
-    """V4's decode compressors: B groups of q_len places, each closing up to n windows, every raw token
-    from the row's tail or the step (shuffled), window 0 among them (no Ca tokens), windows that do not
-    close (their dst rows must keep their values), a trailing rope of 2 * 8 channels."""
+def _pool_closing(overlap: bool, rate: int, d: int, q_len: int, dtype) -> float:
+    """V4's decode compressors: B groups of q_len places at positions around window boundaries (window 0
+    among them: no Ca tokens), runs cut short (a group whose later places are another row's), each
+    window's raw tokens from the row's tail or the step, entries through a shuffled page table, windows
+    that do not close (their rows must keep their values), a trailing rope of 2 * 8 channels."""
     from runtime.gpu.kernels.compress_pool import reference, triton
     from runtime.gpu.kernels.testing import close_ratio
 
-    g = torch.Generator().manual_seed(rate + d)
+    g = torch.Generator().manual_seed(rate + d + q_len)
     span, width = (2 * rate, 2 * d) if overlap else (rate, d)
-    b, n, t, r = 3, 2, 8, 5
+    firsts = [0, rate - 1, 3 * rate - 2, 5 * rate - 1, 2 * rate]  # each group's first position
+    b, r, max_len = len(firsts), 6, 8 * rate
+    t = b * q_len
+    group_rows = torch.tensor([4, 1, 0, 3, 5])
+    rows = group_rows.repeat_interleave(q_len)
+    positions = (torch.tensor(firsts)[:, None] + torch.arange(q_len)).flatten()
+    in_run = torch.ones(b, q_len, dtype=torch.bool)
+    if q_len > 1:
+        in_run[3, q_len // 2 :] = False  # group 3's run ends mid-group
+        rows.view(b, q_len)[3, q_len // 2 :] = 2
     kv, gate = (torch.randn(t, width, generator=g).to(dtype) for _ in range(2))
     tail_kv, tail_gate = (torch.randn(r, span, width, generator=g).to(dtype) for _ in range(2))
-    group_rows = torch.tensor([[4, 1], [0, 3], [2, 2]])[:, 0]  # a strided view, as at verify steps
-    closes = torch.tensor([[True, False], [True, True], [False, True]])
-    window = torch.tensor([[0, 3], [5, 6], [1, 2]])
-    dst = torch.tensor([[7, 0], [3, 9], [0, 11]])
-    slots = torch.randint(0, span, (b, n, span), generator=g)
-    new = torch.rand(b, n, span, generator=g) < 0.4
-    place = torch.randint(0, t, (b, n, span), generator=g)
+    pages = torch.randperm(r * max_len // rate, generator=g)  # entry rows: page w of row i, shuffled
+    table = (pages.view(r, -1).repeat_interleave(rate, 1) * rate + torch.arange(max_len) % rate).int()
     bias = torch.randn(rate, width, generator=g)
     norm_w = (1 + 0.1 * torch.randn(d, generator=g)).to(dtype)
     inv = 1.0 / (10000 ** (torch.arange(0, 16, 2).float() / 16))
-    args = (kv, gate, tail_kv, tail_gate, group_rows, closes, window, dst, slots, new, place)
+    args = (kv, gate, tail_kv, tail_gate, rows, positions, in_run, table)
     tail = (bias, overlap, norm_w, 1e-6, inv, 1.3)
-    got, want = (torch.randn(12, d, generator=g).to(dtype) for _ in range(2))
+    got, want = (torch.randn(pages.numel(), d, generator=g).to(dtype) for _ in range(2))
     want.copy_(got)
     orig = got.clone()
     triton.pool_closing(*args, got, *tail)
     reference.pool_closing(*args, want, *tail)
-    untouched = torch.ones(12, dtype=torch.bool)
+    closes, _, dst = reference.closing_windows(rows, positions, in_run, table, rate, span)[:3]
+    untouched = torch.ones(pages.numel(), dtype=torch.bool)
     untouched[dst[closes]] = False
-    assert torch.equal(got[untouched], orig[untouched]) and not torch.equal(want, orig)
+    assert closes.any() and not closes.all() and torch.equal(got[untouched], orig[untouched])
+    assert not torch.equal(want, orig)
     return close_ratio(got, want, *_tol(dtype))
 
 
 @case
-def pool_closing_csa_overlap_bf16():
-    return _pool_closing(True, 4, 64, torch.bfloat16)
+def pool_closing_csa_overlap_bf16_verify():
+    return _pool_closing(True, 4, 64, 6, torch.bfloat16)  # 6 places: up to 2 windows a group
 
 
 @case
-def pool_closing_hca_fp32():
-    return _pool_closing(False, 32, 32, torch.float32)  # span 32: two loop steps of 16 tokens
+def pool_closing_csa_overlap_fp32_decode():
+    return _pool_closing(True, 4, 32, 1, torch.float32)
+
+
+@case
+def pool_closing_hca_fp32_verify():
+    return _pool_closing(False, 32, 32, 4, torch.float32)  # span 32: two loop steps of 16 tokens
 
 
 # ------------------------------------------------------------------ the pytest side

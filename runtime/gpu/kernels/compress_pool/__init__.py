@@ -5,10 +5,12 @@ weights their `kv`; the sum is RMS-normed and roped at the window's first positi
 compressor.py says what the entries are for). CSA overlaps windows: an entry pools the Ca half of the
 window before and the Cb half of its own, so it reads 2 * rate raw tokens.
 
-- `pool_closing`: every closing window of a step in one launch, its raw tokens read where they are (the
-  row's tail of earlier tokens, or this step's projections) and its entry written into the pool. The
-  PyTorch form took about 28 ops a call (gathers, the overlap's slot tensors, softmax, sum, norm, rope,
-  the masked write), three calls a CSA layer pair; models/deepseek_v4/attention_decode.py.
+- `pool_closing`: every closing window of a step in one launch, which windows close and where their
+  raw tokens are worked out in the launch from the places' rows and positions, the tokens read where
+  they are (the row's tail of earlier tokens, or this step's projections) and the entry written into
+  the pool. The PyTorch form took about 28 ops a call (gathers, the overlap's slot tensors, softmax,
+  sum, norm, rope, the masked write) and the windows' index tensors about 26 a rate and step
+  (`reference.closing_windows`); models/deepseek_v4/attention_decode.py.
 
 Triton on CUDA, then the reference."""
 
@@ -28,13 +30,10 @@ class PoolClosing(Protocol):
         gate: torch.Tensor,
         tail_kv: torch.Tensor,
         tail_gate: torch.Tensor,
-        group_rows: torch.Tensor,
-        closes: torch.Tensor,
-        window: torch.Tensor,
-        dst: torch.Tensor,
-        slots: torch.Tensor,
-        new: torch.Tensor,
-        place: torch.Tensor,
+        rows: torch.Tensor,
+        positions: torch.Tensor,
+        in_run: torch.Tensor,
+        table: torch.Tensor,
         entries: torch.Tensor,
         bias: torch.Tensor,
         overlap: bool,
@@ -43,17 +42,20 @@ class PoolClosing(Protocol):
         inv_freq: torch.Tensor,
         scaling: float,
     ) -> None:
-        """B groups, each with n windows it may close: closes [B, n] bool, window [B, n] int (its index),
-        dst [B, n] int (its row of `entries`); where each window's `span` raw tokens are, oldest first
-        ([B, n, span]): slots (the row's tail slot), new (True: this step's token) and place (its row of
-        kv / gate). kv, gate [T, width] are this step's projections, tail_kv / tail_gate [R, span, width]
-        the rows' tails (group b's row: group_rows[b]); bias [rate, width] float32 (rate = span, or
-        span / 2 with `overlap`, where width = 2 d and the first `rate` tokens give their Ca half
-        [0, d), the rest their Cb half, window 0 having no Ca tokens). Each closing window's entry [d]
-        (the `reference.pool` math: norm_weight / eps its RMSNorm, inv_freq / scaling the interleaved
-        rope on the trailing 2 len(inv_freq) channels at position window * rate) is written to
-        entries[dst], in entries' dtype. The dst of a window not closing is any row of `entries` whose
-        value stays as it was (the reference writes it back). No device sync."""
+        """A step of B groups of q_len places (T = B q_len; rows, positions [T]: each place's state row
+        and position; in_run [B, q_len] bool: place j continues the group's place 0, same row, one
+        position on, so a group's run is its first places). kv, gate [T, width] are this step's
+        projections, tail_kv / tail_gate [R, span, width] the rows' tails of earlier raw tokens (slot:
+        position % span); bias [rate, width] float32 (rate = span, or span / 2 with `overlap`, where
+        width = 2 d and a window's entry pools the Ca half [0, d) of the window before and the Cb half
+        of its own, window 0 having no Ca tokens). Every window a group's run closes (its last
+        position, a multiple of rate less one, is a place of the run; ceil(q_len / rate) candidates a
+        group) is pooled from its span raw tokens, oldest first, each read from this step's row if at
+        or past the group's first position, else from the row's tail: the `reference.pool` math,
+        norm_weight / eps its RMSNorm, inv_freq / scaling the interleaved rope on the trailing
+        2 len(inv_freq) channels at position window * rate. Its entry [d] goes to
+        entries[table[row, window * rate] // rate] (table: req_to_token, one entry-pool row per rate
+        tokens), in entries' dtype; nothing else is written. No device sync."""
         ...
 
 

@@ -44,17 +44,48 @@ def pool(
     return rope(norm(pooled).reshape(-1, d), positions.reshape(-1)).view(*lead, n, d)
 
 
+def closing_windows(
+    rows: torch.Tensor,
+    positions: torch.Tensor,
+    in_run: torch.Tensor,
+    table: torch.Tensor,
+    rate: int,
+    span: int,
+) -> tuple[torch.Tensor, ...]:
+    """The windows each group's run may close, n = ceil(q_len / rate) of them ([B, n] each): whether it
+    does (its last position is a place of the run), the window, its entry-pool row (0 for a window left
+    open), and ([B, n, span] each) where its last `span` raw tokens are: their tail slots (positions
+    modulo span) and, for those at or past the group's first position, True and their place in the step
+    (`PoolClosing` says what the arguments are)."""
+    q_len = in_run.shape[1]
+    first = positions.view(-1, q_len)[:, 0, None]
+    group_rows = rows.view(-1, q_len)[:, 0]
+    device = first.device
+    # the i-th position p >= first with (p + 1) % rate == 0
+    last = first + (rate - 1 - first) % rate + rate * torch.arange(-(-q_len // rate), device=device)
+    offset = last - first  # its place in the group
+    closes = (offset < q_len) & in_run.gather(1, offset.clamp(max=q_len - 1))
+    window = last // rate
+    dst = torch.where(closes, table[group_rows[:, None], torch.where(closes, window, 0) * rate] // rate, 0)
+    raw = last[..., None] - torch.arange(span - 1, -1, -1, device=device)
+    group = q_len * torch.arange(first.shape[0], device=device)[:, None, None]
+    place = (group + raw - first[..., None]).clamp(0, positions.shape[0] - 1)
+    return closes, window, dst, raw % span, raw >= first[..., None], place
+
+
 def pool_closing(
-    kv, gate, tail_kv, tail_gate, group_rows, closes, window, dst, slots, new, place, entries, bias, overlap,
-    norm_weight, eps, inv_freq, scaling,
+    kv, gate, tail_kv, tail_gate, rows, positions, in_run, table, entries, bias, overlap, norm_weight, eps,
+    inv_freq, scaling,
 ) -> None:  # fmt: skip
     """`PoolClosing`: each window's raw tokens gathered ([B * n, span, width]) and pooled as the last of
     the two windows they span (with overlap) or as one window."""
-    rows = group_rows[:, None, None]
-    raw_kv = torch.where(new[..., None], kv[place], tail_kv[rows, slots]).flatten(0, 1)
-    raw_gate = torch.where(new[..., None], gate[place], tail_gate[rows, slots]).flatten(0, 1)
-    win = window.flatten()
     m = bias.shape[0]
+    span = 2 * m if overlap else m
+    closes, window, dst, slots, new, place = closing_windows(rows, positions, in_run, table, m, span)
+    group_rows = rows.view(-1, in_run.shape[1])[:, 0, None, None]
+    raw_kv = torch.where(new[..., None], kv[place], tail_kv[group_rows, slots]).flatten(0, 1)
+    raw_gate = torch.where(new[..., None], gate[place], tail_gate[group_rows, slots]).flatten(0, 1)
+    win = window.flatten()
     if overlap:
         raw_gate = raw_gate.clone()
         raw_gate[:, :m].masked_fill_((win < 1)[:, None, None], float("-inf"))  # window 0: no Ca tokens

@@ -1,6 +1,9 @@
 """`pool_closing` in one Triton launch: a program per (group, window it may close), all channels at once.
 
-The window's raw tokens are read where they are (this step's projection row or the row's tail slot: a
+The program works out its window from the group's first position (the i-th position at or past it
+that ends a window), whether the group's run reaches it, and its entry row from the page table: the
+index math of `reference.closing_windows`, a few integer ops here instead of about 26 tensor ops a rate
+and step. The window's raw tokens are read where they are (this step's projection row or the row's tail slot: a
 pointer per token), SLOTS tokens at a time with an online softmax per channel, so HCA's 128-token
 windows need no [128, d] tile. The pooled row (rounded to kv's dtype, as the reference's sum is) is
 RMS-normed and roped in registers and stored only if the window closes: nothing else is written."""
@@ -18,27 +21,32 @@ SLOTS = 16  # raw tokens a loop step: [16, 512] float32 tiles of kv and gate in 
 
 @triton.jit
 def _pool_closing(
-    KV, Gate, TailKV, TailGate, GroupRows, Closes, Window, Dst, Slots, New, Place, Entries, Bias, NormW, InvFreq,
-    n_windows, span, eps, scaling,
-    stride_kv, stride_gate, stride_tkr, stride_tks, stride_tgr, stride_tgs, stride_e, stride_b,
-    RATE: tl.constexpr, D: tl.constexpr, ROPE_HALF: tl.constexpr, OVERLAP: tl.constexpr, SLOTS: tl.constexpr,
+    KV, Gate, TailKV, TailGate, Rows, Positions, InRun, Table, Entries, Bias, NormW, InvFreq,
+    n_windows, q_len, num_places, eps, scaling,
+    stride_kv, stride_gate, stride_tkr, stride_tks, stride_tgr, stride_tgs, stride_table, stride_e, stride_b,
+    RATE: tl.constexpr, SPAN: tl.constexpr, D: tl.constexpr, ROPE_HALF: tl.constexpr, OVERLAP: tl.constexpr,
+    SLOTS: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)
-    closes = tl.load(Closes + pid) != 0
-    if closes:
-        b = pid // n_windows
-        row = tl.load(GroupRows + b).to(tl.int64)
-        win = tl.load(Window + pid).to(tl.int64)
+    b, i = pid // n_windows, pid % n_windows
+    first = tl.load(Positions + b * q_len).to(tl.int64)
+    last = first + (RATE - 1 - first % RATE) + RATE * i  # positions are >= 0: C-style % is the floor's
+    offset = last - first  # the window's last place in the group
+    in_run = tl.load(InRun + b * q_len + tl.minimum(offset, q_len - 1)) != 0
+    if (offset < q_len) & in_run:
+        row = tl.load(Rows + b * q_len).to(tl.int64)
+        win = last // RATE
         offs_d = tl.arange(0, D)
         run_max = tl.full([D], float("-inf"), tl.float32)
         run_sum = tl.zeros([D], tl.float32)
         acc = tl.zeros([D], tl.float32)
-        for s0 in range(0, span, SLOTS):
+        for s0 in range(0, SPAN, SLOTS):
             offs_s = s0 + tl.arange(0, SLOTS)
-            real = offs_s < span
-            slot = tl.load(Slots + pid * span + offs_s, mask=real, other=0).to(tl.int64)
-            new = tl.load(New + pid * span + offs_s, mask=real, other=0) != 0
-            place = tl.load(Place + pid * span + offs_s, mask=real, other=0).to(tl.int64)
+            real = offs_s < SPAN
+            raw = last - (SPAN - 1) + offs_s  # the token's position (negative: before the sequence)
+            slot = ((raw % SPAN) + SPAN) % SPAN
+            new = raw >= first
+            place = tl.minimum(tl.maximum(b * q_len + raw - first, 0), num_places - 1)
             if OVERLAP:  # the first RATE tokens (the window before) give Ca [0, d), the rest Cb [d, 2d)
                 half = offs_s >= RATE
                 col = tl.where(half, D, 0)[:, None] + offs_d[None, :]
@@ -72,30 +80,33 @@ def _pool_closing(
         row_y = tl.reshape(y.to(tl.float32), (1, D))
         out = rotate_pairs(row_y, win * RATE, InvFreq, D // 2 - ROPE_HALF, ROPE_HALF, scaling, 1.0, 1, D // 2)
         out = tl.reshape(out, (D,))
-        dst = tl.load(Dst + pid).to(tl.int64)
+        dst = tl.load(Table + row * stride_table + win * RATE).to(tl.int64) // RATE
         tl.store(Entries + dst * stride_e + offs_d, out.to(Entries.dtype.element_ty))
 
 
 def pool_closing(
-    kv, gate, tail_kv, tail_gate, group_rows, closes, window, dst, slots, new, place, entries, bias, overlap,
-    norm_weight, eps, inv_freq, scaling,
+    kv, gate, tail_kv, tail_gate, rows, positions, in_run, table, entries, bias, overlap, norm_weight, eps,
+    inv_freq, scaling,
 ) -> None:  # fmt: skip
-    """`PoolClosing`: one program per (group, window)."""
+    """`PoolClosing`: one program per (group, window it may close)."""
     d = entries.shape[1]
-    span = slots.shape[-1]
     rate = bias.shape[0]
+    span = 2 * rate if overlap else rate
+    q_len = in_run.shape[1]
     assert d == next_pow2(d) and kv.stride(1) == 1 and gate.stride(1) == 1 and entries.stride(1) == 1
-    assert tail_kv.stride(2) == 1 and tail_gate.stride(2) == 1 and bias.is_contiguous()
-    assert span == (2 * rate if overlap else rate) and kv.shape[1] == (2 * d if overlap else d)
-    # group_rows is a strided view at verify steps (every q_len-th place's row): made dense like the rest
-    group_rows, slots, new, place = (t.contiguous() for t in (group_rows, slots, new, place))
-    n = closes.numel()
-    if n:
-        _pool_closing[(n,)](
-            kv, gate, tail_kv, tail_gate, group_rows, closes.contiguous(), window.contiguous(), dst.contiguous(),
-            slots, new, place, entries, bias, norm_weight, inv_freq, closes.shape[1], span, float(eps),
-            float(scaling), kv.stride(0), gate.stride(0), tail_kv.stride(0), tail_kv.stride(1),
-            tail_gate.stride(0), tail_gate.stride(1), entries.stride(0), bias.stride(0),
-            RATE=rate, D=d, ROPE_HALF=inv_freq.numel(), OVERLAP=overlap, SLOTS=min(SLOTS, next_pow2(span)),
-            num_warps=4,
+    assert (
+        tail_kv.stride(2) == 1 and tail_gate.stride(2) == 1 and bias.is_contiguous() and table.stride(1) == 1
+    )
+    assert tail_kv.shape[1] == span and kv.shape[1] == (2 * d if overlap else d)
+    rows, positions, in_run = (t.contiguous() for t in (rows, positions, in_run))
+    n = -(-q_len // rate)
+    groups = in_run.shape[0]
+    if groups:
+        _pool_closing[(groups * n,)](
+            kv, gate, tail_kv, tail_gate, rows, positions, in_run, table, entries, bias, norm_weight, inv_freq,
+            n, q_len, positions.shape[0], float(eps), float(scaling),
+            kv.stride(0), gate.stride(0), tail_kv.stride(0), tail_kv.stride(1), tail_gate.stride(0),
+            tail_gate.stride(1), table.stride(0), entries.stride(0), bias.stride(0),
+            RATE=rate, SPAN=span, D=d, ROPE_HALF=inv_freq.numel(), OVERLAP=overlap,
+            SLOTS=min(SLOTS, next_pow2(span)), num_warps=4,
         )  # fmt: skip

@@ -19,9 +19,9 @@ group with the same row at consecutive positions before it (its run; a CUDA grap
   only: one token per row overwrites only a position out of its window);
 - a compressor pools the windows each row's run closes (0, 1 or 2 of rate 4 for q_len <= 8: the
   positions p of the run with (p + 1) % rate == 0, each at its own window), reading their raw tokens from
-  the row's tail (positions before the run) and from this step's projections (the rest), and writes them
-  where a window closes (a window left open writes the padding page's entry 0 with its own value, so no
-  host branch); then it pushes every place's token into its tail;
+  the row's tail (positions before the run) and from this step's projections (the rest), and writes each
+  closing window's entry (one `pool_closing` launch, which also works out which windows close: no host
+  branch); then it pushes every place's token into its tail;
 - the compressed entries are read in place from the paged pool through req_to_token (entry w of a row
   at `req_to_token[row, w * rate] // rate`), each place's those w < (p + 1) // rate; CSA's narrowed to the
   Lightning Indexer's top-k (the `row_index_scores` op: each group's keys read in place, scored per place);
@@ -63,8 +63,6 @@ class DecodeMeta:
     groups: dict[int, torch.Tensor]  # rate -> [B, W] entry-pool index of window w of group b's row
     entries: dict[int, torch.Tensor]  # rate -> [T, W] int32: groups' row for each place, -1 past its own
     seen: dict[int, torch.Tensor]  # rate -> [T]: the entries each place sees (its row's first ones)
-    # `closing`'s tensors by (rate, tail length), computed by the step's first layer that needs them
-    closing: dict[tuple[int, int], tuple[torch.Tensor, ...]] = field(default_factory=dict)
     # positions modulo a ring's or tail's length: each place's slot there, once a step per length
     slots: dict[int, torch.Tensor] = field(default_factory=dict)
 
@@ -114,7 +112,10 @@ def prepare(
     scratch = cache.scratch_start + torch.arange(t, device=device)[:, None] + key_pos - pos[:, None]
     key_pos = torch.where(later, key_pos - window, key_pos)
     window_index = torch.where(key_pos >= lowest[:, None], torch.where(later, scratch, ring), -1).int()
-    group_rows, in_run = grid_rows[:, 0], run[:, :, 0]
+    group_rows, in_run = (
+        grid_rows[:, 0],
+        run[:, :, 0].contiguous(),
+    )  # dense: the pool_closing launches read it
     groups, entries, seen = {}, {}, {}
     for rate in cache.rates:
         if max_seq_len is None:
@@ -165,30 +166,6 @@ def forward(
     return SPARSE_ATTENTION.get(q.device)(q, keys, meta.window_index, attn.sinks, scale, **extra)
 
 
-def closing(meta: DecodeMeta, rate: int, span: int, table: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The windows each group's run may close, n = ceil(q_len / rate) of them ([B, n] each): whether it
-    does (its last position is a place of the run), the window, its entry-pool row (`table`:
-    req_to_token; 0, the padding page's, for a window left open), and ([B, n, span] each) where its last
-    `span` raw tokens are: their tail slots (positions modulo span) and, for those at or past the
-    group's first position, True and their place in the step."""
-    if (rate, span) not in meta.closing:
-        q_len, first = meta.q_len, meta.positions.view(-1, meta.q_len)[:, 0, None]
-        device = first.device
-        # the i-th position p >= first with (p + 1) % rate == 0
-        last = first + (rate - 1 - first) % rate + rate * torch.arange(-(-q_len // rate), device=device)
-        offset = last - first  # its place in the group
-        closes = (offset < q_len) & meta.in_run.gather(1, offset.clamp(max=q_len - 1))
-        window = last // rate
-        dst = torch.where(
-            closes, table[meta.group_rows[:, None], torch.where(closes, window, 0) * rate] // rate, 0
-        )
-        raw = last[..., None] - torch.arange(span - 1, -1, -1, device=device)
-        group = q_len * torch.arange(first.shape[0], device=device)[:, None, None]
-        place = (group + raw - first[..., None]).clamp(0, meta.positions.shape[0] - 1)
-        meta.closing[rate, span] = (closes, window, dst, raw % span, raw >= first[..., None], place)
-    return meta.closing[rate, span]
-
-
 def push_and_pool(
     comp: Compressor,
     pool: torch.Tensor,
@@ -201,11 +178,9 @@ def push_and_pool(
     """The windows each row's run of places closes pooled into `pool` (the `pool_closing` op), then every
     place's token into its tail (attention.compress_step for a run per row)."""
     kv, gate = comp.project(x)
-    closes, window, dst, slots, new, place = closing(meta, comp.rate, comp.tail_len, table)
     POOL_CLOSING.get(x.device)(
-        kv, gate, tail.kv, tail.gate, meta.group_rows, closes, window, dst, slots, new, place, pool,
-        comp.position_bias, comp.overlap, comp.kv_norm.weight, comp.kv_norm.eps, rope.inv_freq_on(x.device),
-        rope.scaling,
+        kv, gate, tail.kv, tail.gate, meta.rows, meta.positions, meta.in_run, table, pool, comp.position_bias,
+        comp.overlap, comp.kv_norm.weight, comp.kv_norm.eps, rope.inv_freq_on(x.device), rope.scaling,
     )  # fmt: skip
     slot = meta.slot(comp.tail_len)
     tail.kv[meta.rows, slot] = kv
