@@ -84,6 +84,12 @@ def config(cfg, num_pairs: int, num_experts: int, x, w13, w2, scales, tile: bool
     return replace(cfg, block_m=block_m)
 
 
+def _tiled(num_experts: int, rows: int, k: int, part: str) -> list[int]:
+    """The shape of an expert stack's codes or scales in the tiled form (`fp4.tile_experts`), which
+    fp4_warp.cuh's CODE_TILE / SCALE_TILE bytes a tile follow."""
+    return [num_experts, rows // fp4.TILE_ROWS, k // fp4.TILE_K, fp4.TILE_ROWS, fp4.TILE_COLS[part]]
+
+
 @functools.cache
 def _gate_up_kernel(
     num_experts: int, inter: int, hidden: int, token_tiles: int, has_limit: bool, knobs: tuple
@@ -104,8 +110,8 @@ def _gate_up_kernel(
     @T.prim_func
     def fp4_gate_up(
         X: T.StridedTensor([tokens, hidden], [x_stride, 1], "bfloat16"),
-        W: T.Tensor([num_experts, 2 * inter // 16, hidden // 128, 16, 64], "uint8"),  # tiled
-        WS: T.Tensor([num_experts, 2 * inter // 16, hidden // 128, 16, 4], "uint8"),
+        W: T.Tensor(_tiled(num_experts, 2 * inter, hidden, "codes"), "uint8"),
+        WS: T.Tensor(_tiled(num_experts, 2 * inter, hidden, "scales"), "uint8"),
         H: T.Tensor([rows, inter], "bfloat16"),
         Pairs: T.Tensor([rows], "int32"),
         BlockExpert: T.Tensor([blocks], "int32"),
@@ -140,8 +146,8 @@ def _down_kernel(num_experts: int, inter: int, hidden: int, token_tiles: int, kn
     @T.prim_func
     def fp4_down(
         H: T.Tensor([rows, inter], "bfloat16"),
-        W: T.Tensor([num_experts, hidden // 16, inter // 128, 16, 64], "uint8"),  # tiled
-        WS: T.Tensor([num_experts, hidden // 16, inter // 128, 16, 4], "uint8"),
+        W: T.Tensor(_tiled(num_experts, hidden, inter, "codes"), "uint8"),
+        WS: T.Tensor(_tiled(num_experts, hidden, inter, "scales"), "uint8"),
         Y: T.Tensor([num_out, hidden], "bfloat16"),
         Pairs: T.Tensor([rows], "int32"),
         BlockExpert: T.Tensor([blocks], "int32"),

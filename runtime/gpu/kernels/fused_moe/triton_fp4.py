@@ -46,6 +46,7 @@ from runtime.gpu.kernels.triton_utils import dot_f32, dot_operand
 from runtime.gpu.quant import fp4
 from runtime.gpu.quant.fp4 import GROUP  # elements per scale along K; a K step is whole groups
 
+_TILE_ROWS = tl.constexpr(fp4.TILE_ROWS)  # rows of a tile of the tiled form
 FP4_STEPS = ("values", "scaled", "mma")
 FP4_DEFAULT_STEP = "mma"  # where `tilelang_fp4.supported` holds (decode and verify blocks); else "scaled"
 
@@ -62,7 +63,7 @@ def _row_offsets(rows, stride_rows, COLS: tl.constexpr, TILED: tl.constexpr):
     """Offsets of rows (int64) in one expert's codes or scales: row-major (stride_rows: a row's), or
     tiled (`fp4.tile_experts`; stride_rows: a 16-row group's, COLS bytes a tile row)."""
     if TILED:
-        return (rows // 16) * stride_rows + (rows % 16) * COLS
+        return (rows // _TILE_ROWS) * stride_rows + (rows % _TILE_ROWS) * COLS
     return rows * stride_rows
 
 
@@ -70,7 +71,7 @@ def _row_offsets(rows, stride_rows, COLS: tl.constexpr, TILED: tl.constexpr):
 def _col_offsets(cols, COLS: tl.constexpr, TILED: tl.constexpr):
     """Offsets of byte columns within a row's share of its 16-row group: tiled, 16 x COLS bytes a tile."""
     if TILED:
-        return (cols // COLS) * (16 * COLS) + cols % COLS
+        return (cols // COLS) * (_TILE_ROWS * COLS) + cols % COLS
     return cols
 
 

@@ -58,7 +58,6 @@ class DecodeMeta:
     rows: torch.Tensor  # [T] each place's state row
     positions: torch.Tensor  # [T]
     window_index: torch.Tensor  # [T, window] int32 rows of `window_keys` (ring slot or scratch) or -1
-    group_rows: torch.Tensor  # [B] the row of each group's place 0
     in_run: torch.Tensor  # [B, q_len] bool: place j continues place 0's run (the group's row's new tokens)
     groups: dict[int, torch.Tensor]  # rate -> [B, W] entry-pool index of window w of group b's row
     entries: dict[int, torch.Tensor]  # rate -> [T, W] int32: groups' row for each place, -1 past its own
@@ -112,10 +111,8 @@ def prepare(
     scratch = cache.scratch_start + torch.arange(t, device=device)[:, None] + key_pos - pos[:, None]
     key_pos = torch.where(later, key_pos - window, key_pos)
     window_index = torch.where(key_pos >= lowest[:, None], torch.where(later, scratch, ring), -1).int()
-    group_rows, in_run = (
-        grid_rows[:, 0],
-        run[:, :, 0].contiguous(),
-    )  # dense: the pool_closing launches read it
+    group_rows = grid_rows[:, 0]
+    in_run = run[:, :, 0].contiguous()  # dense: the pool_closing launches read it
     groups, entries, seen = {}, {}, {}
     for rate in cache.rates:
         if max_seq_len is None:
@@ -129,7 +126,7 @@ def prepare(
         entries[rate] = torch.where(
             w[None, :] < seen[rate][:, None], index.repeat_interleave(q_len, 0), -1
         ).int()
-    return DecodeMeta(q_len, rows, pos, window_index, group_rows, in_run, groups, entries, seen)
+    return DecodeMeta(q_len, rows, pos, window_index, in_run, groups, entries, seen)
 
 
 def forward(
